@@ -1,0 +1,46 @@
+# scalestudy: a reproducible scaling study of PyTorch DDP training on a Slurm GPU cluster.
+#   demo (default config):  snakemake --profile profiles/local
+#   the real study:         snakemake --profile profiles/slurm --configfile config/config.yaml
+#   report:                 snakemake --report results/report.html [same options]
+
+from snakemake.utils import min_version, validate
+
+from scalestudy import provenance
+
+min_version("9.0")
+
+
+# The embedded default is the offline demo; a --configfile replaces it rather than being merged
+# into it, so no demo value can leak into a real study.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/demo.yaml"
+
+
+validate(config, "config/schema.yaml")
+provenance.export_git_state(workflow.basedir)
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/container.smk"
+include: "rules/fetch.smk"
+include: "rules/preprocess.smk"
+include: "rules/baseline.smk"
+include: "rules/scaling.smk"
+include: "rules/profile.smk"
+include: "rules/sensitivity.smk"
+include: "rules/aggregate.smk"
+include: "rules/plots.smk"
+include: "rules/paper.smk"
+
+
+rule all:
+    input:
+        PROFILE_TARGETS,
+        ANALYSIS_TARGETS,
+        FIGURE_TARGETS,
+        PAPER_TARGETS,
+    default_target: True

@@ -1,0 +1,22 @@
+# baseline: the one-GPU reference run (classic DataLoader, fp32) the optimisations are judged by.
+# The scaling, sensitivity and profile stages reuse this rule's inputs and command (use rule).
+
+
+rule baseline_run:
+    input:
+        PACKED,
+        manifest=PACKED_MANIFEST,
+    output:
+        **run_outputs("baseline"),
+    params:
+        **run_params("baseline"),
+    threads: train_threads("baseline")
+    resources:
+        **train_resources("baseline"),
+    log:
+        run_log("baseline"),
+    benchmark:
+        run_benchmark("baseline")
+    shell:
+        "python -m scalestudy.launch --launch-json {params.launch:q} --"
+        " --run-config-json {params.run:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -1,0 +1,20 @@
+# preprocess: the six batch files -> packed uint8 arrays a trainer memory-maps, and a manifest.
+
+
+rule preprocess:
+    input:
+        archive=ARCHIVE,
+    output:
+        arrays=PACKED,
+        manifest=PACKED_MANIFEST,
+    params:
+        out_dir=PACKED_DIR,
+    log:
+        "results/logs/preprocess.log",
+    localrule: on_submit_host("preprocess")
+    resources:
+        **light_resources(),
+    container: container_image()
+    shell:
+        "python -m scalestudy.data.preprocess --archive {input.archive:q} --out-dir {params.out_dir:q}"
+        " > {log:q} 2>&1"

@@ -1,0 +1,15 @@
+# sensitivity: DDP bucket size x per-GPU batch x precision at one world size.
+
+
+use rule baseline_run as sensitivity_run with:
+    output:
+        **run_outputs("sensitivity"),
+    params:
+        **run_params("sensitivity"),
+    threads: train_threads("sensitivity")
+    resources:
+        **train_resources("sensitivity"),
+    log:
+        run_log("sensitivity"),
+    benchmark:
+        run_benchmark("sensitivity")

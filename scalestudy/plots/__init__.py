@@ -1,0 +1,1 @@
+"""Figures of the study: one style module (style.py), one function per figure."""

@@ -1,0 +1,86 @@
+"""Progress lines for long work: done/total, rate, ETA, at most every `interval_s` seconds."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds != seconds or seconds == float("inf"):  # NaN or inf
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours:d}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:d}:{secs:02d}"
+
+
+class Progress:
+    """Logs `what: done/total (pct) rate unit/s ETA m:ss` as work advances.
+
+    >>> p = Progress("download", total=1000, unit="B"); p.advance(500)
+    """
+
+    def __init__(
+        self,
+        what: str,
+        total: float | None,
+        unit: str = "it",
+        logger: logging.Logger | None = None,
+        interval_s: float = 2.0,
+        start: float = 0,
+    ) -> None:
+        self.what = what
+        self.total = total
+        self.unit = unit
+        self.log = logger or logging.getLogger("scalestudy")
+        self.interval_s = interval_s
+        self.done = start
+        self._start_done = start
+        self._t0 = time.monotonic()
+        self._last = -float("inf")
+
+    def advance(self, amount: float = 1, force: bool = False) -> None:
+        self.done += amount
+        now = time.monotonic()
+        if force or now - self._last >= self.interval_s or (self.total and self.done >= self.total):
+            self._last = now
+            self.log.info(self.line(now))
+
+    def rate(self, now: float | None = None) -> float:
+        elapsed = (now or time.monotonic()) - self._t0
+        return (self.done - self._start_done) / elapsed if elapsed > 0 else float("nan")
+
+    def line(self, now: float | None = None) -> str:
+        rate = self.rate(now)
+        text = f"{self.what}: {_human(self.done, self.unit)}"
+        if self.total:
+            pct = 100.0 * self.done / self.total
+            remaining = (self.total - self.done) / rate if rate and rate > 0 else float("nan")
+            text += f"/{_human(self.total, self.unit)} ({pct:.0f}%) ETA {format_seconds(remaining)}"
+        return text + f" at {_human(rate, self.unit)}/s"
+
+
+def _human(value: float, unit: str) -> str:
+    if unit != "B" or value != value:
+        return (
+            f"{value:,.1f} {unit}"
+            if isinstance(value, float) and not value.is_integer()
+            else f"{value:,.0f} {unit}"
+        )
+    for prefix in ("", "K", "M", "G", "T"):
+        if abs(value) < 1024 or prefix == "T":
+            return f"{value:.1f} {prefix}B"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def setup_logging(level: int = logging.INFO) -> logging.Logger:
+    """One log format for every command-line entry point (rules redirect stderr to their log:)."""
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
+        force=True,
+    )
+    return logging.getLogger("scalestudy")

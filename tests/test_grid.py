@@ -1,0 +1,90 @@
+"""Grid points and run configs: what each job trains, derived from config alone."""
+
+import copy
+
+import pytest
+import yaml
+
+from scalestudy import grid
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def demo_config():
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+    validate(config, str(REPO / "config/schema.yaml"))  # fills in the defaults
+    return config
+
+
+def test_strong_scaling_splits_the_global_batch(demo_config):
+    point = grid.scaling_point(demo_config, "strong", 2, 0)
+    run = grid.run_config(demo_config, point)
+    assert run["global_batch"] == demo_config["scaling"]["strong_global_batch"]
+    assert run["per_gpu_batch"] * 2 == run["global_batch"]
+    assert run["world_size"] == 2 and run["mode"] == "strong"
+
+
+def test_weak_scaling_keeps_the_per_gpu_batch(demo_config):
+    runs = [grid.run_config(demo_config, grid.scaling_point(demo_config, "weak", w, 0)) for w in (1, 2)]
+    assert {run["per_gpu_batch"] for run in runs} == {demo_config["scaling"]["weak_per_gpu_batch"]}
+    assert [run["global_batch"] for run in runs] == [runs[0]["per_gpu_batch"], 2 * runs[0]["per_gpu_batch"]]
+
+
+def test_repeats_get_their_own_seed(demo_config):
+    seeds = {
+        grid.run_config(demo_config, grid.scaling_point(demo_config, "weak", 1, r))["seed"] for r in range(3)
+    }
+    assert len(seeds) == 3
+
+
+def test_indivisible_strong_batch_is_a_clear_error(demo_config):
+    demo_config["scaling"]["strong_global_batch"] = 100
+    with pytest.raises(ValueError, match="strong_global_batch=100.*3 ranks"):
+        grid.scaling_point(demo_config, "strong", 3, 0)
+
+
+def test_sensitivity_grid_is_the_full_product(demo_config):
+    sweep = demo_config["sensitivity"]
+    points = grid.sensitivity_points(demo_config)
+    expected = len(sweep["precision"]) * len(sweep["per_gpu_batch"]) * len(sweep["bucket_cap_mb"])
+    assert len(points) == expected == len({p.run_dir for p in points})
+
+
+def test_changing_one_sweep_value_changes_only_the_points_that_carry_it(demo_config):
+    before = {p.run_dir: grid.run_config(demo_config, p) for p in grid.all_points(demo_config)}
+    changed = copy.deepcopy(demo_config)
+    changed["sensitivity"]["bucket_cap_mb"] = [1, 50]
+    after = {p.run_dir: grid.run_config(changed, p) for p in grid.all_points(changed)}
+    unchanged = {k for k in before if k in after and before[k] == after[k]}
+    assert unchanged == {k for k in before if "bucket25" not in k}
+    assert {k for k in after if k not in before} == {
+        k.replace("bucket25", "bucket50") for k in before if "bucket25" in k
+    }
+
+
+def test_bucket_sizes_have_one_spelling_in_paths():
+    assert grid.format_number(1.0) == "1"
+    assert grid.format_number(2.5) == "2.5"
+    assert grid.format_number(25) == "25"
+
+
+def test_wildcards_map_back_to_the_same_point(demo_config):
+    class Wildcards:
+        precision, batch, bucket = "bf16", "16", "25"
+
+    point = grid.point_from_wildcards(demo_config, "sensitivity", Wildcards)
+    assert point == grid.sensitivity_point(demo_config, "bf16", 16, 25.0)
+    assert point.run_dir == "results/runs/sensitivity/bf16/bs16_bucket25"
+
+
+def test_profile_point_stops_after_the_window(demo_config):
+    run = grid.run_config(demo_config, grid.profile_point(demo_config, 2))
+    window = demo_config["profiling"]
+    assert run["profile"] == {
+        "tool": window["tool"],
+        "start_step": window["start_step"],
+        "steps": window["steps"],
+    }
+    assert run["max_steps_per_epoch"] > window["start_step"] + window["steps"]

@@ -1,0 +1,143 @@
+"""The whole demo study through Snakemake: every declared output, the report, partial re-runs.
+
+One complete demo run (README command 1, `bash scripts/demo.sh`, in a copy of the repository) is
+shared by the tests of this module; it takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env
+
+pytestmark = pytest.mark.slow
+
+
+def job_stats(output: str) -> dict[str, int]:
+    """The 'Job stats' table Snakemake prints for a plan: rule name -> job count."""
+    match = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", output, re.S)
+    if match is None:
+        return {}
+    rows = (line.split() for line in match.group(1).splitlines() if line.strip())
+    return {name: int(count) for name, count in rows}
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    """README command 1 in a copy of the repository (sharing this environment's .venv)."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("demo") / "scalestudy")
+    shutil.copytree(REPO / "scripts", workdir / "scripts")
+    shutil.copy2(REPO / "pyproject.toml", workdir / "pyproject.toml")
+    (workdir / ".venv").symlink_to(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")))
+    result = subprocess.run(
+        ["bash", "scripts/demo.sh"],
+        cwd=workdir,
+        env=snakemake_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert result.returncode == 0, f"demo failed:\n{result.stdout[-6000:]}\n{result.stderr[-8000:]}"
+    return workdir
+
+
+def declared_outputs(workdir: Path) -> list[tuple[str, str]]:
+    """(path, rule) for every output file of the study's DAG, from `snakemake --summary`."""
+    result = run_snakemake(workdir, "--summary")
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    header_index = next(i for i, row in enumerate(rows) if row[0] == "output_file")
+    return [(row[0], row[2]) for row in rows[header_index + 1 :] if len(row) > 2]
+
+
+def test_every_declared_output_exists_and_is_not_empty(demo_run):
+    outputs = declared_outputs(demo_run)
+    assert len(outputs) > 40
+    for path, rule in outputs:
+        target = demo_run / path
+        assert target.exists(), f"{path} (rule {rule}) is missing"
+        if target.is_file():
+            assert target.stat().st_size > 0, f"{path} (rule {rule}) is empty"
+
+
+def test_nothing_is_left_to_do_after_a_complete_run(demo_run):
+    result = run_snakemake(demo_run, "--dry-run")
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_report_has_every_figure(demo_run):
+    report = (demo_run / "results/report.html").read_text(errors="replace")
+    figures = [path for path, _ in declared_outputs(demo_run) if path.endswith(".png")]
+    assert figures, "the study declares no figures"
+    missing = [path for path in figures if os.path.basename(path) not in report]
+    assert not missing, f"figures not in the report: {missing}"
+
+
+def test_every_run_records_its_provenance(demo_run):
+    summaries = sorted((demo_run / "results/runs").rglob("summary.json"))
+    assert len(summaries) >= 15
+    for path in summaries:
+        provenance = json.loads(path.read_text())["provenance"]
+        assert provenance["git_commit"] and provenance["config_hash"] and provenance["versions"]["torch"]
+        assert provenance["seed"] is not None and provenance["host"]
+
+
+def changed_sensitivity_config(workdir: Path) -> Path:
+    config = yaml.safe_load((workdir / "config/demo.yaml").read_text())
+    old, new = config["sensitivity"]["bucket_cap_mb"][-1], 50
+    config["sensitivity"]["bucket_cap_mb"][-1] = new
+    path = workdir / "config/demo-changed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, old, new
+
+
+def test_changing_one_sensitivity_value_plans_only_the_affected_jobs(demo_run):
+    path, _, _ = changed_sensitivity_config(demo_run)
+    plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+    config = yaml.safe_load(path.read_text())
+    sweep = config["sensitivity"]
+    assert plan.get("sensitivity_run") == len(sweep["precision"]) * len(sweep["per_gpu_batch"])
+    upstream = {"fetch", "preprocess", "baseline_run", "scaling_run", "profile_run"}
+    assert not upstream & set(plan), f"unaffected stages re-planned: {plan}"
+
+
+def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
+    path, _, new = changed_sensitivity_config(demo_run)
+    batch = yaml.safe_load(path.read_text())["sensitivity"]["per_gpu_batch"][0]
+    target = f"results/runs/sensitivity/fp32/bs{batch}_bucket{new}/summary.json"
+    result = run_snakemake(demo_run, "--configfile", str(path), target)
+    assert job_stats(result.stdout + result.stderr) == {"sensitivity_run": 1}
+    assert (demo_run / target).stat().st_size > 0
+
+
+def test_lint_is_clean(workflow_copy):
+    result = run_snakemake(workflow_copy, "--lint", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("key_path", "bad_value", "expected"),
+    [
+        (("sensitivity", "precision"), ["fp8"], "fp8"),
+        (("scaling", "world_sizes"), [0, 2], "world_sizes"),
+        (("train", "epochs"), "many", "epochs"),
+    ],
+)
+def test_schema_violation_fails_before_any_job_naming_the_key(workflow_copy, key_path, bad_value, expected):
+    config = yaml.safe_load((workflow_copy / "config/demo.yaml").read_text())
+    section, key = key_path
+    config[section][key] = bad_value
+    bad = workflow_copy / "config/bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    result = run_snakemake(workflow_copy, "--configfile", str(bad), check=False)
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert expected in message and section in message, message[-3000:]
+    assert not (workflow_copy / "results").exists(), "a job ran despite the invalid config"
