@@ -17,6 +17,8 @@ rule baseline_run:
         run_log("baseline"),
     benchmark:
         run_benchmark("baseline")
+    # No container: here: scalestudy.launch puts the image around each rank (see docs/slurm.md).
+    conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.launch --launch-json {params.launch:q} --"
         " --run-config-json {params.run:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -38,6 +38,9 @@ STAGE_POINTS = {
 
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 
+# The software of every rule, for --sdm conda and for the linter; the image has the same pins.
+SOFTWARE_ENV = "../envs/scalestudy.yaml"
+
 
 wildcard_constraints:
     mode="strong|weak",

@@ -33,6 +33,7 @@ rule fetch:
     localrule: on_submit_host("fetch")
     resources:
         **light_resources(),
+    conda: SOFTWARE_ENV
     container: container_image()
     shell:
         "python -m scalestudy.data.fetch --source {params.source:q} --out {output.archive:q}"

@@ -14,6 +14,7 @@ rule preprocess:
     localrule: on_submit_host("preprocess")
     resources:
         **light_resources(),
+    conda: SOFTWARE_ENV
     container: container_image()
     shell:
         "python -m scalestudy.data.preprocess --archive {input.archive:q} --out-dir {params.out_dir:q}"

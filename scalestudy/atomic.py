@@ -30,6 +30,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         _fsync_file(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from the group
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException:
@@ -55,6 +56,12 @@ def write_csv(path: str | os.PathLike, frame) -> None:
     """Write a pandas DataFrame as CSV, atomically."""
     with atomic_path(path, suffix=".csv") as tmp:
         frame.to_csv(tmp, index=False)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_file(path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -69,27 +70,34 @@ def slurm_state() -> dict[str, Any]:
 
 
 def software_versions() -> dict[str, Any]:
-    """Python, torch, CUDA, cuDNN, NCCL and library versions; torch is imported only here."""
+    """Python, library, CUDA, cuDNN and NCCL versions.
+
+    Library versions come from the installed metadata, so nothing is imported just to be named;
+    the CUDA stack is read from torch only when this process already uses torch.
+    """
     versions: dict[str, Any] = {"python": platform.python_version()}
-    for module in ("torch", "torchvision", "numpy", "pandas", "matplotlib", "snakemake", "pynvml"):
-        mod = sys.modules.get(module)
-        if mod is None:
-            try:
-                mod = __import__(module)
-            except Exception:  # noqa: BLE001 - a missing optional library is recorded, not fatal
-                versions[module] = None
-                continue
-        versions[module] = getattr(mod, "__version__", None)
+    for package in ("torch", "torchvision", "numpy", "pandas", "matplotlib", "snakemake", "nvidia-ml-py"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     torch = sys.modules.get("torch")
     if torch is not None:
+        versions["torch"] = torch.__version__  # the build actually imported (e.g. +cu130)
         versions["cuda"] = torch.version.cuda
         versions["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        try:
-            nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-            versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
-        except Exception:  # noqa: BLE001
-            versions["nccl"] = None
+        versions["nccl"] = _nccl_version(torch)
     return versions
+
+
+def _nccl_version(torch) -> str | None:
+    try:
+        if not torch.cuda.is_available():
+            return None
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL is recorded as such
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def collect(

@@ -20,3 +20,14 @@ def test_suffix_is_kept_for_writers_that_infer_the_format(tmp_path):
         assert tmp.name.endswith(".png")
         tmp.write_bytes(b"x")
     assert (tmp_path / "fig.png").read_bytes() == b"x"
+
+
+def test_outputs_get_the_umask_mode_not_mkstemps_private_one(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        atomic.write_text(tmp_path / "shared.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644

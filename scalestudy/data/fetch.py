@@ -1,0 +1,391 @@
+"""Fetch the CIFAR-10 archive (local copies and mirrors first, then the official URL), or synthesise one.
+
+    python -m scalestudy.data.fetch --source cifar10 --out results/data/cifar-10-python.tar.gz \\
+        [--mirror /shared/datasets/cifar-10-python.tar.gz ...]
+
+A source is a local path (a file, or a folder holding a file named like the output), a file:// URL
+or an http(s) URL. Local copies are hard-linked (or copied) without touching the network. HTTP
+downloads stream into `<out>.part`, resume it with a Range request after an interruption, and retry
+with exponential backoff. Every result is checked against the expected size and md5/sha256 before
+it is renamed onto the output, so the output exists only if it is complete and verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from scalestudy.atomic import atomic_path
+from scalestudy.data import file_digests
+from scalestudy.progress import Progress, setup_logging
+
+log = logging.getLogger("scalestudy.data.fetch")
+
+OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
+OFFICIAL_SIZE = 170_498_071
+
+CHUNK_BYTES = 1 << 20
+MAX_BACKOFF_S = 60.0
+# HTTP statuses worth retrying: the server may answer differently in a moment.
+RETRYABLE_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+
+
+class FetchError(Exception):
+    """A failure the user can act on; the command line prints it as one line."""
+
+
+class ChecksumMismatch(FetchError):
+    pass
+
+
+class AllSourcesFailed(FetchError):
+    def __init__(self, out: Path, failures: list[tuple[str, Exception]]) -> None:
+        self.failures = failures
+        reasons = "; ".join(
+            f"[{number}] {source}: {error}" for number, (source, error) in enumerate(failures, 1)
+        )
+        super().__init__(f"could not fetch {out.name} from any of {len(failures)} source(s): {reasons}")
+
+
+class _RetryableError(FetchError):
+    """A transfer that broke off in a way another attempt (resuming the .part file) may fix."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the fetched file must be; None means "not checked"."""
+
+    size: int | None = None
+    md5: str | None = None
+    sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, length in (("md5", 32), ("sha256", 64)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not re.fullmatch(f"[0-9a-fA-F]{{{length}}}", value):
+                raise ValueError(f"{name} must be {length} hex digits, got {value!r}")
+            object.__setattr__(self, name, value.lower())
+        if self.size is not None and self.size < 0:
+            raise ValueError(f"size must not be negative, got {self.size}")
+
+    @property
+    def has_checksum(self) -> bool:
+        return self.md5 is not None or self.sha256 is not None
+
+
+def verify(path: Path, expected: Expected, source: str) -> None:
+    """Raise ChecksumMismatch (naming the source and both values) unless `path` is as expected."""
+    actual_size = path.stat().st_size
+    if expected.size is not None and actual_size != expected.size:
+        raise ChecksumMismatch(
+            f"size mismatch for {source}: expected {expected.size} bytes, got {actual_size}"
+        )
+    wanted = {name: value for name, value in (("md5", expected.md5), ("sha256", expected.sha256)) if value}
+    if not wanted:
+        log.warning("no md5/sha256 given: %s is used unverified", source)
+        return
+    actual = file_digests(path, wanted)
+    for name, value in wanted.items():
+        if actual[name] != value:
+            raise ChecksumMismatch(f"{name} mismatch for {source}: expected {value}, got {actual[name]}")
+    log.info("verified %s (%s)", source, ", ".join(f"{name} {value}" for name, value in wanted.items()))
+
+
+def fetch(
+    sources: Sequence[str],
+    out: str | os.PathLike,
+    expected: Expected,
+    timeout_s: float = 60.0,
+    retries: int = 5,
+    backoff_s: float = 1.0,
+) -> Path:
+    """Fetch `out` from the first source that delivers a verified file; return its path.
+
+    An existing `out` that matches a given checksum is kept as it is. Raises AllSourcesFailed,
+    which lists every source tried and why it failed.
+    """
+    out = Path(out)
+    if out.is_file() and expected.has_checksum and _verifies(out, expected):
+        log.info("%s is already present and verified", out)
+        return out
+    failures: list[tuple[str, Exception]] = []
+    for source in sources:
+        try:
+            _fetch_one(source, out, expected, timeout_s, retries, backoff_s)
+            return out
+        except (FetchError, OSError) as error:  # OSError: e.g. the output folder is not writable
+            log.warning("source %s failed: %s", source, error)
+            failures.append((source, error))
+    raise AllSourcesFailed(out, failures)
+
+
+def _verifies(path: Path, expected: Expected) -> bool:
+    try:
+        verify(path, expected, str(path))
+    except ChecksumMismatch:
+        return False
+    return True
+
+
+def _fetch_one(
+    source: str, out: Path, expected: Expected, timeout_s: float, retries: int, backoff_s: float
+) -> None:
+    local = local_path(source)
+    if local is None:
+        download(source, out, expected, timeout_s, retries, backoff_s)
+    else:
+        copy_local(local.joinpath(out.name) if local.is_dir() else local, out, expected)
+
+
+def local_path(source: str) -> Path | None:
+    """The file a source names on this machine, or None for an http(s) URL."""
+    parsed = urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        return None
+    if parsed.scheme == "file":
+        return Path(urllib.request.url2pathname(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # one letter: a Windows drive, i.e. a path
+        raise FetchError(f"unsupported source {source!r}: use a path, file://, http:// or https://")
+    return Path(source)
+
+
+def copy_local(source: Path, out: Path, expected: Expected) -> None:
+    """Hard-link (or, across file systems, copy) a local file to `out`, verified, atomically."""
+    if not source.is_file():
+        raise FetchError("no such file" if not source.exists() else "not a regular file")
+    with atomic_path(out) as tmp:
+        tmp.unlink()
+        try:
+            os.link(source, tmp)
+            log.info("hard-linked %s -> %s", source, out)
+        except OSError:
+            _copy_with_progress(source, tmp)
+            log.info("copied %s -> %s", source, out)
+        verify(tmp, expected, str(source))
+
+
+def _copy_with_progress(source: Path, target: Path) -> None:
+    progress = Progress(f"copy {source.name}", source.stat().st_size, unit="B", logger=log)
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        while chunk := reader.read(CHUNK_BYTES):
+            writer.write(chunk)
+            progress.advance(len(chunk))
+    shutil.copystat(source, target)
+
+
+def part_path(out: Path) -> Path:
+    """Where a download in progress lives; a stable name so that a later run can resume it."""
+    return out.with_name(out.name + ".part")
+
+
+def download(
+    url: str, out: Path, expected: Expected, timeout_s: float = 60.0, retries: int = 5, backoff_s: float = 1.0
+) -> None:
+    """Download `url` to `out` via `<out>.part`, resuming and retrying; verify before the rename.
+
+    If a resumed download fails verification, the stale start may be to blame: the .part file is
+    dropped and the download made once more from the beginning.
+    """
+    part = part_path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    resumed = _download_with_retries(url, part, expected, timeout_s, retries, backoff_s)
+    try:
+        _verify_or_discard(part, expected, url)
+    except ChecksumMismatch as error:
+        if not resumed:
+            raise
+        log.warning("%s; downloading again from the start", error)
+        _download_with_retries(url, part, expected, timeout_s, retries, backoff_s)
+        _verify_or_discard(part, expected, url)
+    os.replace(part, out)
+
+
+def _verify_or_discard(part: Path, expected: Expected, url: str) -> None:
+    try:
+        verify(part, expected, url)
+    except ChecksumMismatch:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def _download_with_retries(
+    url: str, part: Path, expected: Expected, timeout_s: float, retries: int, backoff_s: float
+) -> bool:
+    """Run transfer attempts until one completes; return whether the last one resumed a .part file."""
+    attempt = 0
+    while True:
+        try:
+            return _transfer(url, part, expected, timeout_s)
+        except (_RetryableError, OSError, http.client.HTTPException) as error:
+            attempt += 1
+            if attempt > retries:
+                raise FetchError(f"gave up after {attempt} attempt(s): {_describe(error)}") from error
+            delay = min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            log.warning(
+                "attempt %d for %s failed (%s); retrying in %.1f s", attempt, url, _describe(error), delay
+            )
+            time.sleep(delay)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, urllib.error.HTTPError):
+        return f"HTTP {error.code} {error.reason}"
+    if isinstance(error, urllib.error.URLError):
+        return str(error.reason)
+    return str(error) or type(error).__name__
+
+
+def _transfer(url: str, part: Path, expected: Expected, timeout_s: float) -> bool:
+    """One attempt: request the rest of the file after what `part` holds; return whether it resumed."""
+    have = part.stat().st_size if part.exists() else 0
+    if expected.size is not None and have > expected.size:
+        part.unlink()  # longer than the file can be: not a prefix of it
+        have = 0
+    if expected.size is not None and have == expected.size:
+        return have > 0  # already complete; verification decides
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.build_opener().open(request, timeout=timeout_s)
+    except urllib.error.HTTPError as error:
+        return _handle_http_error(error, part, have)
+    with response:
+        start = _resume_offset(response, have)
+        length = response.headers.get("Content-Length")
+        total = start + int(length) if length is not None else expected.size
+        _stream(response, part, start, total)
+    return start > 0
+
+
+def _handle_http_error(error: urllib.error.HTTPError, part: Path, have: int) -> bool:
+    error.close()
+    if error.code == 416 and have:
+        # Nothing after `have`: complete if the server's size agrees, otherwise start over.
+        if _content_range_total(error.headers.get("Content-Range")) == have:
+            return True
+        part.unlink(missing_ok=True)
+        raise _RetryableError("the server refused to resume a partial download; starting over")
+    if error.code in RETRYABLE_STATUSES:
+        raise _RetryableError(_describe(error))
+    raise FetchError(_describe(error))
+
+
+def _resume_offset(response: http.client.HTTPResponse, have: int) -> int:
+    """Where the response body starts in the file: `have` for a matching 206, 0 for a 200 (restart)."""
+    if response.status == 206:
+        match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+        if match is None or int(match.group(1)) != have:
+            raise _RetryableError(
+                f"server sent range {response.headers.get('Content-Range')!r}, asked from {have}"
+            )
+        log.info("resuming download at byte %d", have)
+        return have
+    if have:
+        log.info("server ignored the Range request; downloading from the start")
+    return 0
+
+
+def _content_range_total(header: str | None) -> int | None:
+    match = re.search(r"/(\d+)\s*$", header or "")
+    return int(match.group(1)) if match else None
+
+
+def _stream(response: http.client.HTTPResponse, part: Path, start: int, total: int | None) -> None:
+    progress = Progress(
+        f"download {part.name.removesuffix('.part')}", total, unit="B", logger=log, start=start
+    )
+    with open(part, "r+b" if start else "wb") as handle:
+        handle.seek(start)
+        handle.truncate()
+        while chunk := response.read(CHUNK_BYTES):
+            handle.write(chunk)
+            progress.advance(len(chunk))
+        handle.flush()
+        os.fsync(handle.fileno())
+    if total is not None and progress.done < total:
+        raise _RetryableError(f"connection closed after {progress.done:.0f} of {total} bytes")
+
+
+def make_synthetic(
+    out: Path, train_per_class: int, test_per_class: int, seed: int, expected: Expected
+) -> Path:
+    """Write the synthetic archive to `out`, verified against `expected` (to pin its checksum)."""
+    from scalestudy.data import synthetic  # numpy only when needed
+
+    source = f"synthetic archive (seed {seed}, {train_per_class}/{test_per_class} per class)"
+    with atomic_path(out) as tmp:
+        synthetic.write_archive(tmp, train_per_class, test_per_class, seed)
+        if expected != Expected():
+            verify(tmp, expected, source)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalestudy.data.fetch", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--source", choices=("synthetic", "cifar10"), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where the archive goes")
+    parser.add_argument(
+        "--url", default=OFFICIAL_URL, help="tried after the mirrors (default: the official URL)"
+    )
+    parser.add_argument(
+        "--mirror", action="append", default=[], help="local path or URL; repeatable, in order"
+    )
+    parser.add_argument(
+        "--md5", help="expected md5 (cifar10 default: the official archive's, if no check given)"
+    )
+    parser.add_argument("--sha256", help="expected sha256")
+    parser.add_argument("--size", type=int, help="expected size in bytes")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds without data before a retry")
+    parser.add_argument("--retries", type=int, default=5, help="extra attempts per HTTP source")
+    parser.add_argument(
+        "--train-per-class", type=int, default=5000, help="synthetic: training images per class"
+    )
+    parser.add_argument("--test-per-class", type=int, default=1000, help="synthetic: test images per class")
+    parser.add_argument("--seed", type=int, default=1234, help="synthetic: generator seed")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return parser
+
+
+def _expected_from(args: argparse.Namespace) -> Expected:
+    given = Expected(size=args.size, md5=args.md5, sha256=args.sha256)
+    if args.source == "cifar10" and given == Expected():
+        return Expected(size=OFFICIAL_SIZE, md5=OFFICIAL_MD5)  # nothing given: the official archive
+    return given
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(logging, args.log_level))
+    try:
+        if args.retries < 0:
+            raise ValueError(f"--retries must not be negative, got {args.retries}")
+        expected = _expected_from(args)
+        if args.source == "synthetic":
+            make_synthetic(args.out, args.train_per_class, args.test_per_class, args.seed, expected)
+        else:
+            fetch([*args.mirror, args.url], args.out, expected, args.timeout, args.retries)
+    except (FetchError, ValueError, OSError) as error:
+        print(f"fetch: error: {error}", file=sys.stderr)
+        return 1
+    log.info("wrote %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

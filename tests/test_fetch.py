@@ -1,0 +1,305 @@
+"""Fetching against a real HTTP server on 127.0.0.1: resume, verification, mirrors, failure reports."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from scalestudy.data import fetch as fetching
+from scalestudy.data import synthetic
+from scalestudy.data.fetch import AllSourcesFailed, Expected, fetch
+
+NAME = "cifar-10-python.tar.gz"
+FAST = {"timeout_s": 5.0, "retries": 2, "backoff_s": 0.0}
+
+
+@dataclass
+class Served:
+    path: str
+    range: str | None
+    status: int
+    sent: int = 0
+
+
+@dataclass
+class FileServer:
+    """Serves `files` with Range support; can hang up after some bytes or ignore Range headers."""
+
+    files: dict[str, bytes]
+    requests: list[Served] = field(default_factory=list)
+    hang_up_after: list[int] = field(default_factory=list)  # per coming response: body bytes to send
+    ignore_range: bool = False
+    port: int = 0
+
+    def url(self, name: str = NAME) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ThreadingHTTPServer
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        state: FileServer = self.server.state  # type: ignore[attr-defined]
+        body = state.files.get(self.path.lstrip("/"))
+        requested = self.headers.get("Range")
+        start = _range_start(requested) if requested and not state.ignore_range else 0
+        status = 404 if body is None else 416 if start >= len(body) > 0 else 206 if start else 200
+        served = Served(self.path, requested, status)
+        state.requests.append(served)
+        if status == 404:
+            self.send_error(404)
+            return
+        self.send_response(status)
+        if status == 416:
+            self.send_header("Content-Range", f"bytes */{len(body)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        payload = body[start:]
+        if state.hang_up_after:
+            payload = payload[: state.hang_up_after.pop(0)]
+        self.wfile.write(payload)
+        served.sent = len(payload)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def _range_start(header: str) -> int:
+    match = re.fullmatch(r"bytes=(\d+)-", header)
+    assert match, header
+    return int(match.group(1))
+
+
+@pytest.fixture(autouse=True)
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A small synthetic archive (about 450 kB), the file these tests move around."""
+    path = tmp_path_factory.mktemp("archive") / NAME
+    synthetic.write_archive(path, train_per_class=10, test_per_class=4, seed=0)
+    return path.read_bytes()
+
+
+@pytest.fixture
+def server(payload: bytes) -> Iterator[FileServer]:
+    state = FileServer({NAME: payload})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.state = state  # type: ignore[attr-defined]
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def _expected(data: bytes) -> Expected:
+    return Expected(
+        size=len(data), md5=hashlib.md5(data).hexdigest(), sha256=hashlib.sha256(data).hexdigest()
+    )
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{NAME}"
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+def test_interrupted_download_resumes_with_a_range_request(server, payload, tmp_path, caplog):
+    half = len(payload) // 2
+    server.hang_up_after = [half]
+    out = tmp_path / NAME
+    caplog.set_level("INFO", logger="scalestudy")
+
+    fetch([server.url()], out, _expected(payload), **FAST)
+
+    assert out.read_bytes() == payload
+    first, second = server.requests
+    assert (first.range, first.status, first.sent) == (None, 200, half)
+    assert (second.range, second.status) == (f"bytes={half}-", 206)
+    assert second.sent == len(payload) - half  # only the remainder crossed the wire again
+    assert _leftovers(tmp_path) == [NAME]
+    assert any("resuming download at byte" in message for message in caplog.messages)
+    assert any("ETA" in message and "/s" in message for message in caplog.messages)  # progress lines
+
+
+@pytest.mark.parametrize(("ignore_range", "status"), [(False, 206), (True, 200)])
+def test_partial_file_from_an_earlier_run(server, payload, tmp_path, ignore_range, status):
+    """A .part left by an earlier run is continued; a server that ignores Range restarts it."""
+    out = tmp_path / NAME
+    third = len(payload) // 3
+    fetching.part_path(out).write_bytes(payload[:third])
+    server.ignore_range = ignore_range
+
+    fetch([server.url()], out, _expected(payload), **FAST)
+
+    assert out.read_bytes() == payload
+    (request,) = server.requests
+    assert (request.range, request.status) == (f"bytes={third}-", status)
+    assert request.sent == len(payload) - (third if status == 206 else 0)
+    assert _leftovers(tmp_path) == [NAME]
+
+
+def test_stale_partial_file_that_fails_verification_is_fetched_again(server, payload, tmp_path):
+    out = tmp_path / NAME
+    fetching.part_path(out).write_bytes(b"x" * 1000)  # not a prefix of the file: resuming gives garbage
+
+    fetch([server.url()], out, _expected(payload), **FAST)
+
+    assert out.read_bytes() == payload
+    assert [(request.range, request.status) for request in server.requests] == [
+        ("bytes=1000-", 206),
+        (None, 200),
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ["md5", "sha256"])
+def test_wrong_checksum_names_both_digests_and_leaves_nothing(server, payload, tmp_path, algorithm):
+    out = tmp_path / NAME
+    wrong = "0" * (32 if algorithm == "md5" else 64)
+    actual = hashlib.new(algorithm, payload).hexdigest()
+
+    with pytest.raises(AllSourcesFailed) as caught:
+        fetch([server.url()], out, Expected(size=len(payload), **{algorithm: wrong}), **FAST)
+
+    message = str(caught.value)
+    assert f"{algorithm} mismatch" in message and wrong in message and actual in message
+    assert server.url() in message
+    assert isinstance(caught.value.failures[0][1], fetching.ChecksumMismatch)
+    assert _leftovers(tmp_path) == []  # neither the output nor a .part that a later run would resume
+
+
+def test_wrong_size_is_reported(server, payload, tmp_path):
+    with pytest.raises(AllSourcesFailed, match=f"expected {len(payload) + 1} bytes, got {len(payload)}"):
+        fetch([server.url()], tmp_path / NAME, Expected(size=len(payload) + 1), **FAST)
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("form", ["path", "file-url", "folder"])
+def test_local_mirror_is_used_without_the_network(server, payload, tmp_path, form):
+    mirror_dir = tmp_path / "mirror"
+    mirror_dir.mkdir()
+    mirror = mirror_dir / NAME
+    mirror.write_bytes(payload)
+    source = {"path": str(mirror), "file-url": mirror.as_uri(), "folder": str(mirror_dir)}[form]
+    out = tmp_path / "data" / NAME
+
+    fetch([source, server.url()], out, _expected(payload), **FAST)
+
+    assert server.requests == []
+    assert out.read_bytes() == payload
+    assert out.stat().st_ino == mirror.stat().st_ino  # hard-linked, not copied
+    assert mirror.read_bytes() == payload
+
+
+def test_damaged_mirror_falls_through_to_the_next_source(server, payload, tmp_path):
+    mirror = tmp_path / "mirror.tar.gz"
+    mirror.write_bytes(payload[:-10] + b"0123456789")
+    out = tmp_path / "data" / NAME
+
+    fetch([str(mirror), server.url()], out, _expected(payload), **FAST)
+
+    assert out.read_bytes() == payload
+    assert len(server.requests) == 1
+    assert _leftovers(out.parent) == [NAME]
+
+
+def test_all_sources_failing_gives_one_error_naming_each(server, payload, tmp_path):
+    sources = [
+        str(tmp_path / "nowhere" / NAME),
+        _closed_port_url(),
+        server.url("missing.tar.gz"),
+        "ftp://example.org/cifar.tar.gz",
+    ]
+    out = tmp_path / "data" / NAME
+
+    with pytest.raises(AllSourcesFailed) as caught:
+        fetch(sources, out, _expected(payload), **FAST)
+
+    message = str(caught.value)
+    assert message.startswith(f"could not fetch {NAME} from any of 4 source(s): ")
+    assert [source for source, _ in caught.value.failures] == sources
+    for source, reason in zip(
+        sources, ("no such file", "refused", "HTTP 404", "unsupported source"), strict=True
+    ):
+        assert re.search(f"{re.escape(source)}: [^;]*{reason}", message, re.IGNORECASE), (source, message)
+    assert "gave up after 3 attempt(s)" in message  # the closed port was retried
+    assert [request.path for request in server.requests] == ["/missing.tar.gz"]  # a 404 is not retried
+    assert not out.exists() and not fetching.part_path(out).exists()
+
+
+def test_verified_existing_output_is_kept(server, payload, tmp_path):
+    out = tmp_path / NAME
+    out.write_bytes(payload)
+    fetch([_closed_port_url()], out, _expected(payload), **FAST)
+    assert out.read_bytes() == payload and server.requests == []
+
+
+def test_expected_rejects_malformed_digests():
+    with pytest.raises(ValueError, match="md5 must be 32 hex digits"):
+        Expected(md5="xyz")
+    assert Expected(sha256="AB" * 32).sha256 == "ab" * 32
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "scalestudy.data.fetch", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_command_line_failure_is_one_clear_line(tmp_path):
+    out = tmp_path / NAME
+    result = _cli("--source", "cifar10", "--out", str(out), "--url", _closed_port_url(), "--retries", "0")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"fetch: error: could not fetch {NAME} from any of 1 source(s): [1] http://127.0.0.1:"
+    )
+    assert "Traceback" not in result.stderr
+    assert _leftovers(tmp_path) == []
+
+    result = _cli("--source", "cifar10", "--out", str(out), "--md5", "not-hex")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "fetch: error: md5 must be 32 hex digits, got 'not-hex'"
+
+
+def test_command_line_writes_and_pins_a_synthetic_archive(tmp_path):
+    sizes = ("--train-per-class", "2", "--test-per-class", "1", "--seed", "3")
+    first = tmp_path / "first.tar.gz"
+    assert _cli("--source", "synthetic", "--out", str(first), *sizes).returncode == 0
+    digest = hashlib.sha256(first.read_bytes()).hexdigest()
+
+    pinned = _cli(
+        "--source", "synthetic", "--out", str(tmp_path / "pinned.tar.gz"), "--sha256", digest, *sizes
+    )
+    assert pinned.returncode == 0, pinned.stderr
+    wrong = _cli(
+        "--source", "synthetic", "--out", str(tmp_path / "wrong.tar.gz"), "--sha256", "1" * 64, *sizes
+    )
+    assert wrong.returncode == 1
+    assert f"expected {'1' * 64}, got {digest}" in wrong.stderr
+    assert _leftovers(tmp_path) == ["first.tar.gz", "pinned.tar.gz"]
