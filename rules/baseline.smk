@@ -6,6 +6,7 @@ rule baseline_run:
     input:
         PACKED,
         manifest=PACKED_MANIFEST,
+        image=image_input(),
     output:
         **run_outputs("baseline"),
     params:

@@ -2,10 +2,16 @@
 # The logic lives in the scalestudy package; these functions only adapt it to Snakemake's
 # wildcards/attempt callables.
 
+import functools
 import json
 import os
+import shlex
+from typing import NamedTuple
+
+from snakemake.settings.types import DeploymentMethod
 
 from scalestudy import cluster, grid
+from scalestudy import launch as _launch
 
 PACKED_DIR = grid.PACKED_DIR
 PACKED = [
@@ -36,10 +42,34 @@ STAGE_POINTS = {
     "profile": lambda: grid.profile_points(config),
 }
 
+TABLES_DIR = "results/tables"
+
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 
 # The software of every rule, for --sdm conda and for the linter; the image has the same pins.
 SOFTWARE_ENV = "../envs/scalestudy.yaml"
+APPTAINER_ENV = "../envs/apptainer.yaml"
+
+# The container image (rules/container.smk builds it; docs/slurm.md, "The image").
+CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+IMAGE = cluster.container_image(config)
+IMAGE_BUILD = cluster.image_build_target(config)
+CONTAINER = cluster.container_settings(config)
+
+
+def image_input():
+    """The image as an input of every containerized job, when this workflow builds it."""
+    return [IMAGE_BUILD] if CONTAINERIZED and IMAGE_BUILD else []
+
+
+# Provenance of the CPU rules (scalestudy.provenance reads these): the image and its sha256,
+# hashed once and cached beside the image. APPTAINERENV_* survive apptainer's --cleanenv.
+if CONTAINERIZED and os.path.isfile(IMAGE):
+    for _name, _value in {
+        _launch.IMAGE_ENV: os.path.abspath(IMAGE),
+        _launch.IMAGE_SHA256_ENV: _launch.image_sha256(IMAGE),
+    }.items():
+        os.environ[_name] = os.environ[f"APPTAINERENV_{_name}"] = _value
 
 
 wildcard_constraints:
@@ -79,7 +109,8 @@ def run_params(stage):
     return {
         "run": lambda wc: json.dumps(grid.run_config(config, point_of(stage, wc)), sort_keys=True),
         "launch": lambda wc: json.dumps(
-            cluster.launch_spec(config, point_of(stage, wc).world_size), sort_keys=True
+            cluster.launch_spec(config, point_of(stage, wc).world_size, containerized=CONTAINERIZED),
+            sort_keys=True,
         ),
         "out_dir": lambda wc, output: os.path.dirname(output.summary),
     }
@@ -90,13 +121,17 @@ def train_threads(stage):
     return lambda wc: point_of(stage, wc).world_size
 
 
+@functools.lru_cache(maxsize=None)
+def train_resources_of(world_size, attempt):
+    """Cached: Snakemake asks once per resource key and job, and a grid has thousands of jobs."""
+    return cluster.train_resources(config, world_size, attempt)
+
+
 def train_resources(stage):
     """Slurm resources of a training job, from the grid point's world size and the attempt."""
     return {
         key: (
-            lambda wc, attempt, key=key: cluster.train_resources(
-                config, point_of(stage, wc).world_size, attempt
-            )[key]
+            lambda wc, attempt, key=key: train_resources_of(point_of(stage, wc).world_size, attempt)[key]
         )
         for key in cluster.TRAIN_RESOURCE_KEYS
     }
@@ -117,3 +152,70 @@ def on_submit_host(rule_name):
 def container_image():
     """The image CPU rules run in under --sdm apptainer (training ranks get it from launch)."""
     return cluster.container_image(config)
+
+
+def analysis_json(*sections):
+    """The parts of the config's analysis: section a rule uses, as JSON (a params value, so changing
+    one setting re-runs only the rules that read it; the tools fill the rest with the schema's
+    defaults, so a rule must name every section it reads)."""
+    chosen = {key: config["analysis"][key] for key in sections}
+    if "comm_model" in chosen and chosen["comm_model"]["gpus_per_node"] is None:
+        # null: the cluster's ranks per node (one place to say how many GPUs a node has)
+        chosen["comm_model"] = {**chosen["comm_model"], "gpus_per_node": cluster.ranks_per_node(config)}
+    return json.dumps(chosen, sort_keys=True)
+
+
+
+def table_report(name, category, subcategory=None):
+    """A table shown in the report, with its caption report/table_<stem>.rst."""
+    return report(
+        f"{TABLES_DIR}/{name}",
+        caption=f"../report/table_{name.rsplit('.', 1)[0]}.rst",
+        category=category,
+        subcategory=subcategory,
+    )
+
+
+class Figure(NamedTuple):
+    category: str  # the report's category
+    command: str  # the `python -m scalestudy.plots` subcommand
+    inputs: dict  # {option name: file(s)}
+    extra: str = ""  # further arguments
+    sections: tuple = ()  # the analysis: sections it reads (see analysis_json)
+
+
+def input_args(names):
+    """A params function: `--<name> <files>` for each named input, shell-quoted.
+
+    (A params value rather than a shell template, because the rules below are made in a loop and a
+    shell: template would see the loop variables of the last iteration when it runs.)
+    """
+
+    def args(wildcards, input):
+        parts = []
+        for name in names:
+            files = getattr(input, name)
+            files = [files] if isinstance(files, str) else list(files)
+            parts.append(" ".join([f"--{name}", *map(shlex.quote, files)]))
+        return " ".join(parts)
+
+    return args
+
+
+def fetch_args(wildcards):
+    """The fetch command's arguments; every value is quoted by Snakemake's :q in the shell."""
+    data = config["data"]
+    if data["source"] == "synthetic":
+        synthetic = data["synthetic"]
+        return [
+            "--train-per-class", synthetic["train_per_class"],
+            "--test-per-class", synthetic["test_per_class"],
+            "--seed", synthetic["seed"],
+        ]
+    args = ["--url", data["url"], "--md5", data["md5"], "--size", data["size_bytes"]]
+    args += ["--timeout", data["timeout_s"], "--retries", data["retries"]]
+    if data["sha256"]:
+        args += ["--sha256", data["sha256"]]
+    for mirror in data["mirrors"]:
+        args += ["--mirror", mirror]
+    return [str(arg) for arg in args]

@@ -4,11 +4,12 @@
 rule preprocess:
     input:
         archive=ARCHIVE,
+        image=image_input(),
     output:
         arrays=PACKED,
         manifest=PACKED_MANIFEST,
     params:
-        out_dir=PACKED_DIR,
+        out_dir=lambda wildcards, output: os.path.dirname(output.manifest),
     log:
         "results/logs/preprocess.log",
     localrule: on_submit_host("preprocess")

@@ -83,4 +83,6 @@ def setup_logging(level: int = logging.INFO) -> logging.Logger:
         datefmt="%Y-%m-%dT%H:%M:%S",
         force=True,
     )
+    # matplotlib's PDF backend subsets fonts through fontTools, which logs every table at INFO.
+    logging.getLogger("fontTools").setLevel(logging.WARNING)
     return logging.getLogger("scalestudy")

@@ -89,7 +89,7 @@ def test_every_run_records_its_provenance(demo_run):
         assert provenance["seed"] is not None and provenance["host"]
 
 
-def changed_sensitivity_config(workdir: Path) -> Path:
+def changed_sensitivity_config(workdir: Path) -> tuple[Path, float, float]:
     config = yaml.safe_load((workdir / "config/demo.yaml").read_text())
     old, new = config["sensitivity"]["bucket_cap_mb"][-1], 50
     config["sensitivity"]["bucket_cap_mb"][-1] = new
@@ -112,7 +112,8 @@ def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     path, _, new = changed_sensitivity_config(demo_run)
     batch = yaml.safe_load(path.read_text())["sensitivity"]["per_gpu_batch"][0]
     target = f"results/runs/sensitivity/fp32/bs{batch}_bucket{new}/summary.json"
-    result = run_snakemake(demo_run, "--configfile", str(path), target)
+    # The target goes first: --configfile takes every word after it.
+    result = run_snakemake(demo_run, target, "--configfile", str(path))
     assert job_stats(result.stdout + result.stderr) == {"sensitivity_run": 1}
     assert (demo_run / target).stat().st_size > 0
 

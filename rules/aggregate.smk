@@ -1,0 +1,146 @@
+# aggregate: every run's summary -> the run catalog; metrics, acceptance, the communication model
+# and the resource estimate. The logic is in scalestudy.analysis; each rule calls one module.
+
+ANALYSIS_LOGS = "results/logs/analysis"
+STAGES = ("baseline", "scaling", "sensitivity", "profile")
+
+
+RUN_SUMMARIES = [path for stage in STAGES for path in run_files(stage, "summary.json")]
+
+
+rule table_accounting:
+    input:
+        summaries=RUN_SUMMARIES,
+    output:
+        f"{TABLES_DIR}/sacct.json",
+    log:
+        f"{ANALYSIS_LOGS}/accounting.log",
+    # Outside the container (sacct and the Slurm libraries are on the host, not in the image) and,
+    # as a table* rule, on the submit host (cluster.submit_host_rules), where sacct answers.
+    # Standard library only; where sacct is missing or disabled the JSON says so and the run still succeeds.
+    localrule: on_submit_host("table_accounting")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.analysis.accounting --summaries {input.summaries:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule table_runs:
+    input:
+        image=image_input(),
+        summaries=RUN_SUMMARIES,
+        accounting=rules.table_accounting.output[0],
+    output:
+        runs=table_report("runs.csv", "Acceptance", "Run catalog"),
+    log:
+        f"{ANALYSIS_LOGS}/runs.log",
+    localrule: on_submit_host("table_runs")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.aggregate --summaries {input.summaries:q}"
+        " --accounting {input.accounting:q} --out {output.runs:q} > {log:q} 2>&1"
+
+
+rule table_metrics:
+    input:
+        image=image_input(),
+        runs=rules.table_runs.output.runs,
+    output:
+        scaling=table_report("scaling.csv", "Scaling", "Tables"),
+        sensitivity=table_report("sensitivity.csv", "Sensitivity", "Tables"),
+    params:
+        analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
+    log:
+        f"{ANALYSIS_LOGS}/metrics.log",
+    localrule: on_submit_host("table_metrics")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.metrics --runs {input.runs:q} --analysis-json {params.analysis:q}"
+        " --scaling-out {output.scaling:q} --sensitivity-out {output.sensitivity:q} > {log:q} 2>&1"
+
+
+rule table_acceptance:
+    input:
+        image=image_input(),
+        scaling=rules.table_metrics.output.scaling,
+        sensitivity=rules.table_metrics.output.sensitivity,
+    output:
+        csv=f"{TABLES_DIR}/acceptance.csv",
+        html=table_report("acceptance.html", "Acceptance", "Criteria"),
+    params:
+        analysis=analysis_json("acceptance"),
+    log:
+        f"{ANALYSIS_LOGS}/acceptance.log",
+    localrule: on_submit_host("table_acceptance")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.acceptance --scaling {input.scaling:q}"
+        " --sensitivity {input.sensitivity:q} --analysis-json {params.analysis:q}"
+        " --out {output.csv:q} --html {output.html:q} > {log:q} 2>&1"
+
+
+rule table_comm_model:
+    input:
+        image=image_input(),
+        runs=rules.table_runs.output.runs,
+    output:
+        fit=table_report("comm_model_fit.csv", "Model", "Tables"),
+        residuals=table_report("comm_model_residuals.csv", "Model", "Tables"),
+        prediction=f"{TABLES_DIR}/comm_model_prediction.csv",
+    params:
+        analysis=analysis_json("comm_model"),
+    log:
+        f"{ANALYSIS_LOGS}/comm_model.log",
+    localrule: on_submit_host("table_comm_model")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.commmodel --runs {input.runs:q} --analysis-json {params.analysis:q}"
+        " --fit-out {output.fit:q} --residuals-out {output.residuals:q}"
+        " --prediction-out {output.prediction:q} > {log:q} 2>&1"
+
+
+rule table_resources:
+    input:
+        image=image_input(),
+        runs=rules.table_runs.output.runs,
+        scaling=rules.table_metrics.output.scaling,
+        prediction=rules.table_comm_model.output.prediction,
+    output:
+        csv=table_report("resource_estimate.csv", "Acceptance", "Resource estimate"),
+        tex=f"{TABLES_DIR}/resource_estimate.tex",
+    params:
+        analysis=analysis_json("resources", "comm_model"),
+    log:
+        f"{ANALYSIS_LOGS}/resources.log",
+    localrule: on_submit_host("table_resources")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.resources --runs {input.runs:q} --scaling {input.scaling:q}"
+        " --prediction {input.prediction:q} --analysis-json {params.analysis:q}"
+        " --out {output.csv:q} --tex {output.tex:q} > {log:q} 2>&1"
+
+
+ANALYSIS_TARGETS = [
+    *rules.table_accounting.output,
+    rules.table_runs.output.runs,
+    *rules.table_metrics.output,
+    *rules.table_acceptance.output,
+    *rules.table_comm_model.output,
+    *rules.table_resources.output,
+]

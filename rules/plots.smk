@@ -1,0 +1,65 @@
+# plots: every figure of the study, PNG for the report (with its caption report/<name>.rst) and vector
+# PDF for the paper (results/paper/figures/). Drawing is in scalestudy.plots (one style module); the
+# rules differ only in inputs, so they are generated from one table: figure_<name>.
+
+FIGURES_DIR = "results/figures"
+PAPER_FIGURES_DIR = "results/paper/figures"
+PLOT_LOGS = "results/logs/plots"
+
+
+SCALING_TABLE = {"scaling": rules.table_metrics.output.scaling}
+FIGURES = {
+    "throughput": Figure("Scaling", "throughput", SCALING_TABLE),
+    "efficiency": Figure("Scaling", "efficiency", SCALING_TABLE, sections=("acceptance",)),
+    "epoch_time": Figure("Scaling", "epoch-time", SCALING_TABLE),
+    "accuracy": Figure(
+        "Scaling",
+        "accuracy",
+        {"metrics": run_files("scaling", "metrics.csv")},
+        extra=f"--target-accuracy {config['train']['target_accuracy']}",
+    ),
+    "sensitivity": Figure("Sensitivity", "sensitivity", {"sensitivity": rules.table_metrics.output.sensitivity}),
+    "gpu_monitor": Figure(
+        "Monitoring", "monitor", {"monitor": run_files("scaling", "gpu_monitor.csv")}, sections=("monitor",)
+    ),
+    "comm_model": Figure(
+        "Model",
+        "comm-model",
+        {
+            "prediction": rules.table_comm_model.output.prediction,
+            "fit": rules.table_comm_model.output.fit,
+            **SCALING_TABLE,
+        },
+    ),
+}
+
+
+for _name, _figure in FIGURES.items():
+
+    rule:
+        name:
+            f"figure_{_name}"
+        input:
+            **_figure.inputs,
+            image=image_input(),
+        output:
+            png=report(f"{FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category),
+            pdf=f"{PAPER_FIGURES_DIR}/{_name}.pdf",
+        params:
+            figure=_figure.command,
+            inputs=input_args(tuple(_figure.inputs)),
+            extra=_figure.extra,
+            analysis=analysis_json(*_figure.sections),
+        log:
+            f"{PLOT_LOGS}/{_name}.log",
+        localrule: on_submit_host(f"figure_{_name}")
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        container: container_image()
+        shell:
+            "python -m scalestudy.plots {params.figure} {params.inputs} {params.extra}"
+            " --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+
+FIGURE_TARGETS = [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output]

@@ -1,0 +1,232 @@
+# profile: where a training step's time goes. Per profiled world size one training run of the
+# profile point under Nsight Systems (one report per rank, nsys inside srun) or, where nsys or a GPU
+# is missing (tool auto) or asked for (tool torch), the torch.profiler fallback; the tool actually
+# used is recorded in the run folder (profile_tool.json). Nsight Compute profiles the top kernels of
+# a one-GPU run. Everything is parsed into one summary schema (scalestudy/profiling/schema.py).
+
+PROFILE_DIR = "results/profile"
+PROFILE_RUN_DIR = STAGE_PATTERNS["profile"]
+PROFILE_LOGS = "results/logs/profile"
+PROFILE_TABLES = ("breakdown", "top_kernels", "overlap")
+PROFILE_FIGURES = ("profile_breakdown", "profile_top_kernels", "profile_ncu_throughput")
+NCU = config["profiling"]["ncu"]
+NCU_WORLD = 1  # Nsight Compute profiles a one-GPU run
+
+
+# Each figure: the PNG for the report (caption report/<name>.rst), the vector PDF for the paper.
+PROFILE_FIGURE_FILES = {
+    name: {"png": f"results/figures/{name}.png", "pdf": f"results/paper/figures/{name}.pdf"}
+    for name in PROFILE_FIGURES
+}
+NCU_FILES = {
+    "status": f"{PROFILE_DIR}/w{{world}}/ncu_status.json",
+    "kernels": f"{PROFILE_DIR}/w{{world}}/ncu_kernels.csv",
+    "raw": f"{PROFILE_DIR}/w{{world}}/ncu_raw.csv",
+}
+NCU_TARGETS = {key: path.format(world=NCU_WORLD) for key, path in NCU_FILES.items()} if NCU["enabled"] else {}
+# Where the ncu figure reads from, or why there is nothing to read.
+NCU_FIGURE_SOURCE = (
+    ["--status", NCU_TARGETS["status"], "--kernels", NCU_TARGETS["kernels"]]
+    if NCU["enabled"]
+    else ["--not-run", "disabled in the config (profiling.ncu.enabled: false)"]
+)
+
+
+rule profile_run:
+    input:
+        PACKED,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+    output:
+        **run_outputs("profile"),
+        record=f"{PROFILE_RUN_DIR}/profile_tool.json",
+    params:
+        **run_params("profile"),
+    threads: train_threads("profile")
+    resources:
+        **train_resources("profile"),
+    log:
+        run_log("profile"),
+    benchmark:
+        run_benchmark("profile")
+    # No container: here: scalestudy.launch puts the image (and nsys) around each rank.
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.profiling.run --launch-json {params.launch:q}"
+        " --run-config-json {params.run:q} --out-dir {params.out_dir:q} --record {output.record:q}"
+        " > {log:q} 2>&1"
+
+
+rule profile_nsys_stats:
+    input:
+        record=rules.profile_run.output.record,
+        image=image_input(),
+    output:
+        directory(f"{PROFILE_DIR}/w{{world}}/nsys_stats"),
+    log:
+        f"{PROFILE_LOGS}/w{{world}}_nsys_stats.log",
+    localrule: on_submit_host("profile_nsys_stats")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.nsys export --record {input.record:q} --out-dir {output:q}"
+        " > {log:q} 2>&1"
+
+
+rule profile_summary:
+    input:
+        record=rules.profile_run.output.record,
+        summary=rules.profile_run.output.summary,
+        nsys_stats=rules.profile_nsys_stats.output[0],
+        image=image_input(),
+    output:
+        **{name: f"{PROFILE_DIR}/w{{world}}/{name}.csv" for name in PROFILE_TABLES},
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.breakdown),
+        top=15,
+    log:
+        f"{PROFILE_LOGS}/w{{world}}_summary.log",
+    localrule: on_submit_host("profile_summary")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.summarize world --record {input.record:q}"
+        " --nsys-stats {input.nsys_stats:q} --out-dir {params.out_dir:q} --top {params.top:q}"
+        " > {log:q} 2>&1"
+
+
+rule profile_combine:
+    input:
+        **{
+            name: expand(f"{PROFILE_DIR}/w{{world}}/{name}.csv", world=PROFILE_WORLDS)
+            for name in PROFILE_TABLES
+        },
+        image=image_input(),
+    output:
+        **{name: f"{PROFILE_DIR}/{name}.csv" for name in PROFILE_TABLES},
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.breakdown),
+        world_dirs=lambda wildcards, input: [os.path.dirname(path) for path in input.breakdown],
+    log:
+        f"{PROFILE_LOGS}/combine.log",
+    localrule: on_submit_host("profile_combine")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.summarize combine --out-dir {params.out_dir:q}"
+        " {params.world_dirs:q} > {log:q} 2>&1"
+
+
+rule profile_ncu:
+    input:
+        PACKED,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+    output:
+        **NCU_FILES,
+    wildcard_constraints:
+        world=str(NCU_WORLD),
+    params:
+        run=run_params("profile")["run"],
+        launch=run_params("profile")["launch"],
+        work_dir=lambda wildcards, output: os.path.join(os.path.dirname(output.status), "ncu_run"),
+        kernel_regex=NCU["kernel_regex"],
+        launch_skip=NCU["launch_skip"],
+        launch_count=NCU["launch_count"],
+    threads: train_threads("profile")
+    resources:
+        **train_resources("profile"),
+    log:
+        f"{PROFILE_LOGS}/w{{world}}_ncu.log",
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.profiling.ncu run --launch-json {params.launch:q}"
+        " --run-config-json {params.run:q} --work-dir {params.work_dir:q}"
+        " --kernel-regex {params.kernel_regex:q} --launch-skip {params.launch_skip:q}"
+        " --launch-count {params.launch_count:q} --status {output.status:q}"
+        " --kernels {output.kernels:q} --raw {output.raw:q} > {log:q} 2>&1"
+
+
+rule figure_profile_breakdown:
+    input:
+        breakdown=rules.profile_combine.output.breakdown,
+        image=image_input(),
+    output:
+        png=report(
+            PROFILE_FIGURE_FILES["profile_breakdown"]["png"],
+            caption="../report/profile_breakdown.rst",
+            category="Profiling",
+        ),
+        pdf=PROFILE_FIGURE_FILES["profile_breakdown"]["pdf"],
+    log:
+        f"{PROFILE_LOGS}/figure_breakdown.log",
+    localrule: on_submit_host("figure_profile_breakdown")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.figures breakdown --breakdown {input.breakdown:q}"
+        " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+
+rule figure_profile_top_kernels:
+    input:
+        top_kernels=rules.profile_combine.output.top_kernels,
+        image=image_input(),
+    output:
+        png=report(
+            PROFILE_FIGURE_FILES["profile_top_kernels"]["png"],
+            caption="../report/profile_top_kernels.rst",
+            category="Profiling",
+        ),
+        pdf=PROFILE_FIGURE_FILES["profile_top_kernels"]["pdf"],
+    log:
+        f"{PROFILE_LOGS}/figure_top_kernels.log",
+    localrule: on_submit_host("figure_profile_top_kernels")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.figures top-kernels --top-kernels {input.top_kernels:q}"
+        " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+
+rule figure_profile_ncu:
+    input:
+        **NCU_TARGETS,
+        image=image_input(),
+    output:
+        png=report(
+            PROFILE_FIGURE_FILES["profile_ncu_throughput"]["png"],
+            caption="../report/profile_ncu_throughput.rst",
+            category="Profiling",
+        ),
+        pdf=PROFILE_FIGURE_FILES["profile_ncu_throughput"]["pdf"],
+    params:
+        source=NCU_FIGURE_SOURCE,
+    log:
+        f"{PROFILE_LOGS}/figure_ncu_throughput.log",
+    localrule: on_submit_host("figure_profile_ncu")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.profiling.figures ncu-throughput {params.source:q}"
+        " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+
+# Every final output of the stage (rule all includes it).
+PROFILE_TARGETS = [
+    *rules.profile_combine.output,
+    *(path for files in PROFILE_FIGURE_FILES.values() for path in files.values()),
+    *NCU_TARGETS.values(),
+]

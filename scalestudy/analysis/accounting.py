@@ -1,0 +1,133 @@
+"""Slurm accounting of the study's runs: sacct's elapsed time, state and peak memory per job.
+
+Standard library only: the rule that calls this runs on the submit host *outside* the container
+(sacct and the Slurm client libraries are not in the image), and writes a small JSON file the
+containerised catalog step (analysis.aggregate) merges into runs.csv:
+
+    {"note": null | "why there is no accounting", "jobs": {"<job id>": {"state": ..., "elapsed_s": ...,
+     "max_rss_mb": ...}}}
+
+    python -m scalestudy.analysis.accounting --summaries .../summary.json ... --out results/tables/sacct.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from scalestudy import atomic
+from scalestudy.progress import setup_logging
+
+log = logging.getLogger("scalestudy.analysis.accounting")
+
+
+def parse_elapsed(text: str) -> float | None:
+    """sacct Elapsed '[D-]HH:MM:SS' or 'MM:SS(.fff)' -> seconds."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)", text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = match.groups()
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def parse_rss_mb(text: str) -> float | None:
+    """sacct MaxRSS '123456K', '1.5G', '0' -> MiB."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", text.strip())
+    if not match:
+        return None
+    value, unit = float(match.group(1)), match.group(2)
+    return value * {"": 1 / 1024**2, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}[unit]
+
+
+def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
+    """`sacct --parsable2 --noheader -o JobID,State,Elapsed,MaxRSS` -> per job id: state, elapsed, max RSS.
+
+    State and Elapsed come from the allocation line (JobID without a '.'); MaxRSS is a step
+    property, so the maximum over the job's steps is taken.
+    """
+    jobs: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 4 or not fields[0]:
+            continue
+        job_id, _, step = fields[0].partition(".")
+        entry = jobs.setdefault(job_id, {"state": None, "elapsed_s": None, "max_rss_mb": None})
+        if not step:
+            entry["state"] = fields[1] or None
+            entry["elapsed_s"] = parse_elapsed(fields[2])
+        rss = parse_rss_mb(fields[3]) if fields[3] else None
+        if rss is not None:
+            entry["max_rss_mb"] = max(rss, entry["max_rss_mb"] or 0.0)
+    return jobs
+
+
+Runner = Callable[[list[str]], subprocess.CompletedProcess]
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def query_sacct(job_ids: Sequence[str], runner: Runner = _run) -> dict[str, Any]:
+    """{"note": ..., "jobs": {...}}: the note says why there is no accounting (None when sacct answered)."""
+    if not job_ids:
+        return {"note": "no Slurm job id in any run (runs outside Slurm)", "jobs": {}}
+    if runner is _run and shutil.which("sacct") is None:
+        return {"note": "sacct not found on this host", "jobs": {}}
+    argv = ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,Elapsed,MaxRSS", "-j", ",".join(job_ids)]
+    try:
+        result = runner(argv)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"note": f"sacct failed: {err}", "jobs": {}}
+    if result.returncode != 0:
+        return {"note": f"sacct failed ({result.returncode}): {result.stderr.strip()[:200]}", "jobs": {}}
+    jobs = parse_sacct(result.stdout)
+    return {
+        "note": None if jobs else "sacct returned no records (accounting disabled or purged?)",
+        "jobs": jobs,
+    }
+
+
+def job_id(summary: dict) -> str | None:
+    """The run's Slurm job id (as provenance.collect or the trainer records it), without a step suffix."""
+    prov = summary.get("provenance") or {}
+    value = (prov.get("slurm") or {}).get("job_id") or prov.get("slurm_job_id")
+    return str(value).split(".")[0] if value not in (None, "") else None
+
+
+def job_ids(summary_paths: Iterable[str | Path]) -> list[str]:
+    ids = set()
+    for path in summary_paths:
+        try:
+            found = job_id(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: cannot read the run summary ({err})") from err
+        if found:
+            ids.add(found)
+    return sorted(ids)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summaries", nargs="+", required=True, help="summary.json of every run.")
+    parser.add_argument("--out", required=True, help="The accounting JSON to write.")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
+    record = query_sacct(job_ids(args.summaries))
+    atomic.write_json(args.out, record)
+    if record["note"]:
+        log.warning("Slurm accounting: %s", record["note"])
+    log.info("accounting for %d job(s) -> %s", len(record["jobs"]), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

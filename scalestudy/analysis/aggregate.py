@@ -1,0 +1,131 @@
+"""The run catalog: every run's summary.json -> one row of results/tables/runs.csv.
+
+A row holds the grid point (stage, point), the run's results (unprefixed: images_per_s, ...), its
+run config (`config.<key>`), its provenance flattened (`provenance.<key>`, Slurm job id and hosts
+included) and, where Slurm accounting answers, `sacct.elapsed_s`, `sacct.state`, `sacct.max_rss_mb`.
+Where it does not (no sacct, no job id, no record), those columns are present and empty and
+`sacct.note` says why. The accounting itself is queried by scalestudy.analysis.accounting (on the
+submit host, outside the container) and passed in as JSON.
+
+    python -m scalestudy.analysis.aggregate --summaries results/runs/*/.../summary.json \
+        [--accounting results/tables/sacct.json] --out results/tables/runs.csv
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalestudy import atomic, provenance
+from scalestudy.analysis import accounting, cli
+from scalestudy.analysis.tableio import dig, read_json
+
+log = logging.getLogger("scalestudy.analysis.aggregate")
+
+# Results every analysis step relies on; a summary without them is rejected, naming the file.
+REQUIRED_RESULTS = (
+    "world_size",
+    "global_batch",
+    "per_gpu_batch",
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "epoch_time_s",
+    "total_time_s",
+)
+SACCT_COLUMNS = ("sacct.elapsed_s", "sacct.state", "sacct.max_rss_mb", "sacct.note")
+
+
+def summary_row(path: str | Path) -> dict[str, Any]:
+    """One catalog row from one summary.json."""
+    summary = read_json(path)
+    run = dig(summary, "run", path)
+    results = dig(summary, "results", path)
+    for key in ("stage", "point"):
+        dig(summary, f"run.{key}", path)
+    for key in REQUIRED_RESULTS:
+        dig(summary, f"results.{key}", path)
+    prov = provenance.flatten(summary.get("provenance") or {}, "provenance.")
+    resumed = results.get("resumed_from_step")
+    row = {
+        "stage": run["stage"],
+        "point": run["point"],
+        "run_dir": str(Path(path).parent),
+        "status": "completed" if resumed is None else "completed (resumed)",
+        "hosts": _hosts(summary.get("provenance") or {}),
+        "job_id": accounting.job_id(summary),
+    }
+    row.update(provenance.flatten(results))
+    row.update(provenance.flatten(run, "config."))
+    row.update(prov)
+    return row
+
+
+def _hosts(prov: dict) -> str | None:
+    """Every rank's host (the trainer records them), else the Slurm node list, else rank 0's host."""
+    hosts = prov.get("hosts")
+    if isinstance(hosts, list) and hosts:
+        return ",".join(map(str, hosts))
+    return prov.get("slurm_nodelist") or (prov.get("slurm") or {}).get("job_nodelist") or prov.get("host")
+
+
+def add_accounting(catalog: pd.DataFrame, accounting: dict | None) -> pd.DataFrame:
+    """Fill the sacct.* columns (always present) from analysis.accounting's record; sacct.note says
+    why a row has none."""
+    catalog = catalog.copy()
+    for column in SACCT_COLUMNS:
+        catalog[column] = pd.Series([None] * len(catalog), dtype=object)
+    if accounting is None:
+        catalog["sacct.note"] = "accounting not queried"
+        return catalog
+    jobs, note = accounting.get("jobs") or {}, accounting.get("note")
+    for index, job in catalog["job_id"].items():
+        record = jobs.get(job) if job else None
+        if record is None:
+            catalog.at[index, "sacct.note"] = note or ("no Slurm job id" if not job else "no sacct record")
+            continue
+        catalog.at[index, "sacct.elapsed_s"] = record.get("elapsed_s")
+        catalog.at[index, "sacct.state"] = record.get("state")
+        catalog.at[index, "sacct.max_rss_mb"] = record.get("max_rss_mb")
+    return catalog
+
+
+STAGE_ORDER = {"baseline": 0, "scaling": 1, "sensitivity": 2, "profile": 3}
+
+
+def build_catalog(summary_paths: Sequence[str | Path], accounting: dict | None = None) -> pd.DataFrame:
+    rows = [summary_row(path) for path in summary_paths]
+    if not rows:
+        raise ValueError("no summary.json given: the run catalog would be empty")
+    catalog = pd.DataFrame(rows)
+    catalog = catalog.sort_values(["stage", "point"], key=_stage_sort_key, kind="stable").reset_index(
+        drop=True
+    )
+    return add_accounting(catalog, accounting)
+
+
+def _stage_sort_key(column: pd.Series) -> pd.Series:
+    return column.map(STAGE_ORDER).fillna(99) if column.name == "stage" else column
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = cli.parser(__doc__.splitlines()[0], with_settings=False)
+    parser.add_argument("--summaries", nargs="+", required=True, help="summary.json of every run.")
+    parser.add_argument(
+        "--accounting", help="Slurm accounting JSON (analysis.accounting); absent: not queried."
+    )
+    parser.add_argument("--out", required=True, help="The run catalog CSV to write.")
+    args = parser.parse_args(argv)
+    cli.start(args)
+    accounting = read_json(args.accounting) if args.accounting else None
+    catalog = build_catalog(args.summaries, accounting)
+    atomic.write_csv(args.out, catalog)
+    log.info("run catalog: %d runs, %d columns -> %s", len(catalog), len(catalog.columns), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

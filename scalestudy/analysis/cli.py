@@ -1,0 +1,29 @@
+"""Shared pieces of the analysis command lines: logging level and where the settings come from."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from scalestudy.analysis import settings
+from scalestudy.progress import setup_logging
+
+
+def parser(description: str, with_settings: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--log-level", default="INFO", help="Logging level (default INFO).")
+    if with_settings:
+        group = p.add_mutually_exclusive_group()
+        group.add_argument(
+            "--analysis-json", help="The config's analysis: section as JSON (what rules pass)."
+        )
+        group.add_argument("--config", help="A study config file (YAML); its analysis: section is used.")
+    return p
+
+
+def start(args: argparse.Namespace) -> dict | None:
+    """Set up logging; return the analysis settings (defaults filled) if the parser takes them."""
+    setup_logging(getattr(logging, str(args.log_level).upper(), logging.INFO))
+    if not hasattr(args, "analysis_json"):
+        return None
+    return settings.load(args.analysis_json, args.config)

@@ -1,0 +1,342 @@
+"""An alpha-beta model of DDP's ring all-reduce, fitted to the measured step times.
+
+Per step, a run on N GPUs with per-GPU batch b takes
+
+    T(N, b) = c b + (1 - phi) * sum over its k gradient buckets of ring all-reduce time
+            = c b + beta_eff * 2(N-1)/N * S  +  alpha_eff * 2(N-1) k
+
+c is the compute time per image (from the 1-GPU runs of the same mode: T(1, b) / b), S the gradient
+bytes (parameters x 4, or x 2 with a 16-bit comm hook), k = ceil(S / bucket) the all-reduce calls,
+alpha the latency of one ring step and 1/beta the bus bandwidth (nccl-tests busbw). Step times alone
+cannot tell overlap phi from bandwidth, so the fit finds the *exposed* alpha_eff = (1 - phi) alpha and
+beta_eff = (1 - phi) / B; phi follows when the measured interconnect's bandwidth is configured
+(analysis.comm_model.measured_bandwidth_gb_s), else it is assumed (overlap_fraction).
+
+The fit is least squares on the excess T - c b of every multi-GPU scaling run (repeats count as
+points). It is honest about what the data can say:
+
+* "free": at least two world sizes > 1 (strictly: two values of N x buckets) and one
+  degree of freedom left: both alpha_eff and beta_eff are fitted, with standard errors;
+* "alpha fixed": otherwise alpha is fixed at analysis.comm_model.fit_alpha_us and only beta_eff is
+  fitted (dof = points - 1; with dof 0 the fit is exact by construction and says so);
+* a negative estimate is clipped to 0 and refitted, and the method says so.
+
+Predictions use, for N <= gpus_per_node, the intra-node link, beyond it each configured
+interconnect, with the fitted/assumed phi. The ring latency term 2(N-1) alpha grows linearly with N;
+NCCL switches to tree algorithms at scale, so predictions far beyond the measurements are a
+pessimistic bound.
+
+    python -m scalestudy.analysis.commmodel --runs results/tables/runs.csv \
+        --fit-out results/tables/comm_model_fit.csv --residuals-out results/tables/comm_model_residuals.csv \
+        --prediction-out results/tables/comm_model_prediction.csv [--analysis-json JSON | --config FILE]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from scalestudy import atomic
+from scalestudy.analysis import cli, modelsize
+from scalestudy.analysis.tableio import read_csv, require_columns
+
+log = logging.getLogger("scalestudy.analysis.commmodel")
+
+US = 1e-6
+GB = 1e9
+RESIDUAL_COLUMNS = (
+    "mode",
+    "world_size",
+    "per_gpu_batch",
+    "grad_bytes",
+    "buckets",
+    "step_s",
+    "compute_s",
+    "excess_s",
+    "predicted_step_s",
+    "residual_s",
+)
+FIT_CURVE = "fit (as measured)"
+PREDICTION_COLUMNS = ("mode", "curve", "world_size", "compute_s", "exposed_comm_s", "step_s", "efficiency")
+
+
+def ring_allreduce_s(world, grad_bytes, buckets, alpha_s, beta_s_per_byte):
+    """Ring all-reduce of grad_bytes in `buckets` calls: 2(N-1)/N S beta + 2(N-1) k alpha (0 at N=1)."""
+    world = np.asarray(world, dtype=float)
+    return (
+        2.0 * (world - 1.0) / world * grad_bytes * beta_s_per_byte + 2.0 * (world - 1.0) * buckets * alpha_s
+    )
+
+
+def design(points: pd.DataFrame) -> np.ndarray:
+    """Columns multiplying (beta_eff, alpha_eff) in the excess step time."""
+    n = points["world_size"].to_numpy(float)
+    return np.column_stack(
+        [
+            2.0 * (n - 1.0) / n * points["grad_bytes"].to_numpy(float),
+            2.0 * (n - 1.0) * points["buckets"].to_numpy(float),
+        ]
+    )
+
+
+@dataclass
+class Fit:
+    method: str
+    alpha_s: float
+    beta_s_per_byte: float
+    n_points: int
+    dof: int
+    rms_residual_s: float = math.nan
+    alpha_se_s: float = math.nan
+    beta_se: float = math.nan
+    compute_s_per_image: dict = field(default_factory=dict)
+    residuals: pd.DataFrame | None = None
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        return 1.0 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else math.inf
+
+    @property
+    def bandwidth_se_gb_s(self) -> float:
+        """Standard error of 1/beta by the delta method: se(beta) / beta^2."""
+        if not self.beta_s_per_byte > 0:
+            return math.nan
+        return self.beta_se / self.beta_s_per_byte**2 / GB
+
+
+def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Scaling runs as fit points (step time, gradient bytes, buckets) and c per mode."""
+    require_columns(
+        runs,
+        [
+            "stage",
+            "config.mode",
+            "world_size",
+            "per_gpu_batch",
+            "images_per_s_per_gpu",
+            "config.width",
+            "config.bucket_cap_mb",
+        ],
+        "runs",
+    )
+    scaling = runs[runs["stage"] == "scaling"]
+    hook = scaling["config.comm_hook"] if "config.comm_hook" in scaling else pd.Series("none", scaling.index)
+    grad = [
+        modelsize.gradient_bytes(int(w), str(h)) for w, h in zip(scaling["config.width"], hook, strict=True)
+    ]
+    points = pd.DataFrame(
+        {
+            "mode": scaling["config.mode"].to_numpy(),
+            "world_size": scaling["world_size"].astype(int).to_numpy(),
+            "per_gpu_batch": scaling["per_gpu_batch"].to_numpy(float),
+            "grad_bytes": grad,
+            "buckets": [
+                modelsize.bucket_count(g, b)
+                for g, b in zip(grad, scaling["config.bucket_cap_mb"], strict=True)
+            ],
+            "step_s": (scaling["per_gpu_batch"] / scaling["images_per_s_per_gpu"]).to_numpy(float),
+        }
+    )
+    single = points[points["world_size"] == 1]
+    compute = {mode: float((g["step_s"] / g["per_gpu_batch"]).mean()) for mode, g in single.groupby("mode")}
+    points = points[points["mode"].isin(compute)].copy()
+    points["compute_s"] = points["mode"].map(compute) * points["per_gpu_batch"]
+    points["excess_s"] = points["step_s"] - points["compute_s"]
+    return points.reset_index(drop=True), compute
+
+
+def fit(points: pd.DataFrame, compute: dict[str, float], fixed_alpha_s: float) -> Fit:
+    """Least-squares alpha_eff, beta_eff from the multi-GPU points (see the module doc)."""
+    multi = points[points["world_size"] > 1].reset_index(drop=True)
+    if multi.empty:
+        return Fit(
+            "not fitted: no multi-GPU run with a 1-GPU reference",
+            math.nan,
+            math.nan,
+            0,
+            0,
+            compute_s_per_image=compute,
+        )
+    x, y = design(multi), multi["excess_s"].to_numpy(float)
+    identifiable = np.linalg.matrix_rank(x / np.abs(x).max(axis=0)) == 2
+    if identifiable and len(multi) >= 3:
+        result = _fit_free(x, y)
+    else:
+        why = "one world size > 1" if not identifiable else f"{len(multi)} points leave no degree of freedom"
+        result = _fit_fixed_alpha(
+            x, y, fixed_alpha_s, f"alpha fixed at {fixed_alpha_s / US:g} us from config ({why})"
+        )
+    result.compute_s_per_image = compute
+    predicted = multi["compute_s"] + x @ np.array([result.beta_s_per_byte, result.alpha_s])
+    result.residuals = multi.assign(predicted_step_s=predicted, residual_s=multi["step_s"] - predicted)
+    if result.dof == 0:
+        result.method += "; dof 0: the fit is exact by construction, residuals say nothing"
+    return result
+
+
+def _fit_free(x: np.ndarray, y: np.ndarray) -> Fit:
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    method = "free (alpha and beta fitted)"
+    if coef.min() < 0:
+        clipped = int(np.argmin(coef))
+        keep = 1 - clipped
+        only, *_ = np.linalg.lstsq(x[:, [keep]], y, rcond=None)
+        coef = np.zeros(2)
+        coef[keep] = max(float(only[0]), 0.0)
+        method = f"free, {('beta', 'alpha')[clipped]} clipped to 0 (negative estimate)"
+        return _finish(method, x[:, [keep]], y, coef, dof=len(y) - 1, se_index=keep)
+    return _finish(method, x, y, coef, dof=len(y) - 2)
+
+
+def _fit_fixed_alpha(x: np.ndarray, y: np.ndarray, alpha_s: float, method: str) -> Fit:
+    rest = y - x[:, 1] * alpha_s
+    beta = float(np.dot(x[:, 0], rest) / np.dot(x[:, 0], x[:, 0]))
+    if beta < 0:
+        beta, method = 0.0, method + "; beta clipped to 0 (negative estimate)"
+    return _finish(method, x[:, [0]], rest, np.array([beta, alpha_s]), dof=len(y) - 1, se_index=0)
+
+
+def _finish(method, x_used, y_used, coef, dof, se_index=None) -> Fit:
+    """Residual RMS and standard errors (sigma^2 (X'X)^-1) of the fitted coefficients."""
+    coef_used = coef if x_used.shape[1] == 2 else coef[[se_index]]
+    residual = y_used - x_used @ coef_used
+    rms = float(np.sqrt(np.mean(residual**2)))
+    se = np.full(2, math.nan)
+    if dof > 0:
+        sigma2 = float(residual @ residual) / dof
+        diag = np.sqrt(np.diag(sigma2 * np.linalg.pinv(x_used.T @ x_used)))
+        se[[0, 1] if x_used.shape[1] == 2 else [se_index]] = diag
+    return Fit(method, float(coef[1]), float(coef[0]), len(y_used), dof, rms, se[1], se[0])
+
+
+def overlap(fit_result: Fit, model: dict) -> tuple[float, str]:
+    """phi: derived from beta_eff and the measured bandwidth when configured, else assumed."""
+    measured = model["measured_bandwidth_gb_s"]
+    if measured is None or not math.isfinite(fit_result.beta_s_per_byte):
+        return float(model["overlap_fraction"]), "assumed (analysis.comm_model.overlap_fraction)"
+    phi = 1.0 - fit_result.beta_s_per_byte * measured * GB
+    clipped = min(max(phi, 0.0), 1.0)
+    note = f"derived: 1 - beta_eff x {measured:g} GB/s"
+    return clipped, note + (f" (= {phi:.3g}, clipped)" if clipped != phi else "")
+
+
+def fit_table(f: Fit, phi: float, phi_note: str) -> pd.DataFrame:
+    rows = [
+        ("method", f.method, "", ""),
+        ("points", f.n_points, "", "multi-GPU scaling runs in the fit"),
+        ("degrees_of_freedom", f.dof, "", ""),
+        ("alpha_eff", f.alpha_s / US, "us", _se(f.alpha_se_s / US)),
+        ("bandwidth_eff", f.bandwidth_gb_s, "GB/s", "1 / beta_eff; " + _se(f.bandwidth_se_gb_s)),
+        ("rms_residual", f.rms_residual_s * 1e3, "ms", "per step"),
+        ("overlap_fraction", phi, "", phi_note),
+    ]
+    rows += [
+        (f"compute_per_image[{m}]", c * 1e3, "ms", "from the 1-GPU runs")
+        for m, c in f.compute_s_per_image.items()
+    ]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
+
+
+def _se(value: float) -> str:
+    if math.isnan(value):
+        return "no standard error (fixed or dof 0)"
+    return f"standard error {value:.3g}"
+
+
+def world_grid(max_world: int, measured: Sequence[int]) -> list[int]:
+    powers = [2**i for i in range(int(math.log2(max_world)) + 1)]
+    return sorted(set(powers) | {int(n) for n in measured if n <= max_world})
+
+
+def predict(f: Fit, points: pd.DataFrame, model: dict, phi: float) -> pd.DataFrame:
+    """Efficiency vs N for each mode: the fitted (as-measured) curve and one per interconnect."""
+    rows = []
+    for mode, group in points.groupby("mode"):
+        worlds = world_grid(model["max_world"], group["world_size"].unique())
+        compute_of = _compute_per_gpu(mode, group, f.compute_s_per_image[mode])
+        grad, buckets = float(group["grad_bytes"].iloc[0]), int(group["buckets"].iloc[0])
+        links = model["interconnects"]
+        curves = {link["name"]: _link_curve(link, model, grad, buckets, phi) for link in links}
+        if math.isfinite(f.alpha_s):
+            curves = {FIT_CURVE: _fit_curve(f, grad, buckets), **curves}
+        for name, comm in curves.items():
+            for n in worlds:
+                rows.append(_prediction_row(mode, name, n, compute_of(n), float(comm(n))))
+    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS)).dropna(subset=["efficiency"])
+
+
+def _compute_per_gpu(mode: str, group: pd.DataFrame, c: float):
+    """Compute time per step at N GPUs: strong keeps the global batch, weak the per-GPU batch."""
+    if mode == "strong":
+        global_batch = float((group["per_gpu_batch"] * group["world_size"]).iloc[0])
+        return lambda n: c * global_batch / n if global_batch / n >= 1 else math.nan
+    per_gpu = float(group["per_gpu_batch"].iloc[0])
+    return lambda n: c * per_gpu
+
+
+def _fit_curve(f: Fit, grad: float, buckets: int):
+    return lambda n: ring_allreduce_s(n, grad, buckets, f.alpha_s, f.beta_s_per_byte)
+
+
+def _link_curve(link: dict, model: dict, grad: float, buckets: int, phi: float):
+    def comm(n: int) -> float:
+        chosen = model["intra_node"] if n <= model["gpus_per_node"] else link
+        raw = ring_allreduce_s(
+            n, grad, buckets, chosen["alpha_us"] * US, 1.0 / (chosen["bandwidth_gb_s"] * GB)
+        )
+        return (1.0 - phi) * raw
+
+    return comm
+
+
+def _prediction_row(mode, curve, n, compute_s, comm_s):
+    step = compute_s + comm_s
+    return (mode, curve, n, compute_s, comm_s, step, compute_s / step if step > 0 else math.nan)
+
+
+def analyse(runs: pd.DataFrame, settings: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(fit table, residuals, predictions) from the run catalog."""
+    model = settings["comm_model"]
+    points, compute = fit_points(runs)
+    result = fit(points, compute, model["fit_alpha_us"] * US)
+    phi, phi_note = overlap(result, model)
+    residuals = (
+        result.residuals if result.residuals is not None else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
+    )
+    prediction = (
+        predict(result, points, model, phi) if compute else pd.DataFrame(columns=list(PREDICTION_COLUMNS))
+    )
+    log.info(
+        "comm model: %s; alpha_eff %.3g us, bandwidth_eff %.3g GB/s, dof %d",
+        result.method,
+        result.alpha_s / US,
+        result.bandwidth_gb_s,
+        result.dof,
+    )
+    return fit_table(result, phi, phi_note), residuals, prediction
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = cli.parser(__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="The run catalog (runs.csv).")
+    parser.add_argument("--fit-out", required=True, help="Fit parameters CSV.")
+    parser.add_argument("--residuals-out", required=True, help="Per-run residuals CSV.")
+    parser.add_argument(
+        "--prediction-out", required=True, help="Predicted efficiency per mode, interconnect, N."
+    )
+    args = parser.parse_args(argv)
+    settings = cli.start(args)
+    table, residuals, prediction = analyse(read_csv(args.runs), settings)
+    atomic.write_csv(args.fit_out, table)
+    atomic.write_csv(args.residuals_out, residuals)
+    atomic.write_csv(args.prediction_out, prediction)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""Scaling metrics from the run catalog: throughput, speedup, efficiency, MFU, time to target.
+
+Definitions (X = global images/s, x = images/s per GPU, both medians over epochs after the first):
+
+* speedup S(N) = X(N) / X(1), X(1) the mean over the mode's 1-GPU repeats (so the intervals of
+  speedup and efficiency carry the spread of the N-GPU repeats, not that of the reference);
+* strong scaling (fixed global batch, so the same work per epoch): E_s(N) = T(1) / (N T(N)) with T
+  the time per epoch = X(N) / (N X(1)) = S(N) / N;
+* weak scaling (fixed per-GPU batch): E_w(N) = T(1) / T(N) with T the time per step at that fixed
+  per-GPU work = x(N) / x(1) = S(N) / N as well. Throughput is used rather than epoch_time_s so that
+  capped epochs (max_steps_per_epoch) and the shrinking weak-scaling epoch compare like for like;
+* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision;
+* repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
+  gives NaN for std and the interval (never a fake zero).
+
+    python -m scalestudy.analysis.metrics --runs results/tables/runs.csv \
+        --scaling-out results/tables/scaling.csv --sensitivity-out results/tables/sensitivity.csv \
+        [--analysis-json JSON | --config config/config.yaml]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from scalestudy import atomic
+from scalestudy.analysis import cli, modelsize
+from scalestudy.analysis.stats import repeat_stats
+from scalestudy.analysis.tableio import read_csv, require_columns
+
+log = logging.getLogger("scalestudy.analysis.metrics")
+
+RUN_COLUMNS = (
+    "stage",
+    "point",
+    "world_size",
+    "per_gpu_batch",
+    "global_batch",
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "epoch_time_s",
+    "config.precision",
+    "config.width",
+)
+# Per-run quantities summarised over repeats in the scaling table.
+STAT_COLUMNS = (
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "epoch_time_s",
+    "time_per_step_s",
+    "speedup",
+    "efficiency",
+    "mfu",
+    "final_test_acc",
+    "time_to_target_s",
+)
+
+
+def find_peak_tflops(
+    peaks: dict, device_name: object, device: object, precision: str
+) -> tuple[float, str | None]:
+    """The peak TFLOP/s for a device and precision: the longest key found in device_name, else device."""
+    name = str(device_name or "").lower()
+    matches = [key for key in peaks if key.lower() in name] or [
+        key for key in peaks if key.lower() == str(device or "").lower()
+    ]
+    if not matches:
+        return math.nan, None
+    key = max(matches, key=len)
+    if precision not in peaks[key]:
+        return math.nan, key
+    return float(peaks[key][precision]), key
+
+
+def mfu(
+    images_per_s_per_gpu: float, width: int, precision: str, device_name, device, settings: dict
+) -> float:
+    """Model FLOPs utilisation of one GPU (0..1); NaN when the device has no configured peak."""
+    peak, _ = find_peak_tflops(settings["peak_tflops"], device_name, device, precision)
+    flops = modelsize.train_flops_per_image(int(width), settings["train_flops_factor"])
+    return images_per_s_per_gpu * flops / (peak * 1e12)
+
+
+NODES_COLUMN = "provenance.slurm.job_num_nodes"
+
+
+def run_nodes(runs: pd.DataFrame, gpus_per_node: int) -> pd.Series:
+    """Nodes of each run: Slurm's count where the run had one, else ceil(world / gpus_per_node)."""
+    derived = (runs["world_size"] + gpus_per_node - 1) // gpus_per_node
+    if NODES_COLUMN not in runs:
+        return derived
+    return pd.to_numeric(runs[NODES_COLUMN], errors="coerce").fillna(derived).astype(int)
+
+
+def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.DataFrame:
+    """Per-run derived columns: nodes, time per step, MFU and (scaling runs) speedup and efficiency."""
+    require_columns(runs, RUN_COLUMNS, where)
+    runs = runs.copy()
+    runs["nodes"] = run_nodes(runs, settings["comm_model"]["gpus_per_node"])
+    for column in ("device_name", "device", "config.mode", "final_test_acc", "time_to_target_s"):
+        if column not in runs:
+            runs[column] = math.nan
+    runs["time_per_step_s"] = runs["per_gpu_batch"] / runs["images_per_s_per_gpu"]
+    runs["precision"] = effective_precision(runs)
+    runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
+    _warn_missing_peaks(runs)
+    _check_flops(runs)
+    return _add_speedup(runs)
+
+
+def _mfu_of(r: pd.Series, settings: dict) -> float:
+    return mfu(
+        r["images_per_s_per_gpu"], r["config.width"], r["precision"], r["device_name"], r["device"], settings
+    )
+
+
+def _add_speedup(runs: pd.DataFrame) -> pd.DataFrame:
+    """Speedup and efficiency of the scaling runs against the mean of their mode's 1-GPU runs."""
+    runs["speedup"] = math.nan
+    runs["efficiency"] = math.nan
+    for mode, group in runs[runs["stage"] == "scaling"].groupby("config.mode"):
+        reference = group.loc[group["world_size"] == 1, "images_per_s"].mean()
+        if not reference > 0:
+            log.warning("scaling mode %s has no 1-GPU run: no speedup or efficiency", mode)
+            continue
+        runs.loc[group.index, "speedup"] = group["images_per_s"] / reference
+        runs.loc[group.index, "efficiency"] = runs.loc[group.index, "speedup"] / group["world_size"]
+    return runs
+
+
+def effective_precision(runs: pd.DataFrame) -> pd.Series:
+    """The precision a run trained in: the trainer's precision_effective (it falls back to fp32 where
+    the device cannot autocast), else the configured one."""
+    configured = runs["config.precision"]
+    if "precision_effective" not in runs:
+        return configured
+    return runs["precision_effective"].where(runs["precision_effective"].notna(), configured)
+
+
+def _check_flops(runs: pd.DataFrame) -> None:
+    """MFU uses the closed form of modelsize; say so if the trainer's flop counter disagrees."""
+    if "forward_flops_per_image" not in runs:
+        return
+    for _, r in runs.dropna(subset=["forward_flops_per_image"]).iterrows():
+        formula = modelsize.forward_flops_per_image(int(r["config.width"]))
+        if abs(r["forward_flops_per_image"] / formula - 1.0) > 0.05:
+            log.warning(
+                "%s/%s: the trainer counted %.4g forward FLOPs per image, the width-%d formula %.4g",
+                r["stage"],
+                r["point"],
+                r["forward_flops_per_image"],
+                r["config.width"],
+                formula,
+            )
+
+
+def _warn_missing_peaks(runs: pd.DataFrame) -> None:
+    for device in runs.loc[runs["mfu"].isna(), "device_name"].dropna().unique():
+        log.warning("no analysis.peak_tflops entry matches device %r: MFU left empty", device)
+
+
+def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """One row per (mode, world size): repeat statistics of every per-run metric."""
+    scaling = runs[runs["stage"] == "scaling"]
+    rows = []
+    for (mode, world), group in scaling.groupby(["config.mode", "world_size"], sort=True):
+        row = {
+            "mode": mode,
+            "world_size": int(world),
+            "nodes": _first(group, "nodes"),
+            "per_gpu_batch": _first(group, "per_gpu_batch"),
+            "global_batch": _first(group, "global_batch"),
+            "precision": _first(group, "precision"),
+            "repeats": len(group),
+            "target_reached": int(group["time_to_target_s"].notna().sum()),
+        }
+        for column in STAT_COLUMNS:
+            stats = repeat_stats(group[column], settings["confidence"])
+            row.update({f"{column}_{key}": value for key, value in stats.items() if key != "n"})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _first(group: pd.DataFrame, column: str):
+    return group[column].iloc[0] if column in group else math.nan
+
+
+SENSITIVITY_COLUMNS = {
+    "config.precision": "precision",
+    "precision": "precision_effective",
+    "per_gpu_batch": "per_gpu_batch",
+    "config.bucket_cap_mb": "bucket_cap_mb",
+    "world_size": "world_size",
+    "global_batch": "global_batch",
+    "images_per_s": "images_per_s",
+    "images_per_s_per_gpu": "images_per_s_per_gpu",
+    "time_per_step_s": "time_per_step_s",
+    "epoch_time_s": "epoch_time_s",
+    "mfu": "mfu",
+    "final_test_acc": "final_test_acc",
+}
+
+
+def sensitivity_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per sweep point, with its per-GPU throughput gain over the 1-GPU baseline."""
+    sweep = runs[runs["stage"] == "sensitivity"]
+    require_columns(sweep, ["config.bucket_cap_mb"], "sensitivity runs")
+    table = sweep[list(SENSITIVITY_COLUMNS)].rename(columns=SENSITIVITY_COLUMNS)
+    baseline = runs.loc[runs["stage"] == "baseline", "images_per_s_per_gpu"].mean()
+    table["baseline_images_per_s_per_gpu"] = baseline
+    table["gain_vs_baseline"] = table["images_per_s_per_gpu"] / baseline - 1.0
+    table["best"] = table["images_per_s_per_gpu"] == table["images_per_s_per_gpu"].max()
+    return table.sort_values(["precision", "per_gpu_batch", "bucket_cap_mb"]).reset_index(drop=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = cli.parser(__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="The run catalog (runs.csv).")
+    parser.add_argument("--scaling-out", required=True, help="Scaling table CSV to write.")
+    parser.add_argument("--sensitivity-out", required=True, help="Sensitivity table CSV to write.")
+    args = parser.parse_args(argv)
+    settings = cli.start(args)
+    runs = run_metrics(read_csv(args.runs), settings, args.runs)
+    scaling = scaling_table(runs, settings)
+    sensitivity = sensitivity_table(runs)
+    atomic.write_csv(args.scaling_out, scaling)
+    atomic.write_csv(args.sensitivity_out, sensitivity)
+    log.info(
+        "scaling: %d rows -> %s; sensitivity: %d rows -> %s",
+        len(scaling),
+        args.scaling_out,
+        len(sensitivity),
+        args.sensitivity_out,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

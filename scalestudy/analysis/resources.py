@@ -1,0 +1,226 @@
+"""Resource estimate: GPU-hours and node-hours of the configured grid and of one full training.
+
+Three kinds of rows (column `scope`):
+
+* `grid`: what each stage of this study cost, from the runs themselves (Slurm's elapsed time where
+  sacct answered, else the trainer's total_time_s), and the total;
+* `full training`: analysis.resources.full_training_epochs epochs of train_images images at each
+  measured (mode, N), at the measured mean throughput;
+* `model`: the same at analysis.resources.model_world_sizes, at the throughput the communication
+  model predicts on the first configured interconnect (an estimate, not a measurement).
+
+`requested_gpu_hours` multiplies by overhead_factor (failures, restarts, queueing): the number a
+compute-time proposal asks for.
+
+    python -m scalestudy.analysis.resources --runs results/tables/runs.csv \
+        --scaling results/tables/scaling.csv --prediction results/tables/comm_model_prediction.csv \
+        --out results/tables/resource_estimate.csv --tex results/tables/resource_estimate.tex
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from scalestudy import atomic
+from scalestudy.analysis import cli, metrics
+from scalestudy.analysis.tableio import read_csv
+
+log = logging.getLogger("scalestudy.analysis.resources")
+
+COLUMNS = (
+    "scope",
+    "what",
+    "mode",
+    "world_size",
+    "nodes",
+    "runs",
+    "epochs",
+    "images_per_s",
+    "wall_hours",
+    "gpu_hours",
+    "node_hours",
+    "requested_gpu_hours",
+    "source",
+)
+
+
+def _nodes(world: int, gpus_per_node: int) -> int:
+    return math.ceil(world / gpus_per_node)
+
+
+def grid_rows(runs: pd.DataFrame, gpus_per_node: int, overhead: float) -> list[dict]:
+    runs = runs.copy()
+    sacct = pd.to_numeric(runs.get("sacct.elapsed_s", pd.Series(math.nan, runs.index)), errors="coerce")
+    runs["hours"] = sacct.fillna(runs["total_time_s"]) / 3600.0
+    source = (
+        "sacct elapsed"
+        if sacct.notna().all()
+        else (
+            "trainer total_time_s"
+            if sacct.isna().all()
+            else "sacct elapsed where available, else total_time_s"
+        )
+    )
+    nodes = metrics.run_nodes(runs, gpus_per_node)
+    runs["gpu_hours"] = runs["hours"] * runs["world_size"]
+    runs["node_hours"] = runs["hours"] * nodes
+    rows = []
+    for stage, group in [*runs.groupby("stage", sort=False), ("total", runs)]:
+        rows.append(
+            _row(
+                "grid",
+                f"stage {stage}" if stage != "total" else "whole grid",
+                runs=len(group),
+                wall_hours=group["hours"].sum(),
+                gpu_hours=group["gpu_hours"].sum(),
+                node_hours=group["node_hours"].sum(),
+                overhead=overhead,
+                source=source,
+            )
+        )
+    return rows
+
+
+def _row(
+    scope,
+    what,
+    overhead,
+    mode="",
+    world=math.nan,
+    nodes=math.nan,
+    runs=math.nan,
+    epochs=math.nan,
+    images_per_s=math.nan,
+    wall_hours=math.nan,
+    gpu_hours=math.nan,
+    node_hours=math.nan,
+    source="",
+):
+    values = (
+        scope,
+        what,
+        mode,
+        world,
+        nodes,
+        runs,
+        epochs,
+        images_per_s,
+        wall_hours,
+        gpu_hours,
+        node_hours,
+        gpu_hours * overhead,
+        source,
+    )
+    return dict(zip(COLUMNS, values, strict=True))
+
+
+def training_row(scope, mode, world, nodes, images_per_s, settings, source) -> dict:
+    res = settings["resources"]
+    wall = res["full_training_epochs"] * res["train_images"] / images_per_s / 3600.0
+    return _row(
+        scope,
+        f"{res['full_training_epochs']} epochs",
+        res["overhead_factor"],
+        mode,
+        world,
+        nodes,
+        1,
+        res["full_training_epochs"],
+        images_per_s,
+        wall,
+        wall * world,
+        wall * nodes,
+        source,
+    )
+
+
+def full_training_rows(scaling: pd.DataFrame, settings: dict) -> list[dict]:
+    gpn = settings["comm_model"]["gpus_per_node"]
+    return [
+        training_row(
+            "full training",
+            r["mode"],
+            int(r["world_size"]),
+            _nodes(int(r["world_size"]), gpn),
+            float(r["images_per_s_mean"]),
+            settings,
+            f"measured (mean of {int(r['repeats'])} repeat(s))",
+        )
+        for _, r in scaling.sort_values(["mode", "world_size"]).iterrows()
+        if r["images_per_s_mean"] > 0
+    ]
+
+
+def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) -> list[dict]:
+    """Unmeasured sizes at the predicted throughput of the first interconnect."""
+    if prediction.empty:
+        return []
+    link = settings["comm_model"]["interconnects"][0]["name"]
+    gpn = settings["comm_model"]["gpus_per_node"]
+    measured = set(zip(scaling["mode"], scaling["world_size"], strict=True))
+    rows = []
+    for mode, group in prediction[prediction["curve"] == link].groupby("mode"):
+        batch = _global_batch_of(scaling, mode)
+        for world in settings["resources"]["model_world_sizes"]:
+            hit = group[group["world_size"] == world]
+            if hit.empty or (mode, world) in measured or batch is None:
+                continue
+            images_per_s = batch(world) / float(hit["step_s"].iloc[0])
+            rows.append(
+                training_row(
+                    "model", mode, world, _nodes(world, gpn), images_per_s, settings, f"model: {link}"
+                )
+            )
+    return rows
+
+
+def _global_batch_of(scaling: pd.DataFrame, mode: str):
+    rows = scaling[scaling["mode"] == mode]
+    if rows.empty:
+        return None
+    if mode == "strong":
+        return lambda n, g=float(rows["global_batch"].iloc[0]): g
+    return lambda n, b=float(rows["per_gpu_batch"].iloc[0]): b * n
+
+
+def estimate(
+    runs: pd.DataFrame, scaling: pd.DataFrame, prediction: pd.DataFrame, settings: dict
+) -> pd.DataFrame:
+    res = settings["resources"]
+    rows = [
+        *grid_rows(runs, settings["comm_model"]["gpus_per_node"], res["overhead_factor"]),
+        *full_training_rows(scaling, settings),
+        *model_rows(prediction, scaling, settings),
+    ]
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    return table.astype({"world_size": "Int64", "nodes": "Int64", "runs": "Int64", "epochs": "Int64"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = cli.parser(__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="The run catalog (runs.csv).")
+    parser.add_argument("--scaling", required=True, help="scaling.csv (analysis.metrics).")
+    parser.add_argument("--prediction", required=True, help="comm_model_prediction.csv (analysis.commmodel).")
+    parser.add_argument("--out", required=True, help="Resource estimate CSV to write.")
+    parser.add_argument("--tex", help="Also write it as a booktabs LaTeX table.")
+    args = parser.parse_args(argv)
+    settings = cli.start(args)
+    runs = read_csv(args.runs, ["stage", "world_size", "total_time_s"])
+    scaling = read_csv(args.scaling, ["mode", "world_size", "images_per_s_mean", "repeats"])
+    prediction = read_csv(args.prediction, ["mode", "curve", "world_size", "step_s"])
+    table = estimate(runs, scaling, prediction, settings)
+    atomic.write_csv(args.out, table)
+    if args.tex:
+        from scalestudy import paper
+
+        atomic.write_text(args.tex, paper.resource_table(table))
+    log.info("resource estimate: %d rows -> %s", len(table), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""The `analysis:` section of the study config, with the defaults of config/schema.yaml filled in.
+
+The schema is the one place the defaults live: the Snakefile validates the whole config against it,
+and the command-line tools here validate the section they are given the same way, so running a tool
+by hand with `--analysis-json '{}'` behaves like the workflow.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+log = logging.getLogger("scalestudy.analysis.settings")
+
+
+@cache
+def analysis_schema(path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
+    import yaml
+
+    schema = yaml.safe_load(Path(path).read_text())
+    try:
+        return schema["properties"]["analysis"]
+    except KeyError as err:
+        raise KeyError(f"{path}: no properties.analysis section") from err
+
+
+def _default_filling_validator():
+    from jsonschema import Draft202012Validator, validators
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    return validators.extend(Draft202012Validator, {"properties": set_defaults})
+
+
+def fill_defaults(instance: Any, schema: dict, where: str) -> Any:
+    """Validate `instance` against `schema` and fill every default in place; ValueError naming the key."""
+    from jsonschema import ValidationError
+
+    try:
+        _default_filling_validator()(schema).validate(instance)
+    except ValidationError as err:
+        path = ".".join(str(p) for p in err.absolute_path)
+        raise ValueError(f"config {where}{'.' + path if path else ''}: {err.message}") from err
+    return instance
+
+
+def with_defaults(analysis: dict[str, Any] | None) -> dict[str, Any]:
+    """Validate an `analysis:` section and fill in every default (the input is not modified)."""
+    return fill_defaults(copy.deepcopy(analysis or {}), analysis_schema(), "analysis")
+
+
+def study_config(path: str | Path) -> dict[str, Any]:
+    """A whole study config file with every default of the schema filled in (as the Snakefile does)."""
+    import yaml
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    return fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, schema, str(path))
+
+
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def resolve_gpus_per_node(analysis: dict[str, Any], ranks_per_node: int | None) -> dict[str, Any]:
+    """Fill analysis.comm_model.gpus_per_node when it is null: the cluster's ranks per node, else 8
+    (a GPU server's usual count, said in the log)."""
+    model = analysis["comm_model"]
+    if model["gpus_per_node"] is None:
+        if not ranks_per_node:
+            log.warning(
+                "analysis.comm_model.gpus_per_node: no cluster settings given, assuming %d",
+                DEFAULT_GPUS_PER_NODE,
+            )
+        model["gpus_per_node"] = int(ranks_per_node or DEFAULT_GPUS_PER_NODE)
+    return analysis
+
+
+def resolved(analysis: dict[str, Any] | None, ranks_per_node: int | None = None) -> dict[str, Any]:
+    """Defaults filled and gpus_per_node resolved: what every analysis step works with."""
+    return resolve_gpus_per_node(with_defaults(analysis), ranks_per_node)
+
+
+def load(analysis_json: str | None = None, config_path: str | Path | None = None) -> dict[str, Any]:
+    """The analysis settings from a JSON string (what rules pass: gpus_per_node already resolved) or
+    a study config file (then the cluster section gives gpus_per_node when it is null)."""
+    if analysis_json is not None and config_path is not None:
+        raise ValueError("give either --analysis-json or --config, not both")
+    if config_path is None:
+        return resolved(json.loads(analysis_json) if analysis_json else {})
+    import yaml
+
+    from scalestudy import cluster
+
+    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    return resolved(config.get("analysis"), cluster.ranks_per_node(config))

@@ -1,0 +1,301 @@
+"""LaTeX tables (booktabs) for the paper, from the analysis tables.
+
+Each table is a complete `table` float (caption, label, tabular with top/mid/bottom rules) to
+`\\input{}`; the paper needs `\\usepackage{booktabs}`. Missing values print as "n/a" (e.g. the
+confidence interval of a single repeat), never as a made-up number.
+
+    python -m scalestudy.paper --scaling results/tables/scaling.csv \
+        --sensitivity results/tables/sensitivity.csv --acceptance results/tables/acceptance.csv \
+        --resources results/tables/resource_estimate.csv --comm-fit results/tables/comm_model_fit.csv \
+        --out-dir results/paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalestudy import atomic
+from scalestudy.progress import setup_logging
+
+log = logging.getLogger("scalestudy.paper")
+
+NA = "n/a"
+_SPECIAL = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+}
+
+
+def escape(text: Any) -> str:
+    return re.sub(r"[&%$#_{}~^\\]", lambda m: _SPECIAL[m.group()], str(text))
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def number(digits: int = 3) -> Callable[[Any], str]:
+    """`digits` significant digits below 1000, thousands-separated integers above; n/a when missing."""
+
+    def fmt(value: Any) -> str:
+        if _missing(value):
+            return NA
+        value = float(value)
+        if math.isinf(value):
+            return r"$\infty$" if value > 0 else r"$-\infty$"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}".replace(",", "{,}")
+        return f"{value:.{digits}g}"
+
+    return fmt
+
+
+def fixed(decimals: int = 2) -> Callable[[Any], str]:
+    return lambda value: NA if _missing(value) else f"{float(value):.{decimals}f}"
+
+
+def percent(digits: int = 1) -> Callable[[Any], str]:
+    return lambda value: NA if _missing(value) else f"{100 * float(value):.{digits}f}\\,\\%"
+
+
+def integer(value: Any) -> str:
+    return NA if _missing(value) else f"{int(value):d}"
+
+
+def text(value: Any) -> str:
+    return NA if _missing(value) else escape(value)
+
+
+def relation(value: Any) -> str:
+    """'>= 70%' -> '$\\geq$ 70\\,\\%' (targets of the acceptance table)."""
+    if _missing(value):
+        return NA
+    out = escape(value).replace(r"\%", r"\,\%")
+    return out.replace(">=", r"$\geq$").replace("<=", r"$\leq$")
+
+
+def blank(value: Any) -> str:
+    """Empty for not-applicable cells (e.g. GPUs of a whole stage)."""
+    return "" if _missing(value) or value == "" else integer(value)
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    fmt: Callable[[Any], str] = text
+    align: str = "r"
+
+
+def booktabs(frame: pd.DataFrame, columns: Sequence[Column], caption: str, label: str, note: str = "") -> str:
+    """A complete booktabs table float."""
+    spec = "".join(c.align for c in columns)
+    lines = [
+        r"\begin{table}[tbp]",
+        r"\centering",
+        rf"\caption{{{caption}}}",
+        rf"\label{{tab:{label}}}",
+        r"\small",
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(c.header for c in columns) + r" \\",
+        r"\midrule",
+    ]
+    lines += [" & ".join(c.fmt(row[c.key]) for c in columns) + r" \\" for _, row in frame.iterrows()]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if note:
+        lines += [r"\par\smallskip", rf"{{\footnotesize {note}\par}}"]
+    lines += [r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def interval(frame: pd.DataFrame, stem: str, fmt: Callable[[Any], str]) -> pd.Series:
+    """'[low, high]' of a statistic, or 'n/a (n=1)' when there is no interval."""
+
+    def one(row) -> str:
+        low, high = row[f"{stem}_ci_low"], row[f"{stem}_ci_high"]
+        if _missing(low) or _missing(high):
+            return f"{NA} (n={int(row['repeats'])})"
+        return f"[{fmt(low)}, {fmt(high)}]"
+
+    return frame.apply(one, axis=1) if len(frame) else pd.Series(dtype=object)
+
+
+def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95) -> str:
+    frame = scaling.sort_values(["mode", "world_size"]).copy()
+    frame["efficiency_ci"] = interval(frame, "efficiency", percent())
+    columns = [
+        Column("mode", "Mode", align="l"),
+        Column("world_size", "GPUs", integer),
+        Column("per_gpu_batch", "Batch/GPU", integer),
+        Column("images_per_s_mean", "Images/s", number(4)),
+        Column("speedup_mean", "Speedup", fixed(2)),
+        Column("efficiency_mean", "Efficiency", percent()),
+        Column("efficiency_ci", f"{confidence:.0%} CI".replace("%", r"\,\%"), str),
+        Column("mfu_mean", "MFU", percent()),
+        Column("repeats", "Runs", integer),
+    ]
+    note = (
+        "Efficiency $E(N) = X(N)/(N\\,X(1))$ with $X$ the global throughput (strong: $T(1)/(N\\,T(N))$ per "
+        "epoch; weak: $T(1)/T(N)$ per step); means over repeats, Student-$t$ intervals."
+    )
+    return booktabs(frame, columns, "Strong- and weak-scaling throughput and efficiency.", "efficiency", note)
+
+
+PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
+
+
+def sensitivity_table(sensitivity: pd.DataFrame) -> str:
+    frame = sensitivity.assign(_order=sensitivity["precision"].map(PRECISION_ORDER).fillna(9))
+    frame = frame.sort_values(["_order", "per_gpu_batch", "bucket_cap_mb"])
+    best = (
+        frame["best"].astype(str).str.lower() == "true" if "best" in frame else pd.Series(False, frame.index)
+    )
+    frame["throughput"] = [
+        (rf"\textbf{{{number(4)(v)}}}" if b else number(4)(v))
+        for v, b in zip(frame["images_per_s_per_gpu"], best, strict=True)
+    ]
+    columns = [
+        Column("precision", "Precision", align="l"),
+        Column("per_gpu_batch", "Batch/GPU", integer),
+        Column("bucket_cap_mb", "Bucket (MB)", number(3)),
+        Column("throughput", "Images/s/GPU", str),
+        Column("gain_vs_baseline", "vs.\\ baseline", percent()),
+        Column("mfu", "MFU", percent()),
+    ]
+    world = int(frame["world_size"].iloc[0]) if len(frame) else 0
+    return booktabs(
+        frame,
+        columns,
+        f"Sensitivity sweep at {world} GPUs (best point in bold).",
+        "sensitivity",
+        "Gain: throughput per GPU over the 1-GPU baseline; one run per point.",
+    )
+
+
+def acceptance_table(acceptance: pd.DataFrame) -> str:
+    columns = [
+        Column("criterion", "Criterion", align="l"),
+        Column("target", "Target", relation),
+        Column("world_size", "GPUs", integer),
+        Column("measured", "Measured", percent()),
+        Column("status", "Status", align="l"),
+    ]
+    return booktabs(
+        acceptance,
+        columns,
+        "Acceptance criteria.",
+        "acceptance",
+        "``not measured'': the grid does not reach that size; ``informative'' rows show the same "
+        "quantity at the largest measured size.",
+    )
+
+
+def resource_table(resources: pd.DataFrame) -> str:
+    columns = [
+        Column("scope", "Scope", align="l"),
+        Column("what", "What", align="l"),
+        Column("mode", "Mode", align="l"),
+        Column("world_size", "GPUs", blank),
+        Column("nodes", "Nodes", blank),
+        Column("runs", "Runs", blank),
+        Column("wall_hours", "Wall (h)", number(3)),
+        Column("gpu_hours", "GPU-h", number(3)),
+        Column("node_hours", "Node-h", number(3)),
+        Column("requested_gpu_hours", "Request GPU-h", number(3)),
+    ]
+    return booktabs(
+        resources.fillna({"mode": ""}),
+        columns,
+        "Resource estimate.",
+        "resources",
+        "Request: GPU-hours times the configured overhead factor; ``model'' rows are predictions of "
+        "the communication model, not measurements.",
+    )
+
+
+QUANTITY_LABELS = {
+    "degrees_of_freedom": "degrees of freedom",
+    "alpha_eff": r"latency $\alpha_\mathrm{eff}$",
+    "bandwidth_eff": r"bandwidth $1/\beta_\mathrm{eff}$",
+    "rms_residual": "RMS residual",
+    "overlap_fraction": r"overlap $\varphi$",
+}
+UNIT_LABELS = {"us": r"$\mu$s"}
+
+
+def comm_model_table(fit: pd.DataFrame) -> str:
+    frame = fit.copy()
+    frame["shown"] = [text(v) if not _is_number(v) else number(4)(float(v)) for v in frame["value"]]
+    frame["label"] = [QUANTITY_LABELS.get(q, escape(q).replace(r"\_", " ")) for q in frame["quantity"]]
+    frame["unit"] = [UNIT_LABELS.get(u, escape(u)) if not _missing(u) else "" for u in frame["unit"]]
+    columns = [
+        Column("label", "Quantity", str, align="l"),
+        Column("shown", "Value", str),
+        Column("unit", "Unit", str, align="l"),
+        Column("note", "Note", align="p{0.45\\linewidth}"),
+    ]
+    return booktabs(
+        frame.fillna({"unit": "", "note": ""}),
+        columns,
+        "Alpha-beta ring all-reduce model fitted to the measured step times.",
+        "comm-model",
+    )
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+TABLES = {
+    "scaling": ("efficiency.tex", efficiency_table),
+    "sensitivity": ("sensitivity.tex", sensitivity_table),
+    "acceptance": ("acceptance.tex", acceptance_table),
+    "resources": ("resource_estimate.tex", resource_table),
+    "comm_fit": ("comm_model.tex", comm_model_table),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO")
+    for name in TABLES:
+        parser.add_argument(f"--{name.replace('_', '-')}", help=f"{name} CSV (from scalestudy.analysis).")
+    parser.add_argument("--out-dir", required=True, help="Folder for the .tex files.")
+    args = parser.parse_args(argv)
+    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
+    from scalestudy.analysis.tableio import read_csv
+
+    for name, (filename, render) in TABLES.items():
+        source = getattr(args, name)
+        if source is None:
+            continue
+        out = Path(args.out_dir) / filename
+        atomic.write_text(out, render(read_csv(source)))
+        log.info("%s -> %s", source, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Scaling figures from results/tables/scaling.csv: throughput, efficiency, time per epoch."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from scalestudy.plots import style
+
+
+def _modes(scaling: pd.DataFrame):
+    yield from scaling.sort_values("world_size").groupby("mode", sort=True)
+
+
+def _stat(ax, group, stem):
+    """Mean and interval over repeats of `stem`, in the mode's colour and marker."""
+    s = style.mode_style(group["mode"].iloc[0])
+    style.errorbar(
+        ax,
+        group["world_size"],
+        group[f"{stem}_mean"],
+        group[f"{stem}_ci_low"],
+        group[f"{stem}_ci_high"],
+        color=s["color"],
+        marker=s["marker"],
+        label=s["label"],
+    )
+
+
+def _with_ideal(ax, scaling: pd.DataFrame, stem: str, ideal) -> None:
+    """Each mode's measurements and, dashed in its colour, its ideal `ideal(value at 1 GPU, N)`."""
+    for mode, group in _modes(scaling):
+        _stat(ax, group, stem)
+        one = group.loc[group["world_size"] == 1, f"{stem}_mean"]
+        if len(one):
+            s = style.mode_style(mode)
+            ideal_values = ideal(float(one.iloc[0]), group["world_size"])
+            ax.plot(
+                group["world_size"],
+                ideal_values,
+                label=f"ideal, {mode}",
+                **{**style.IDEAL_STYLE, "color": s["color"], "alpha": 0.6},
+            )
+
+
+def throughput(scaling: pd.DataFrame, png, pdf=None) -> None:
+    """Global images/s vs GPUs (log-log), with the ideal N X(1) line per mode."""
+    fig, axes = style.new_figure()
+    ax = axes[0, 0]
+    _with_ideal(ax, scaling, "images_per_s", lambda one, n: one * n)
+    style.log_y_axis(ax)
+    style.world_axis(ax, scaling["world_size"])
+    ax.set_ylabel("Throughput (images/s, all GPUs)")
+    ax.legend(loc="best")
+    style.save_figure(fig, png, pdf)
+
+
+def efficiency(scaling: pd.DataFrame, png, pdf=None, criteria: dict | None = None) -> None:
+    """E(N) = X(N) / (N X(1)) for both modes; the strong-scaling acceptance threshold."""
+    fig, axes = style.new_figure()
+    ax = axes[0, 0]
+    ax.axhline(1.0, **style.IDEAL_STYLE, label="ideal")
+    for _, group in _modes(scaling):
+        _stat(ax, group, "efficiency")
+    if criteria:
+        minimum, world = criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]
+        style.threshold(ax, minimum, f"acceptance: strong \u2265 {minimum:.0%} at {world} GPUs")
+    style.world_axis(ax, scaling["world_size"])
+    ax.set_ylim(0.0, 1.12)
+    style.percent_axis(ax)
+    ax.set_ylabel("Parallel efficiency")
+    ax.legend(loc="best")
+    style.save_figure(fig, png, pdf)
+
+
+def epoch_time(scaling: pd.DataFrame, png, pdf=None) -> None:
+    """Measured time per epoch vs GPUs with the ideal T(1)/N (both modes split a fixed data set)."""
+    fig, axes = style.new_figure()
+    ax = axes[0, 0]
+    _with_ideal(ax, scaling, "epoch_time_s", lambda one, n: one / n)
+    style.log_y_axis(ax)
+    style.world_axis(ax, scaling["world_size"])
+    ax.set_ylabel("Time per epoch (s)")
+    ax.legend(loc="best")
+    style.save_figure(fig, png, pdf)

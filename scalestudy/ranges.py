@@ -1,0 +1,158 @@
+"""Named ranges around the phases of a step, and the profiling window of a profile run.
+
+`named_range("forward")` shows up as a record_function range in torch.profiler traces and, on a
+GPU, as an NVTX range in Nsight Systems. `ProfileWindow` captures `steps` steps from `start_step`:
+
+- tool "nsys": torch.cuda.profiler.start()/stop() (cudaProfilerStart/Stop); the nsys process that
+  wraps each rank is started with `--capture-range=cudaProfilerApi` and records only that window.
+- tool "torch": torch.profiler over the window (CPU, plus CUDA when available); rank 0 writes
+  profile_ops.csv from key_averages().
+- tool "none" or no profile: nothing.
+
+Every tool writes profile_window.json (tool, start_step, steps, wall_s, world_size, rank) on rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalestudy import atomic
+
+TOOLS = ("nsys", "torch", "none")
+OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
+
+log = logging.getLogger("scalestudy.ranges")
+
+
+@contextlib.contextmanager
+def named_range(name: str) -> Iterator[None]:
+    nvtx = _cuda_available()
+    with torch.profiler.record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+
+
+def check_profile(profile: dict[str, Any] | None) -> tuple[str, int, int]:
+    """(tool, start_step, steps) of a run config's `profile`; ValueError naming what is wrong."""
+    if not profile:
+        return "none", 0, 0
+    tool = profile.get("tool") or "none"
+    if tool not in TOOLS:
+        hint = (
+            " (scalestudy.profiling.run resolves 'auto' before the trainer starts)" if tool == "auto" else ""
+        )
+        raise ValueError(f"profile tool must be one of {TOOLS} or null, got tool={tool!r}{hint}")
+    start_step, steps = profile.get("start_step", 0), profile.get("steps", 0)
+    window_ok = isinstance(start_step, int) and isinstance(steps, int) and start_step >= 0 and steps >= 1
+    if tool != "none" and not window_ok:
+        raise ValueError(f"profile window needs start_step >= 0 and steps >= 1, got {profile}")
+    return tool, start_step, steps
+
+
+class ProfileWindow:
+    """Call .step(global_step) before each training step; .close() once at the end of training."""
+
+    def __init__(
+        self, profile: dict[str, Any] | None, out_dir: str | Path, rank: int = 0, world_size: int = 1
+    ) -> None:
+        self.tool, self.start_step, self.steps = check_profile(profile)
+        self.out_dir, self.rank, self.world_size = Path(out_dir), rank, world_size
+        self._profiler: torch.profiler.profile | None = None
+        self._started: float | None = None
+        self.done = False
+
+    @property
+    def active(self) -> bool:
+        return self._started is not None
+
+    def step(self, global_step: int) -> None:
+        if self.tool == "none" or self.done:
+            return
+        if not self.active and global_step == self.start_step:
+            self._open()
+        elif self.active and global_step >= self.start_step + self.steps:
+            self.close()
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        _synchronize()
+        wall_s = time.perf_counter() - self._started
+        if self.tool == "nsys" and _cuda_available():
+            torch.cuda.profiler.stop()
+        elif self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+        self._started, self.done = None, True
+        if self.rank == 0:
+            self._write(wall_s)
+        log.info("profile window (%s) closed after %d steps, %.3f s", self.tool, self.steps, wall_s)
+
+    def _open(self) -> None:
+        _synchronize()
+        if self.tool == "nsys":
+            if _cuda_available():
+                torch.cuda.profiler.start()
+            else:
+                log.warning("profile tool 'nsys' without CUDA: only the window timing is recorded")
+        elif self.rank == 0:  # torch.profiler on rank 0 only: the others would only add overhead
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if _cuda_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.__enter__()
+        self._started = time.perf_counter()
+        log.info("profile window (%s) opened at step %d for %d steps", self.tool, self.start_step, self.steps)
+
+    def _write(self, wall_s: float) -> None:
+        window = {
+            "tool": self.tool,
+            "start_step": self.start_step,
+            "steps": self.steps,
+            "wall_s": wall_s,
+            "world_size": self.world_size,
+            "rank": self.rank,
+        }
+        atomic.write_json(self.out_dir / "profile_window.json", window)
+        if self._profiler is not None:
+            atomic.write_csv(self.out_dir / "profile_ops.csv", ops_table(self._profiler.key_averages()))
+
+
+def ops_table(averages):
+    """key_averages() as the profile_ops.csv table, busiest operator first."""
+    import pandas as pd
+
+    rows = [
+        (
+            e.key,
+            e.count,
+            e.self_cpu_time_total,
+            e.cpu_time_total,
+            e.self_device_time_total,
+            e.device_time_total,
+        )
+        for e in sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    ]
+    return pd.DataFrame(rows, columns=OPS_COLUMNS)
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _synchronize() -> None:
+    if _cuda_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

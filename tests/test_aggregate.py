@@ -1,0 +1,147 @@
+"""The run catalog: summaries -> runs.csv, Slurm accounting where it answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from scalestudy.analysis import accounting, aggregate, settings, synthetic
+
+SACCT_OUTPUT = """\
+1001|COMPLETED|00:10:05|
+1001.batch|COMPLETED|00:10:05|2048K
+1001.0|COMPLETED|00:10:00|1.5G
+1002|FAILED|1-02:03:04|
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A constructed demo-sized study: every grid point's run folder."""
+    root = tmp_path_factory.mktemp("study")
+    config = settings.study_config(settings.SCHEMA_PATH.parent / "demo.yaml")
+    folders = synthetic.make_study(root, config, synthetic.Truth(gpu=False))
+    return root, folders
+
+
+def summaries(folders):
+    return [folder / "summary.json" for folder in folders]
+
+
+def fake_sacct(stdout: str, returncode: int = 0, stderr: str = ""):
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+    runner.calls = calls
+    return runner
+
+
+def test_parse_sacct_takes_state_from_job_and_rss_from_steps():
+    jobs = accounting.parse_sacct(SACCT_OUTPUT)
+    assert jobs["1001"] == {"state": "COMPLETED", "elapsed_s": 605.0, "max_rss_mb": pytest.approx(1536.0)}
+    assert jobs["1002"]["elapsed_s"] == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert jobs["1002"]["max_rss_mb"] is None
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("00:01:02", 62), ("05:30.5", 330.5), ("2-00:00:00", 172800)])
+def test_parse_elapsed(text, seconds):
+    assert accounting.parse_elapsed(text) == seconds
+
+
+def test_catalog_has_one_row_per_run_with_provenance(study):
+    _, folders = study
+    catalog = aggregate.build_catalog(summaries(folders))
+    assert len(catalog) == len(folders) == 15
+    assert list(catalog["stage"].unique()) == ["baseline", "scaling", "sensitivity", "profile"]
+    for column in ("point", "images_per_s", "config.precision", "provenance.slurm.job_id", "hosts", "job_id"):
+        assert catalog[column].notna().all(), column
+    assert set(aggregate.SACCT_COLUMNS) <= set(catalog.columns)
+    assert (catalog["sacct.note"] == "accounting not queried").all()
+
+
+def test_catalog_with_sacct_answers(study):
+    _, folders = study
+    paths = summaries(folders)[:2]
+    ids = accounting.job_ids(paths)
+    first_id = accounting.job_id(json.loads(paths[0].read_text()))
+    output = f"{first_id}|COMPLETED|00:02:00|\n{first_id}.0|COMPLETED|00:01:59|100M\n"
+    runner = fake_sacct(output)
+    record = accounting.query_sacct(ids, runner)
+    assert runner.calls[0][:2] == ["sacct", "--parsable2"] and runner.calls[0][-1] == ",".join(ids)
+    catalog = aggregate.build_catalog(paths, json.loads(json.dumps(record)))  # as it travels: via JSON
+    first, second = catalog.iloc[0], catalog.iloc[1]
+    assert (first["sacct.elapsed_s"], first["sacct.state"], first["sacct.max_rss_mb"]) == (
+        120.0,
+        "COMPLETED",
+        100.0,
+    )
+    assert pd.isna(second["sacct.elapsed_s"]) and second["sacct.note"] == "no sacct record"
+
+
+def test_sacct_failure_leaves_columns_empty_with_a_note(study):
+    _, folders = study
+    record = accounting.query_sacct(["1", "2"], fake_sacct("", 1, "accounting disabled"))
+    catalog = aggregate.build_catalog(summaries(folders)[:3], record)
+    assert catalog["sacct.elapsed_s"].isna().all()
+    assert catalog["sacct.note"].str.contains("sacct failed (1): accounting disabled", regex=False).all()
+
+
+def test_no_job_ids_means_no_query():
+    runner = fake_sacct(SACCT_OUTPUT)
+    record = accounting.query_sacct([], runner)
+    assert record["jobs"] == {} and "no Slurm job id" in record["note"] and runner.calls == []
+
+
+def test_accounting_cli_without_sacct_still_writes(study, tmp_path, monkeypatch):
+    _, folders = study
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sacct here
+    out = tmp_path / "sacct.json"
+    assert accounting.main(["--summaries", *map(str, summaries(folders)), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record == {"jobs": {}, "note": "sacct not found on this host"}
+
+
+def test_hosts_are_every_rank_host(tmp_path):
+    record = {
+        "run": {"stage": "scaling", "point": "strong/w2_r0"},
+        "results": dict.fromkeys(aggregate.REQUIRED_RESULTS, 1),
+        "provenance": {"hosts": ["n1", "n2"], "host": "n1", "slurm": {"job_id": "7"}},
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(record))
+    row = aggregate.summary_row(path)
+    assert row["hosts"] == "n1,n2" and row["provenance.slurm.job_id"] == "7"
+
+
+def test_missing_key_names_the_file(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(
+        json.dumps({"run": {"stage": "baseline", "point": "default"}, "results": {"world_size": 1}})
+    )
+    with pytest.raises(KeyError, match=rf"{path}: missing key 'results.global_batch'"):
+        aggregate.summary_row(path)
+
+
+def test_invalid_json_names_the_file(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=rf"{path}: not valid JSON"):
+        aggregate.summary_row(path)
+
+
+def test_cli_writes_catalog(study, tmp_path):
+    _, folders = study
+    out, record = tmp_path / "runs.csv", tmp_path / "sacct.json"
+    record.write_text(json.dumps({"note": "sacct not found on this host", "jobs": {}}))
+    aggregate.main(
+        ["--summaries", *map(str, summaries(folders)), "--accounting", str(record), "--out", str(out)]
+    )
+    catalog = pd.read_csv(out)
+    assert len(catalog) == 15 and "sacct.max_rss_mb" in catalog.columns
+    assert (catalog["sacct.note"] == "sacct not found on this host").all()

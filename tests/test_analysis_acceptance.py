@@ -1,0 +1,134 @@
+"""Acceptance criteria: pass / fail against the config, and no fake pass at sizes not measured."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from scalestudy.analysis import acceptance, metrics, settings
+from scalestudy.analysis.synthetic import run_row
+
+SETTINGS = settings.resolved({})
+CRITERIA = SETTINGS["acceptance"]
+
+
+def scaling_table(worlds, strong_eff, weak_growth, repeats=1):
+    """Strong runs with efficiency `strong_eff` and weak runs whose step time grows by `weak_growth`."""
+    rows = []
+    for r in range(repeats):
+        wiggle = 1 + 0.01 * r
+        for n in worlds:
+            rows.append(
+                run_row(
+                    "scaling",
+                    n,
+                    1024 // n,
+                    0.2 * wiggle / (1 if n == 1 else strong_eff * n),
+                    mode="strong",
+                    repeat=r,
+                )
+            )
+            rows.append(
+                run_row(
+                    "scaling",
+                    n,
+                    256,
+                    0.1 * wiggle * (1 if n == 1 else 1 + weak_growth),
+                    mode="weak",
+                    repeat=r,
+                )
+            )
+    runs = metrics.run_metrics(pd.DataFrame(rows), SETTINGS)
+    return metrics.scaling_table(runs, SETTINGS)
+
+
+def sensitivity_table(gain):
+    rows = [
+        run_row("baseline", 1, 128, 128 / 1000),
+        run_row("sensitivity", 8, 256, 256 / (1000 * (1 + gain)), **{"config.bucket_cap_mb": 100}),
+    ]
+    return metrics.sensitivity_table(metrics.run_metrics(pd.DataFrame(rows), SETTINGS))
+
+
+def evaluate(worlds, strong_eff=0.8, weak_growth=0.05, gain=0.3, repeats=1):
+    table = acceptance.evaluate(
+        scaling_table(worlds, strong_eff, weak_growth, repeats), sensitivity_table(gain), CRITERIA
+    )
+    return table.set_index("criterion")
+
+
+def test_all_pass_when_measured_and_good():
+    table = evaluate([1, 2, 4, 8])
+    assert list(table["status"]) == ["pass", "pass", "pass"]
+    assert table.loc["strong-scaling efficiency at 8 GPUs", "measured"] == pytest.approx(0.8)
+    assert table.loc["weak-scaling step-time variation over N <= 8", "measured"] == pytest.approx(0.05)
+    gain_row = table.loc["throughput gain per GPU of the best optimisation over the baseline"]
+    assert gain_row["measured"] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "criterion"),
+    [
+        ({"strong_eff": 0.6}, "strong-scaling efficiency at 8 GPUs"),
+        ({"weak_growth": 0.2}, "weak-scaling step-time variation over N <= 8"),
+        ({"gain": 0.1}, "throughput gain per GPU of the best optimisation over the baseline"),
+    ],
+)
+def test_each_criterion_can_fail(kwargs, criterion):
+    table = evaluate([1, 2, 4, 8], **kwargs)
+    assert table.loc[criterion, "status"] == "fail"
+    assert (table.drop(index=criterion)["status"] == "pass").all()
+
+
+def test_demo_grid_is_not_measured_never_a_pass():
+    table = evaluate([1, 2])
+    assert table.loc["strong-scaling efficiency at 8 GPUs", "status"] == "not measured (largest N=2)"
+    assert table.loc["weak-scaling step-time variation over N <= 8", "status"] == "not measured (largest N=2)"
+    informative = table.loc["strong-scaling efficiency at largest measured N=2"]
+    assert informative["status"] == "informative"
+    assert informative["measured"] == pytest.approx(0.8)
+    assert "meets the threshold" in informative["note"]
+    assert table.loc["weak-scaling step-time variation over measured N <= 2", "status"] == "informative"
+
+
+def test_larger_grid_adds_an_informative_row_at_its_largest_size():
+    table = evaluate([1, 2, 4, 8, 16])
+    assert table.loc["strong-scaling efficiency at 8 GPUs", "status"] == "pass"
+    assert table.loc["strong-scaling efficiency at largest measured N=16", "status"] == "informative"
+
+
+def test_confidence_interval_is_reported_and_judged():
+    table = evaluate([1, 2, 4, 8], strong_eff=0.7, repeats=3)
+    row = table.loc["strong-scaling efficiency at 8 GPUs"]
+    assert row["ci_low"] < row["measured"] < row["ci_high"]
+    assert "not decisive" in row["note"]
+
+
+def test_size_inside_the_range_but_absent_is_not_measured():
+    table = evaluate([1, 2, 4, 16])
+    assert (
+        table.loc["strong-scaling efficiency at 8 GPUs", "status"] == "not measured (N=8 is not in the grid)"
+    )
+    assert (
+        table.loc["weak-scaling step-time variation over N <= 8", "status"]
+        == "not measured (N=8 is not in the grid)"
+    )
+
+
+def test_one_gpu_only_has_no_informative_row():
+    table = evaluate([1])
+    assert "informative" not in set(table["status"])
+    assert table.loc["strong-scaling efficiency at 8 GPUs", "status"] == "not measured (largest N=1)"
+
+
+def test_missing_stages_are_not_measured():
+    empty = pd.DataFrame(columns=["mode", "world_size", "efficiency_mean", "time_per_step_s_mean"])
+    no_sweep = pd.DataFrame(columns=["gain_vs_baseline", "images_per_s_per_gpu"])
+    table = acceptance.evaluate(empty, no_sweep, CRITERIA)
+    assert (table["status"] == "not measured").all()
+
+
+def test_html_colours_status(tmp_path):
+    html = acceptance.to_html(evaluate([1, 2]).reset_index())
+    assert html.count("<tr style=") == 5
+    assert "not measured (largest N=2)" in html and "n/a" in html

@@ -1,0 +1,51 @@
+"""Resource estimate arithmetic: GPU-hours and node-hours of the grid and of a full training."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from scalestudy.analysis import commmodel, metrics, resources, settings
+from scalestudy.analysis.synthetic import run_row
+
+
+def analysis(**res):
+    return settings.resolved({"resources": res, "comm_model": {"gpus_per_node": 2}})
+
+
+def test_grid_hours_from_trainer_time_and_sacct():
+    runs = pd.DataFrame(
+        [
+            run_row("scaling", 4, 64, 0.1, mode="strong", total_time_s=3600.0),
+            run_row(
+                "scaling", 1, 256, 0.1, mode="strong", total_time_s=1800.0, **{"sacct.elapsed_s": 7200.0}
+            ),
+        ]
+    )
+    rows = pd.DataFrame(resources.grid_rows(runs, gpus_per_node=2, overhead=1.5)).set_index("what")
+    total = rows.loc["whole grid"]
+    assert total["wall_hours"] == pytest.approx(1.0 + 2.0)  # sacct elapsed wins where present
+    assert total["gpu_hours"] == pytest.approx(4 * 1.0 + 1 * 2.0)
+    assert total["node_hours"] == pytest.approx(2 * 1.0 + 1 * 2.0)  # 4 GPUs on 2-GPU nodes
+    assert total["requested_gpu_hours"] == pytest.approx(1.5 * 6.0)
+    assert "sacct elapsed where available" in total["source"]
+
+
+def test_full_training_at_measured_throughput():
+    settings_ = analysis(full_training_epochs=10, train_images=36_000, overhead_factor=1.0)
+    scaling = pd.DataFrame([{"mode": "strong", "world_size": 4, "images_per_s_mean": 100.0, "repeats": 3}])
+    (row,) = resources.full_training_rows(scaling, settings_)
+    assert row["wall_hours"] == pytest.approx(10 * 36_000 / 100 / 3600)  # 1 hour
+    assert (row["gpu_hours"], row["node_hours"], row["nodes"]) == (pytest.approx(4.0), pytest.approx(2.0), 2)
+
+
+def test_model_rows_only_for_unmeasured_sizes():
+    settings_ = analysis(model_world_sizes=[4, 16])
+    runs = pd.DataFrame([run_row("scaling", n, 256, 0.1 + 0.01 * (n - 1), mode="weak") for n in (1, 2, 4)])
+    _, _, prediction = commmodel.analyse(runs, settings_)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
+    table = resources.estimate(runs, scaling, prediction, settings_)
+    model = table[table["scope"] == "model"]
+    assert list(model["world_size"]) == [16]  # 4 was measured
+    assert model["source"].iloc[0] == f"model: {settings_['comm_model']['interconnects'][0]['name']}"
+    assert model["nodes"].iloc[0] == 8

@@ -1,0 +1,172 @@
+"""The alpha-beta all-reduce model: formula, honest fits, predictions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalestudy.analysis import commmodel, modelsize, settings
+from scalestudy.analysis.synthetic import run_row
+
+ALPHA = 8e-6
+BETA = 1 / 40e9
+C = 20e-6  # compute seconds per image
+GRAD = modelsize.gradient_bytes(64)
+
+
+def runs_from_model(
+    worlds, modes=("strong", "weak"), repeats=1, alpha=ALPHA, beta=BETA, noise=0.0, seed=0, bucket=25.0
+) -> pd.DataFrame:
+    """Scaling runs whose step times are exactly c b + ring all-reduce (times optional noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for mode in modes:
+        for n in worlds:
+            batch = 1024 // n if mode == "strong" else 256
+            buckets = modelsize.bucket_count(GRAD, bucket)
+            clean = C * batch + float(commmodel.ring_allreduce_s(n, GRAD, buckets, alpha, beta))
+            for r in range(repeats):
+                step = clean * (1 + noise * rng.standard_normal())
+                rows.append(
+                    run_row(
+                        "scaling", n, batch, step, mode=mode, repeat=r, **{"config.bucket_cap_mb": bucket}
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def fit_of(runs: pd.DataFrame, fixed_alpha: float = 10e-6) -> commmodel.Fit:
+    points, compute = commmodel.fit_points(runs)
+    return commmodel.fit(points, compute, fixed_alpha)
+
+
+def test_ring_formula():
+    assert float(commmodel.ring_allreduce_s(1, 1e9, 2, 1e-5, 1e-9)) == 0.0
+    # N=2: 2(1)/2 * S * beta + 2 * 1 * k * alpha
+    assert float(commmodel.ring_allreduce_s(2, 1e9, 2, 1e-5, 1e-9)) == pytest.approx(1.0 + 4e-5)
+    # nccl-tests: busbw = algbw * 2(N-1)/N, so the time of S bytes at bus bandwidth B is 2(N-1)/N S/B
+    n, size, busbw = 8, 44.7e6, 100e9
+    assert float(commmodel.ring_allreduce_s(n, size, 1, 0.0, 1 / busbw)) == pytest.approx(
+        size / (busbw * n / (2 * (n - 1)))
+    )
+
+
+def test_fit_recovers_alpha_and_beta():
+    f = fit_of(runs_from_model([1, 2, 4, 8, 16]))
+    assert f.method.startswith("free")
+    assert f.alpha_s == pytest.approx(ALPHA, rel=1e-6)
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)
+    assert f.dof == f.n_points - 2 == 8 - 2
+    assert f.rms_residual_s == pytest.approx(0.0, abs=1e-12)
+    assert f.compute_s_per_image["weak"] == pytest.approx(C)
+
+
+def test_fit_with_noise_reports_uncertainty():
+    f = fit_of(runs_from_model([1, 2, 4, 8, 16], repeats=3, noise=0.01))
+    assert f.method.startswith("free")
+    assert f.dof == f.n_points - 2
+    assert f.rms_residual_s > 0
+    assert 0 < f.alpha_se_s < math.inf and 0 < f.beta_se < math.inf
+    assert abs(f.beta_s_per_byte - BETA) < 4 * f.beta_se  # within a few standard errors
+    assert len(f.residuals) == f.n_points
+    assert f.residuals["residual_s"].abs().max() > 0
+
+
+def test_one_message_size_falls_back_to_fixed_alpha():
+    """Worlds {1, 2} (the demo): alpha and beta cannot both be determined, so alpha is fixed."""
+    f = fit_of(runs_from_model([1, 2]), fixed_alpha=ALPHA)
+    assert "alpha fixed" in f.method and "one world size > 1" in f.method
+    assert f.alpha_s == ALPHA
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)  # right alpha -> exact beta
+    assert f.dof == 1  # two points (strong, weak), one parameter
+    assert math.isnan(f.alpha_se_s)
+
+
+def test_zero_degrees_of_freedom_is_said_plainly():
+    f = fit_of(runs_from_model([1, 2], modes=("weak",)))
+    assert f.dof == 0
+    assert "dof 0" in f.method
+
+
+def test_no_multi_gpu_runs_is_not_fitted():
+    f = fit_of(runs_from_model([1]))
+    assert f.method.startswith("not fitted")
+    assert f.n_points == 0 and math.isnan(f.alpha_s)
+
+
+def test_negative_estimate_is_clipped_and_said():
+    f = fit_of(runs_from_model([1, 2, 4, 8, 16], alpha=-2e-6))
+    assert "alpha clipped to 0" in f.method
+    assert f.alpha_s == 0.0 and f.beta_s_per_byte > 0
+
+
+def test_overlap_derived_from_measured_bandwidth():
+    model = settings.resolved({"comm_model": {"measured_bandwidth_gb_s": 100.0}})["comm_model"]
+    f = fit_of(runs_from_model([1, 2, 4, 8]))  # beta_eff = 1/40 GB/s
+    phi, note = commmodel.overlap(f, model)
+    assert phi == 0.0
+    assert "clipped" in note  # 1 - 100/40 < 0: the measured link is slower than the data says
+    model = settings.resolved({"comm_model": {"measured_bandwidth_gb_s": 20.0}})["comm_model"]
+    phi, note = commmodel.overlap(f, model)
+    assert phi == pytest.approx(1 - 20 / 40) and note.startswith("derived")
+
+
+def test_predictions():
+    analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
+    fit_table, residuals, prediction = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis)
+    assert set(prediction["curve"]) == {commmodel.FIT_CURVE} | {
+        i["name"] for i in analysis["comm_model"]["interconnects"]
+    }
+    weak = prediction[prediction["mode"] == "weak"]
+    one = weak[weak["world_size"] == 1]
+    assert (one["efficiency"] == 1.0).all()
+    for _, curve in weak.groupby("curve"):
+        assert curve.sort_values("world_size")["efficiency"].is_monotonic_decreasing
+    # Within one node every interconnect curve uses the intra-node link, so they coincide there.
+    links = weak[(weak["curve"] != commmodel.FIT_CURVE) & (weak["world_size"] == 8)]
+    assert links["efficiency"].nunique() == 1
+    # The fitted curve reproduces the measured points exactly (noise-free data).
+    fitted = weak[(weak["curve"] == commmodel.FIT_CURVE) & (weak["world_size"] == 4)]["efficiency"].iloc[0]
+    step4 = C * 256 + float(commmodel.ring_allreduce_s(4, GRAD, 2, ALPHA, BETA))
+    assert fitted == pytest.approx(C * 256 / step4)
+    # Strong scaling stops where the global batch would give a GPU less than one image.
+    strong = prediction[prediction["mode"] == "strong"]
+    assert strong["world_size"].max() == 64
+    assert set(fit_table["quantity"]) >= {"method", "degrees_of_freedom", "alpha_eff", "bandwidth_eff"}
+
+
+def test_strong_prediction_stops_below_one_image_per_gpu():
+    analysis = settings.resolved({"comm_model": {"max_world": 1024}})
+    runs = runs_from_model([1, 2, 4], modes=("strong",))
+    _, _, prediction = commmodel.analyse(runs, analysis)
+    assert prediction["world_size"].max() == 1024  # global batch 1024: one image per GPU at 1024
+    runs = runs.assign(per_gpu_batch=runs["per_gpu_batch"] // 2)  # global batch 512
+    _, _, prediction = commmodel.analyse(runs, analysis)
+    assert prediction["world_size"].max() == 512
+
+
+def test_cli_writes_tables(tmp_path):
+    runs_from_model([1, 2]).to_csv(tmp_path / "runs.csv", index=False)
+    out = {name: tmp_path / f"{name}.csv" for name in ("fit", "residuals", "prediction")}
+    commmodel.main(
+        [
+            "--runs",
+            str(tmp_path / "runs.csv"),
+            "--analysis-json",
+            '{"comm_model": {"fit_alpha_us": 8}}',
+            "--fit-out",
+            str(out["fit"]),
+            "--residuals-out",
+            str(out["residuals"]),
+            "--prediction-out",
+            str(out["prediction"]),
+        ]
+    )
+    fit = pd.read_csv(out["fit"]).set_index("quantity")
+    assert "alpha fixed at 8 us" in fit.loc["method", "value"]
+    assert float(fit.loc["alpha_eff", "value"]) == pytest.approx(8.0)
+    assert float(fit.loc["bandwidth_eff", "value"]) == pytest.approx(40.0, rel=1e-6)
+    assert len(pd.read_csv(out["residuals"])) == 2

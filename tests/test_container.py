@@ -1,0 +1,190 @@
+"""containers/scalestudy.def against envs/requirements.txt, and rules/container.smk (no Apptainer here:
+the definition is checked statically, the way Apptainer's parser reads it)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_workflow, snakemake_env
+
+REPO = Path(__file__).resolve().parent.parent
+DEFINITION = REPO / "containers/scalestudy.def"
+REQUIREMENTS = REPO / "envs/requirements.txt"
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)")
+
+
+def parse_definition(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(header, sections) as Apptainer's parser splits them: a section starts at a line whose first
+    word begins with '%'; header lines are 'Key: value', '#' lines are comments."""
+    header: dict[str, str] = {}
+    sections: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0].startswith("%"):
+            current = words[0][1:].lower()
+            sections[current] = ""
+        elif current is not None:
+            sections[current] += line + "\n"
+        elif words and not words[0].startswith("#"):
+            key, _, value = line.partition(":")
+            header[key.strip().lower()] = value.strip()
+    return header, sections
+
+
+def requirement_lines() -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def pins() -> dict[str, str]:
+    return {match[1].lower(): match[2] for match in map(PIN.match, requirement_lines()) if match}
+
+
+@pytest.fixture(scope="module")
+def definition():
+    return parse_definition(DEFINITION.read_text())
+
+
+def labels(sections: dict[str, str]) -> dict[str, str]:
+    pairs = (line.strip().split(None, 1) for line in sections["labels"].splitlines() if line.strip())
+    return {pair[0]: pair[1] if len(pair) > 1 else "" for pair in pairs}
+
+
+def test_every_requirement_is_an_exact_pin():
+    """The image installs envs/requirements.txt: anything not pinned with == is not reproducible."""
+    loose = [line for line in requirement_lines() if not PIN.match(line)]
+    assert not loose, f"envs/requirements.txt entries without an exact == pin: {loose}"
+
+
+def test_the_header_is_a_cuda_runtime_image_matching_torchs_cuda(definition):
+    header, _ = definition
+    assert header["bootstrap"] == "docker"
+    match = re.fullmatch(
+        r"nvidia/cuda:(\d+)\.(\d+)\.(\d+)-(?:cudnn-)?runtime-ubuntu(\d+\.\d+)", header["from"]
+    )
+    assert match, header["from"]
+    torch = pytest.importorskip("torch")
+    if not torch.version.cuda:
+        pytest.skip(f"this environment's torch {torch.__version__} is a CPU build: its CUDA is unknown")
+    # The pinned wheel bundles its CUDA: the base image's CUDA should be the same major.minor.
+    assert f"{match[1]}.{match[2]}" == torch.version.cuda, f"{header['from']} vs torch {torch.__version__}"
+
+
+def test_labels_name_the_pinned_versions(definition):
+    _, sections = definition
+    found = labels(sections)
+    wanted = pins()
+    for package in ("torch", "torchvision"):
+        assert found[f"scalestudy.{package}"] == wanted[package], package
+    header, _ = definition
+    assert found["scalestudy.cuda"] == header["from"].split(":")[1].split("-")[0]
+    assert found["scalestudy.version"] == __import__("scalestudy").__version__
+    # Ubuntu 24.04's python3 is 3.12; %test checks the interpreter it really got.
+    assert header["from"].endswith("ubuntu24.04") and found["scalestudy.python"] == "3.12"
+    assert "(3, 12)" in sections["test"]
+
+
+def test_the_image_installs_exactly_envs_requirements_txt(definition):
+    _, sections = definition
+    files = [shlex.split(line) for line in sections["files"].splitlines() if line.strip()]
+    copied = {source: target for source, target in files}
+    target = copied["envs/requirements.txt"]
+    assert copied["scalestudy"] == "/opt/scalestudy/scalestudy"
+    post = sections["post"]
+    assert f"pip install --no-cache-dir -r {target}" in post
+    assert "--no-deps /opt/scalestudy" in post
+    assert target in sections["test"]
+    assert "export PATH=/opt/venv/bin:$PATH" in sections["environment"]
+
+
+def test_the_test_section_checks_every_pin_and_parses(definition):
+    _, sections = definition
+    body = sections["test"]
+    script = body.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
+    tree = ast.parse(script)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert {"torch", "torchvision", "scalestudy"} <= imported
+    assert "version(name)" in script and "requirements.txt" in script
+    # The pin check strips a local version label, as pip's == does: 2.14.1+cu130 satisfies 2.14.1.
+    namespace: dict = {}
+    exec(compile("def found(v):\n    return v.split('+')[0]\n", "check", "exec"), namespace)
+    assert namespace["found"](version("torch")) == pins()["torch"]
+
+
+def stub_apptainer(folder: Path) -> Path:
+    """An `apptainer` that only answers --version: Snakemake checks for one even in a dry run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "apptainer"
+    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
+    stub.chmod(0o755)
+    return folder
+
+
+def dry_run(workdir: Path, *args: str) -> str:
+    env = snakemake_env()
+    env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--sdm", "apptainer", "--cores", "1", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result.stdout + result.stderr
+
+
+def planned_rules(output: str) -> set[str]:
+    return set(re.findall(r"^(?:local)?rule (\w+):", output, re.M))
+
+
+@pytest.fixture
+def workflow(tmp_path) -> Path:
+    if not (REPO / "Snakefile").exists():
+        pytest.skip("the workflow (Snakefile) is not there yet")
+    return copy_workflow(tmp_path / "workflow")
+
+
+def test_the_image_is_rebuilt_when_the_definition_or_the_pins_change(workflow):
+    sif = workflow / "containers/scalestudy.sif"
+    assert "build_image" in planned_rules(dry_run(workflow, str(sif.relative_to(workflow))))
+    sif.write_bytes(b"image")
+    assert "Nothing to be done" in dry_run(workflow, "containers/scalestudy.sif")
+    for source in ("containers/scalestudy.def", "envs/requirements.txt"):
+        later = sif.stat().st_mtime + 10
+        os.utime(workflow / source, (later, later))
+        output = dry_run(workflow, "containers/scalestudy.sif")
+        assert "build_image" in planned_rules(output) and source in output, source
+        os.utime(sif, (later + 10, later + 10))
+
+
+def test_containerized_jobs_wait_for_the_image_and_a_prebuilt_one_is_never_built(workflow):
+    """Under --sdm apptainer every job runs in the image (CPU rules through `container:`, training
+    ranks through scalestudy.launch), so every job lists it as an input: the build comes first."""
+    output = dry_run(workflow)
+    blocks = re.split(r"\n(?=(?:local)?rule \w+:\n)", output)
+    inputs = {
+        match[1]: re.search(r"^    input: (.*)$", block, re.M)
+        for block in blocks
+        if (match := re.match(r"(?:local)?rule (\w+):\n", block))
+    }
+    assert "build_image" in inputs
+    waiting = {rule for rule, line in inputs.items() if line and "containers/scalestudy.sif" in line[1]}
+    # table_accounting runs on the host, outside the image (sacct is a host tool): it need not wait.
+    missing = sorted(set(inputs) - waiting - {"build_image", "all", "table_accounting"})
+    assert not missing, (
+        f"jobs that do not list image_input() (would start before the image exists): {missing}"
+    )
+    prebuilt = dry_run(workflow, "--config", "container={'prebuilt': '/images/scalestudy.sif'}")
+    assert "build_image" not in planned_rules(prebuilt)

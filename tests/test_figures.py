@@ -1,0 +1,135 @@
+"""Every figure renders a non-empty PNG and PDF from constructed data; the no-GPU monitor case says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from scalestudy.analysis import aggregate, commmodel, metrics, settings, synthetic
+from scalestudy.plots import curves, model, monitor, scaling, sensitivity, style
+from scalestudy.plots.__main__ import main as plots_main
+
+SETTINGS = settings.resolved({})
+DEMO = settings.SCHEMA_PATH.parent / "demo.yaml"
+
+
+def build(root: Path, gpu: bool) -> dict:
+    config = settings.study_config(DEMO)
+    config["scaling"]["world_sizes"] = [1, 2, 4]
+    config["scaling"]["repeats"] = 2
+    folders = synthetic.make_study(root, config, synthetic.Truth(gpu=gpu, noise=0.02))
+    runs = metrics.run_metrics(aggregate.build_catalog([f / "summary.json" for f in folders]), SETTINGS)
+    _, _, prediction = commmodel.analyse(runs, SETTINGS)
+    scaling_runs = sorted(root.glob("results/runs/scaling/*/*"))
+    return {
+        "scaling": metrics.scaling_table(runs, SETTINGS),
+        "sensitivity": metrics.sensitivity_table(runs),
+        "prediction": prediction,
+        "metrics": [d / "metrics.csv" for d in scaling_runs],
+        "monitor": [d / "gpu_monitor.csv" for d in scaling_runs],
+    }
+
+
+@pytest.fixture(scope="module")
+def gpu_study(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("gpu"), gpu=True)
+
+
+@pytest.fixture(scope="module")
+def cpu_study(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("cpu"), gpu=False)
+
+
+def assert_figure(png: Path, pdf: Path) -> None:
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 2_000
+
+
+DRAW = {
+    "throughput": lambda s, png, pdf: scaling.throughput(s["scaling"], png, pdf),
+    "efficiency": lambda s, png, pdf: scaling.efficiency(s["scaling"], png, pdf, SETTINGS["acceptance"]),
+    "epoch_time": lambda s, png, pdf: scaling.epoch_time(s["scaling"], png, pdf),
+    "sensitivity": lambda s, png, pdf: sensitivity.heatmaps(s["sensitivity"], png, pdf),
+    "accuracy": lambda s, png, pdf: curves.accuracy(curves.load_curves(s["metrics"]), png, pdf, 0.3),
+    "monitor": lambda s, png, pdf: monitor.timelines(
+        *monitor.load(s["monitor"])[:1], png, pdf, SETTINGS["monitor"]
+    ),
+    "comm_model": lambda s, png, pdf: model.model_vs_measurement(s["prediction"], s["scaling"], png, pdf),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAW))
+def test_figure_renders_png_and_pdf(gpu_study, tmp_path, name):
+    png, pdf = style.png_and_pdf(tmp_path / name)
+    DRAW[name](gpu_study, png, pdf)
+    assert_figure(png, pdf)
+
+
+def test_monitor_without_gpu_says_why(cpu_study, tmp_path):
+    samples, reasons = monitor.load(cpu_study["monitor"])
+    assert samples.empty
+    assert reasons == ["no NVIDIA GPU (device cpu)"]
+    png, pdf = style.png_and_pdf(tmp_path / "monitor")
+    monitor.timelines(samples, png, pdf, SETTINGS["monitor"], reasons)
+    assert_figure(png, pdf)
+
+
+def test_monitor_selects_strong_repeat_zero():
+    paths = [
+        f"results/runs/scaling/{m}/w{n}_r{r}/gpu_monitor.csv"
+        for m in ("strong", "weak")
+        for n in (1, 2)
+        for r in (0, 1)
+    ]
+    assert monitor.select(paths) == [p for p in paths if "/strong/" in p and "_r0/" in p]
+    assert monitor.short_label("scaling/strong/w8_r0") == "strong, 8 GPUs"
+
+
+def test_monitor_names_a_file_missing_columns(tmp_path):
+    path = tmp_path / "gpu_monitor.csv"
+    path.write_text("time_s,host\n0,a\n")
+    with pytest.raises(ValueError, match=rf"{path}: missing column\(s\) gpu_index"):
+        monitor.load([path])
+
+
+def test_accuracy_rejects_a_path_that_is_not_a_scaling_run(tmp_path):
+    with pytest.raises(ValueError, match="not a scaling run's file"):
+        curves.load_curves([tmp_path / "metrics.csv"])
+
+
+def test_sensitivity_with_a_missing_cell(gpu_study, tmp_path):
+    partial = gpu_study["sensitivity"].iloc[1:]
+    png, pdf = style.png_and_pdf(tmp_path / "partial")
+    sensitivity.heatmaps(partial, png, pdf)
+    assert_figure(png, pdf)
+
+
+def test_cli_draws_a_figure(gpu_study, tmp_path):
+    table = tmp_path / "scaling.csv"
+    gpu_study["scaling"].to_csv(table, index=False)
+    png, pdf = style.png_and_pdf(tmp_path / "cli_efficiency")
+    assert plots_main(["efficiency", "--scaling", str(table), "--png", str(png), "--pdf", str(pdf)]) == 0
+    assert_figure(png, pdf)
+
+
+def test_cli_names_missing_columns(tmp_path):
+    table = tmp_path / "scaling.csv"
+    pd.DataFrame({"mode": ["strong"]}).to_csv(table, index=False)
+    with pytest.raises(ValueError, match=rf"{table}: missing column\(s\) world_size"):
+        plots_main(["throughput", "--scaling", str(table), "--png", str(tmp_path / "x.png")])
+
+
+def test_style_contract_used_by_other_figure_modules(tmp_path):
+    """new_figure / save_figure / placeholder_note: the profiling figures rely on these."""
+    fig, axes = style.new_figure(wide=True, ncols=2)
+    assert axes.shape == (1, 2)
+    assert fig.get_size_inches()[0] == pytest.approx(style.TEXT_WIDTH_IN)
+    style.placeholder_note(axes[0, 0], "nothing to draw")
+    axes[0, 1].plot([1, 2], [3, 4])
+    png, pdf = style.png_and_pdf(tmp_path / "contract")
+    style.save_figure(fig, png, pdf)
+    assert_figure(png, pdf)
+    style.save_figure(style.new_figure()[0], tmp_path / "only.png")  # the PDF is optional
+    assert (tmp_path / "only.png").exists() and not (tmp_path / "only.pdf").exists()

@@ -1,0 +1,197 @@
+"""scalestudy.launch: the command lines that start the ranks (plain, torchrun, srun + apptainer)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalestudy import cluster, launch
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = ["--run-config-json", '{"a": 1}', "--out-dir", "results/runs/x"]
+NO_SLURM: dict[str, str] = {}
+IN_JOB = {"SLURM_JOB_ID": "42"}  # the rule's shell in the batch step: the jobstep plugin keeps only this
+
+
+def spec(world: int = 1, **changes) -> dict:
+    config = {"cluster": {"gpus_per_node": 4, "cpus_per_rank": 6}, "container": {"binds": ["/data:/data:ro"]}}
+    return {
+        **cluster.launch_spec(config, world, containerized=changes.pop("containerized", False)),
+        **changes,
+    }
+
+
+def command(world=1, environ=NO_SLURM, prefix=(), **changes) -> list[str]:
+    return launch.build_command(spec(world, **changes), TRAIN, prefix, environ=environ, workdir="/work/study")
+
+
+def test_one_local_rank_is_a_plain_process_of_this_interpreter():
+    assert command(1) == [sys.executable, "-m", "scalestudy.train", *TRAIN]
+
+
+def test_several_local_ranks_use_torchrun_standalone():
+    assert command(2) == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+        "-m", "scalestudy.train", *TRAIN,
+    ]  # fmt: skip
+
+
+def test_a_rank_prefix_makes_torchrun_run_it_per_rank():
+    argv = command(2, prefix=["nsys", "profile", "-o", "out dir/r%q{RANK}"])
+    assert argv[6:] == [
+        "--no-python", "nsys", "profile", "-o", "out dir/r%q{RANK}",
+        sys.executable, "-m", "scalestudy.train", *TRAIN,
+    ]  # fmt: skip
+
+
+def test_in_a_slurm_job_each_rank_is_an_srun_task_with_explicit_cpus_and_the_nodes_gpus():
+    assert command(8, IN_JOB) == [
+        "srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=6",
+        "--kill-on-bad-exit=1", "--label", "--gres=gpu:4",
+        sys.executable, "-m", "scalestudy.train", *TRAIN,
+    ]  # fmt: skip
+
+
+def test_the_image_wraps_each_rank_inside_srun_and_the_prefix_goes_inside_the_image():
+    argv = command(8, IN_JOB, prefix=["nsys", "profile"], containerized=True)
+    srun_end = argv.index("apptainer")
+    assert argv[0] == "srun" and all(arg.startswith("--") for arg in argv[1:srun_end])
+    assert argv[srun_end:] == [
+        "apptainer", "exec", "--nv", "--bind", "/work/study", "--bind", "/data:/data:ro",
+        "/work/study/containers/scalestudy.sif",
+        "nsys", "profile", "python", "-m", "scalestudy.train", *TRAIN,
+    ]  # fmt: skip
+
+
+def test_the_image_wraps_local_ranks_too_with_its_own_python():
+    assert command(1, containerized=True)[:2] == ["apptainer", "exec"]
+    argv = command(2, containerized=True)
+    assert argv[argv.index("/work/study/containers/scalestudy.sif") + 1 :][:3] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("environ", "launcher", "expected"),
+    [
+        ({}, "auto", "local"),
+        ({"SLURM_JOB_ID": "7"}, "auto", "srun"),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "auto", "local"),  # already inside an srun step
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "4294967294"}, "auto", "srun"),  # the batch step
+        ({}, "srun", "srun"),
+        ({"SLURM_JOB_ID": "7"}, "local", "local"),
+    ],
+)
+def test_auto_picks_srun_only_in_a_jobs_batch_step(environ, launcher, expected):
+    assert launch.resolve_launcher({"launcher": launcher}, environ) == expected
+
+
+def test_hostile_values_stay_single_arguments_and_the_logged_line_round_trips():
+    hostile = [
+        "--run-config-json",
+        '{"x": "a b; rm -rf / $(id) `id` \'q\' \\"dq\\""}',
+        "--out-dir",
+        "r/$HOME",
+    ]
+    argv = launch.build_command(spec(8, containerized=True), hostile, ["nsys", "-o", "a b"], environ=IN_JOB)
+    assert argv[-4:] == hostile
+    assert shlex.split(shlex.join(argv)) == argv
+
+
+def test_the_environment_carries_nccl_settings_and_the_image_into_the_container():
+    config = {"nccl": {"NCCL_SOCKET_IFNAME": "=ib0,eth0 'x'", "NCCL_DEBUG": "INFO"}}
+    the_spec = cluster.launch_spec(config, 2, containerized=True)
+    env = launch.build_env(the_spec, {"PATH": "/bin", "SCALESTUDY_GIT_COMMIT": "abc"}, "f" * 64)
+    assert env["NCCL_SOCKET_IFNAME"] == "=ib0,eth0 'x'" and env["OMP_NUM_THREADS"] == "8"
+    assert env["SCALESTUDY_IMAGE"] == os.path.abspath("containers/scalestudy.sif")
+    assert env["SCALESTUDY_IMAGE_SHA256"] == "f" * 64
+    for name in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "SCALESTUDY_IMAGE_SHA256", "SCALESTUDY_GIT_COMMIT"):
+        assert env[f"APPTAINERENV_{name}"] == env[name]
+    plain = launch.build_env(cluster.launch_spec(config, 2), {"PATH": "/bin"})
+    assert "SCALESTUDY_IMAGE" not in plain and not any(key.startswith("APPTAINERENV_") for key in plain)
+
+
+def test_the_image_sha256_is_computed_once_and_cached_by_size_and_mtime(tmp_path):
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"not really an image")
+    real = launch.image_sha256(str(image))
+    assert real == hashlib.sha256(b"not really an image").hexdigest()
+    cache = Path(f"{image}.sha256.json")
+    record = json.loads(cache.read_text())
+    assert record["sha256"] == real and record["size"] == image.stat().st_size
+    cache.write_text(json.dumps({**record, "sha256": "cached"}))
+    assert launch.image_sha256(str(image)) == "cached"  # no re-hash while size and mtime match
+    os.utime(image, ns=(record["mtime_ns"] + 10**9, record["mtime_ns"] + 10**9))
+    assert launch.image_sha256(str(image)) == real
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
+        ({"nodes": 1, "tasks_per_node": 2, "world_size": 3}, "world_size=3 does not fit"),
+        ({"launcher": "mpirun"}, "launcher must be auto, local or srun"),
+        ({"env": {"NCCL_DEBUG": 1}}, "env must map variable names to strings"),
+        ({"tasks": 3}, r"unknown launch spec key\(s\) \['tasks'\]"),
+        ({"binds": "/data"}, "binds must be a list"),
+    ],
+)
+def test_a_bad_spec_is_refused_naming_the_key(changes, message):
+    with pytest.raises(launch.LaunchError, match=message):
+        launch.check_spec({**spec(1), **changes})
+
+
+def run_launch(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scalestudy.launch", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_main_dry_run_prints_the_quoted_command():
+    result = run_launch("--dry-run", "--launch-json", json.dumps(spec(8)), "--", *TRAIN, env=IN_JOB)
+    assert result.returncode == 0, result.stderr
+    expected = launch.build_command(spec(8), TRAIN, environ=IN_JOB, workdir=str(REPO))
+    assert shlex.split(result.stdout) == expected
+
+
+def test_main_reports_a_missing_image_or_launcher_clearly(tmp_path):
+    missing = run_launch("--launch-json", json.dumps(spec(1, image="nowhere.sif")), "--", *TRAIN)
+    assert missing.returncode == 2 and "image 'nowhere.sif'" in missing.stderr
+    bad_json = run_launch("--launch-json", "{not json", "--", *TRAIN)
+    assert bad_json.returncode == 2 and "--launch-json is not valid JSON" in bad_json.stderr
+    no_srun = run_launch(
+        "--launch-json", json.dumps(spec(2, launcher="srun")), "--", *TRAIN, env={"PATH": str(tmp_path)}
+    )
+    assert no_srun.returncode == 2 and "'srun' is not on PATH" in no_srun.stderr
+
+
+def test_main_execs_the_trainer_and_passes_its_exit_status(tmp_path):
+    fake = tmp_path / "scalestudy"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    shutil.copy(REPO / "scalestudy/launch.py", fake / "launch.py")  # pure stdlib, no package imports
+    (fake / "train.py").write_text(
+        "import os, sys\n"
+        "print('ARGS', sys.argv[1:], os.environ['NCCL_DEBUG'], os.environ['OMP_NUM_THREADS'])\n"
+        "sys.exit(75)\n"
+    )
+    the_spec = cluster.launch_spec({"nccl": {"NCCL_DEBUG": "INFO x"}}, 1)
+    result = run_launch("--launch-json", json.dumps(the_spec), "--", *TRAIN, cwd=tmp_path)
+    assert result.returncode == 75, result.stderr
+    assert f"ARGS {TRAIN!r} INFO x 8" in result.stdout
+    assert "launch: " in result.stderr and "scalestudy.train" in result.stderr

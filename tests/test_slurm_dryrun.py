@@ -1,0 +1,136 @@
+"""A dry run of the real study (config/config.yaml) with profiles/slurm: what every grid point asks
+Slurm for, as Snakemake prints it, and the sbatch call the executor plugin makes of it.
+
+No cluster is needed. Snakemake wants an `apptainer` binary even for a dry run with
+--software-deployment-method apptainer, and Apptainer is not installable here: a stub that only
+answers --version stands in for it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalestudy import cluster, grid
+from tests.conftest import REPO, copy_workflow, snakemake_env
+
+TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
+GPUS_PER_NODE = 4  # config/config.yaml
+
+
+def study_config() -> dict:
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    validate(config, str(REPO / "config/schema.yaml"))
+    return config
+
+
+def stub_apptainer(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "apptainer"
+    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
+    stub.chmod(0o755)
+    return folder
+
+
+def parse_jobs(output: str) -> list[dict]:
+    """Snakemake's dry-run job blocks: rule, wildcards, resources, shell command."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", output):
+        head = re.match(r"(?:local)?rule (\w+):\n", block)
+        if not head:
+            continue
+        fields = dict(re.findall(r"^    (\w+): (.*)$", block, re.M))
+        shell = re.search(r"^Shell command: (.*)$", block, re.M)
+        jobs.append(
+            {
+                "rule": head[1],
+                "wildcards": dict(
+                    item.split("=", 1) for item in fields.get("wildcards", "").split(", ") if item
+                ),
+                "resources": dict(item.split("=", 1) for item in fields["resources"].split(", ")),
+                "shell": shell[1] if shell else "",
+            }
+        )
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> list[dict]:
+    workdir = copy_workflow(tmp_path_factory.mktemp("dryrun") / "scalestudy")
+    env = snakemake_env()
+    env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
+    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"]
+    command += ["--configfile", "config/config.yaml"]
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return parse_jobs(result.stdout + result.stderr)
+
+
+def world_of(job: dict, config: dict) -> int:
+    if job["rule"] == "baseline_run":
+        return 1
+    if job["rule"] == "sensitivity_run":
+        return config["sensitivity"]["world_size"]
+    return int(job["wildcards"]["world"])
+
+
+def launch_spec_of(job: dict) -> dict:
+    words = shlex.split(job["shell"])
+    return json.loads(words[words.index("--launch-json") + 1])
+
+
+def test_every_grid_point_asks_for_whole_gpu_nodes(dry_run):
+    config = study_config()
+    training = [job for job in dry_run if job["rule"] in TRAINING_RULES]
+    assert len(training) == len(grid.all_points(config))
+    table = set()
+    for job in training:
+        world, resources = world_of(job, config), job["resources"]
+        nodes, per_node = math.ceil(world / GPUS_PER_NODE), min(world, GPUS_PER_NODE)
+        assert resources["nodes"] == str(nodes), job
+        assert resources["tasks"] == str(world), job
+        assert resources["gres"] == f"gpu:{per_node}", job
+        assert resources["cpus_per_task"] == "8" and resources["runtime"] == "60", job
+        assert resources["mem_mb"] == str(16000 * per_node), job
+        assert resources["slurm_extra"] == f"--ntasks-per-node={per_node} --signal=USR1@300", job
+        assert resources["mpi"] == ("srun" if world > 1 else ""), job
+        spec = launch_spec_of(job)
+        assert (spec["world_size"], spec["nodes"], spec["tasks_per_node"]) == (world, nodes, per_node)
+        table.add(f"world {world:2d}: {nodes} node(s) x {per_node} GPU(s)")
+    assert "world  8: 2 node(s) x 4 GPU(s)" in table and "world 16: 4 node(s) x 4 GPU(s)" in table
+    print("\n".join(sorted(table)))
+
+
+def test_the_plugin_builds_the_expected_sbatch_call_from_the_printed_resources(dry_run):
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    job = next(j for j in dry_run if j["rule"] == "scaling_run" and j["wildcards"]["world"] == "8")
+    resources = {key: int(value) if value.isdigit() else value for key, value in job["resources"].items()}
+    resources = {key: value for key, value in resources.items() if "<TBD>" not in str(value)}
+    options = shlex.split(cluster.sbatch_command(resources, threads=8))
+    for expected in ("--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gres=gpu:4", "--cpus-per-task=8"):
+        assert expected in options, (expected, options)
+    assert options[options.index("--mem") + 1] == "64000"
+
+
+def test_cpu_jobs_get_light_resources(dry_run):
+    preprocess = next(job for job in dry_run if job["rule"] == "preprocess")
+    assert preprocess["resources"]["cpus_per_task"] == "2"
+    assert preprocess["resources"]["mem_mb"] == "8000"
+
+
+def test_training_ranks_run_in_the_image_when_the_workflow_is_containerized(dry_run):
+    """profiles/slurm sets --sdm apptainer: the launch spec must carry the image (launch_spec(...,
+    containerized=CONTAINERIZED) in the training rules' params)."""
+    for job in (job for job in dry_run if job["rule"] in TRAINING_RULES):
+        assert launch_spec_of(job)["image"] == "containers/scalestudy.sif", job["wildcards"]
