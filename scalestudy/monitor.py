@@ -21,21 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic
-
-COLUMNS = (
-    "time_s",
-    "host",
-    "gpu_index",
-    "gpu_uuid",
-    "gpu_name",
-    "sm_util_pct",
-    "mem_util_pct",
-    "power_w",
-    "pcie_rx_mb_s",
-    "pcie_tx_mb_s",
-    "mem_used_mb",
-    "temperature_c",
-)
+from scalestudy.runfiles import MONITOR_COLUMNS as COLUMNS
 
 log = logging.getLogger("scalestudy.monitor")
 

@@ -51,6 +51,7 @@ from scalestudy import atomic, checkpoint, distributed, loader, model, monitor, 
 from scalestudy.data.preprocess import load_packed
 from scalestudy.progress import format_seconds, setup_logging
 from scalestudy.ranges import ProfileWindow, check_profile, named_range
+from scalestudy.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 
 EXIT_RESUMABLE = 75
 EXIT_BAD_CONFIG = 2
@@ -104,22 +105,6 @@ CHOICES = {
 POSITIVE_INTS = ("world_size", "per_gpu_batch", "global_batch", "epochs", "base_batch", "width")
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-METRICS_COLUMNS = (
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "epoch_time_s",
-    "images_per_s",
-    "images_per_s_per_gpu",
-    "global_batch",
-    "per_gpu_batch",
-    "world_size",
-    "lr",
-    "wall_time_s",
-)
-STEPS_COLUMNS = ("epoch", "step", "data_s", "forward_s", "backward_allreduce_s", "optimizer_s", "step_s")
 
 log = logging.getLogger("scalestudy.train")
 

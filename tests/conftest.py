@@ -52,3 +52,23 @@ def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 
 @pytest.fixture
 def workflow_copy(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path / "workflow")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (comparisons with references; no oversubscription)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def stub_apptainer(folder: Path) -> Path:
+    """An `apptainer` that only answers --version: Snakemake checks for one even in a dry run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "apptainer"
+    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
+    stub.chmod(0o755)
+    return folder

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_workflow, snakemake_env
+from tests.conftest import copy_workflow, snakemake_env, stub_apptainer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFINITION = REPO / "containers/scalestudy.def"
@@ -119,15 +119,6 @@ def test_the_test_section_checks_every_pin_and_parses(definition):
     namespace: dict = {}
     exec(compile("def found(v):\n    return v.split('+')[0]\n", "check", "exec"), namespace)
     assert namespace["found"](version("torch")) == pins()["torch"]
-
-
-def stub_apptainer(folder: Path) -> Path:
-    """An `apptainer` that only answers --version: Snakemake checks for one even in a dry run."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stub = folder / "apptainer"
-    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
-    stub.chmod(0o755)
-    return folder
 
 
 def dry_run(workdir: Path, *args: str) -> str:

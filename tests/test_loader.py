@@ -13,12 +13,7 @@ from scalestudy.loader import ClassicLoader, TensorLoader
 N_TRAIN, N_TEST = 203, 37  # not multiples of the batch or the world size, on purpose
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

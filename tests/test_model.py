@@ -7,13 +7,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from scalestudy.model import FrozenStatsBatchNorm2d, build_model, count_flops, count_parameters
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_standard_width_is_the_cifar_resnet18():

@@ -114,6 +114,7 @@ def shorter_demo(slurm: Cluster):
         config["scaling"]["modes"] = ["strong"]
         config["sensitivity"].update(per_gpu_batch=[16], bucket_cap_mb=[25], precision=["fp32"])
         config["profiling"]["world_sizes"] = [2]
+        config["train"].update(epochs=2, max_steps_per_epoch=6)  # what runs is tested, not accuracy
         # Two ranks span both nodes: gloo across the network namespaces.
         config["cluster"]["ranks_per_node"] = 1 if slurm.nodes == 2 else 2
         # Every rule a Slurm job but fetch, which stays on the submit host (the internet is there).

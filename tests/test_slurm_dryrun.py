@@ -15,13 +15,12 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from scalestudy import cluster, grid
-from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
 GPUS_PER_NODE = 4  # config/config.yaml
@@ -33,14 +32,6 @@ def study_config() -> dict:
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, str(REPO / "config/schema.yaml"))
     return config
-
-
-def stub_apptainer(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    stub = folder / "apptainer"
-    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
-    stub.chmod(0o755)
-    return folder
 
 
 def parse_jobs(output: str) -> list[dict]:

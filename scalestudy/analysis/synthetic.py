@@ -20,36 +20,7 @@ import pandas as pd
 
 from scalestudy import atomic, grid
 from scalestudy.analysis import commmodel, modelsize, settings
-
-MONITOR_COLUMNS = (
-    "time_s",
-    "host",
-    "gpu_index",
-    "gpu_uuid",
-    "gpu_name",
-    "sm_util_pct",
-    "mem_util_pct",
-    "power_w",
-    "pcie_rx_mb_s",
-    "pcie_tx_mb_s",
-    "mem_used_mb",
-    "temperature_c",
-)
-METRICS_COLUMNS = (
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "epoch_time_s",
-    "images_per_s",
-    "images_per_s_per_gpu",
-    "global_batch",
-    "per_gpu_batch",
-    "world_size",
-    "lr",
-    "wall_time_s",
-)
+from scalestudy.runfiles import MONITOR_COLUMNS
 
 
 @dataclass(frozen=True)
