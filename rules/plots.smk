@@ -7,6 +7,8 @@ PAPER_FIGURES_DIR = "results/paper/figures"
 PLOT_LOGS = "results/logs/plots"
 
 
+# Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
+PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
 SCALING_TABLE = {"scaling": rules.table_metrics.output.scaling}
 FIGURES = {
     "throughput": Figure("Scaling", "throughput", SCALING_TABLE),
@@ -50,6 +52,7 @@ for _name, _figure in FIGURES.items():
             inputs=input_args(tuple(_figure.inputs)),
             extra=_figure.extra,
             analysis=analysis_json(*_figure.sections),
+            unit=PLOT_UNIT,
         log:
             f"{PLOT_LOGS}/{_name}.log",
         localrule: on_submit_host(f"figure_{_name}")
@@ -59,7 +62,7 @@ for _name, _figure in FIGURES.items():
         container: container_image()
         shell:
             "python -m scalestudy.plots {params.figure} {params.inputs} {params.extra}"
-            " --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+            " --unit {params.unit:q} --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
 
 
 FIGURE_TARGETS = [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output]

@@ -14,6 +14,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
   echo "bootstrap: creating $venv with $("$python" --version)" >&2
   "$python" -m venv "$venv"
 fi
+if [[ -L "$venv" && "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  # A linked environment is shared (the demo test links the checkout's): never install into it
+  # from here, or its editable scalestudy would point at this copy.
+  echo "bootstrap: $venv is a link to a shared environment that does not match envs/; run" \
+    "scripts/bootstrap.sh in the checkout it belongs to" >&2
+  exit 1
+fi
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   echo "bootstrap: installing envs/requirements.txt (torch is large: a few minutes the first time)" >&2
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>/dev/null || true

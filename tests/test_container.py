@@ -89,9 +89,10 @@ def test_labels_name_the_pinned_versions(definition):
     header, _ = definition
     assert found["scalestudy.cuda"] == header["from"].split(":")[1].split("-")[0]
     assert found["scalestudy.version"] == __import__("scalestudy").__version__
-    # Ubuntu 24.04's python3 is 3.12; %test checks the interpreter it really got.
-    assert header["from"].endswith("ubuntu24.04") and found["scalestudy.python"] == "3.12"
-    assert "(3, 12)" in sections["test"]
+    # The project's Python (pyproject, .venv), installed by name; %test checks what it really got.
+    assert found["scalestudy.python"] == "3.11"
+    assert "python3.11 -m venv /opt/venv" in sections["post"]
+    assert "(3, 11)" in sections["test"]
 
 
 def test_the_image_installs_exactly_envs_requirements_txt(definition):
@@ -104,7 +105,8 @@ def test_the_image_installs_exactly_envs_requirements_txt(definition):
     assert f"pip install --no-cache-dir -r {target}" in post
     assert "--no-deps /opt/scalestudy" in post
     assert target in sections["test"]
-    assert "export PATH=/opt/venv/bin:$PATH" in sections["environment"]
+    assert "export PATH=/opt/venv/bin:" in sections["environment"]  # the venv comes first
+    assert {"nsys --version", "ncu --version"} <= set(sections["test"].splitlines())
 
 
 def test_the_test_section_checks_every_pin_and_parses(definition):

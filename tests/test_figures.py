@@ -133,3 +133,24 @@ def test_style_contract_used_by_other_figure_modules(tmp_path):
     assert_figure(png, pdf)
     style.save_figure(style.new_figure()[0], tmp_path / "only.png")  # the PDF is optional
     assert (tmp_path / "only.png").exists() and not (tmp_path / "only.pdf").exists()
+
+
+@pytest.mark.parametrize(
+    ("unit", "axis", "legend"),
+    [("GPU", "GPUs (world size)", "2 GPUs"), ("rank", "ranks (world size)", "2 ranks")],
+)
+def test_labels_name_what_a_rank_drives(gpu_study, tmp_path, monkeypatch, unit, axis, legend):
+    """A CPU study (the demo) is labelled in ranks, not GPUs; the unit is set by --unit."""
+    drawn = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf: drawn.append(fig))
+    monkeypatch.setattr(style, "UNIT", {"word": "GPU"})
+    table = tmp_path / "scaling.csv"
+    gpu_study["scaling"].to_csv(table, index=False)
+    assert (
+        plots_main(["throughput", "--unit", unit, "--scaling", str(table), "--png", str(tmp_path / "t.png")])
+        == 0
+    )
+    curves.accuracy(curves.load_curves(gpu_study["metrics"]), tmp_path / "a.png", None, 0.5)
+    throughput, accuracy = (fig.axes[0] for fig in drawn)
+    assert throughput.get_xlabel() == axis
+    assert legend in [text.get_text() for text in accuracy.get_legend().get_texts()]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from scalestudy.analysis import cli
 from scalestudy.analysis.tableio import read_csv
+from scalestudy.plots import style
 
 log = logging.getLogger("scalestudy.plots")
 
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--png", required=True, help="PNG to write (report).")
         p.add_argument("--pdf", help="Vector PDF to write (paper).")
         p.add_argument("--log-level", default="INFO")
+        p.add_argument("--unit", default="GPU", help="what one rank drives, in labels: GPU or rank (CPU)")
         group = p.add_mutually_exclusive_group()
         group.add_argument("--analysis-json", help="The config's analysis: section as JSON.")
         group.add_argument("--config", help="A study config file (YAML).")
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = cli.start(args)
+    style.set_unit(args.unit)
     FIGURES[args.figure][0](args, settings)
     log.info("%s -> %s%s", args.figure, args.png, f", {args.pdf}" if args.pdf else "")
     return 0

@@ -53,7 +53,7 @@ def accuracy(curves: pd.DataFrame, png, pdf=None, target: float | None = None) -
                 marker="o",
                 markersize=2.5,
                 color=colours[world],
-                label=f"{world} GPU" + ("s" if world > 1 else ""),
+                label=style.count(world),
             )
             if group["repeat"].nunique() > 1:
                 ax.fill_between(

@@ -55,7 +55,7 @@ def model_vs_measurement(
             label="measured range",
         )
         style.sparse_world_ticks(ax, max_world)
-        ax.set_xlabel("GPUs (world size)")
+        ax.set_xlabel(style.world_label())
         ax.set_ylim(0.0, 1.12)
         style.percent_axis(ax)
         ax.set_title(s["label"])

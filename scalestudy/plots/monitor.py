@@ -69,7 +69,7 @@ def short_label(run: str) -> str:
     if not match:
         return run
     mode, world, repeat = match.groups()
-    return f"{mode}, {world} GPU{'s' if int(world) > 1 else ''}" + (f" (r{repeat})" if repeat != "0" else "")
+    return f"{mode}, {style.count(int(world))}" + (f" (r{repeat})" if repeat != "0" else "")
 
 
 def _world_of(run: str) -> int:

@@ -49,7 +49,7 @@ def throughput(scaling: pd.DataFrame, png, pdf=None) -> None:
     _with_ideal(ax, scaling, "images_per_s", lambda one, n: one * n)
     style.log_y_axis(ax)
     style.world_axis(ax, scaling["world_size"])
-    ax.set_ylabel("Throughput (images/s, all GPUs)")
+    ax.set_ylabel(f"Throughput (images/s, all {style.UNIT['word']}s)")
     ax.legend(loc="best")
     style.save_figure(fig, png, pdf)
 
@@ -63,7 +63,7 @@ def efficiency(scaling: pd.DataFrame, png, pdf=None, criteria: dict | None = Non
         _stat(ax, group, "efficiency")
     if criteria:
         minimum, world = criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]
-        style.threshold(ax, minimum, f"acceptance: strong \u2265 {minimum:.0%} at {world} GPUs")
+        style.threshold(ax, minimum, f"acceptance: strong \u2265 {minimum:.0%} at {style.count(world)}")
     style.world_axis(ax, scaling["world_size"])
     ax.set_ylim(0.0, 1.12)
     style.percent_axis(ax)

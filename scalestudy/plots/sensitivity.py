@@ -60,7 +60,9 @@ def heatmaps(sensitivity: pd.DataFrame, png, pdf=None) -> None:
         if best["precision"] == precision:
             i, j = batches.index(best["per_gpu_batch"]), buckets.index(best["bucket_cap_mb"])
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#D55E00", linewidth=2))
-    axes[0, 0].set_ylabel("Per-GPU batch")
+    axes[0, 0].set_ylabel(f"Per-{style.UNIT['word']} batch")
     world = int(sensitivity["world_size"].iloc[0])
-    fig.colorbar(image, ax=list(axes[0]), label=f"Images/s per GPU ({world} GPUs)", shrink=0.9)
+    fig.colorbar(
+        image, ax=list(axes[0]), label=f"Images/s per {style.UNIT['word']} ({style.count(world)})", shrink=0.9
+    )
     style.save_figure(fig, png, pdf)

@@ -107,14 +107,32 @@ def series_colours(n: int) -> list:
     return [cmap(0.85 * i / max(n - 1, 1)) for i in range(n)]
 
 
-def world_axis(ax, worlds, label: str = "GPUs (world size)") -> None:
+# What one rank drives: "GPU" in the real study, "rank" in a CPU study (the demo); set once per
+# figure by `python -m scalestudy.plots --unit` (the workflow passes it from train.device).
+UNIT = {"word": "GPU"}
+
+
+def set_unit(word: str) -> None:
+    UNIT["word"] = word
+
+
+def count(n: int) -> str:
+    """'1 GPU', '8 GPUs' (or '2 ranks')."""
+    return f"{n} {UNIT['word']}{'s' if int(n) != 1 else ''}"
+
+
+def world_label() -> str:
+    return f"{UNIT['word']}s (world size)"
+
+
+def world_axis(ax, worlds, label: str | None = None) -> None:
     """A log2 x axis with the world sizes as plain integer ticks."""
     worlds = sorted({int(w) for w in worlds})
     ax.set_xscale("log", base=2)
     ax.set_xticks(worlds)
     ax.set_xticklabels([str(w) for w in worlds])
     ax.minorticks_off()
-    ax.set_xlabel(label)
+    ax.set_xlabel(label or world_label())
     if len(worlds) == 1:
         ax.set_xlim(worlds[0] / 1.5, worlds[0] * 1.5)
 
