@@ -203,16 +203,26 @@ def init_process_group(dist_env: DistEnv, backend: str, timeout_s: float, device
     import torch.distributed as dist
 
     os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING, "1")
-    os.environ["MASTER_ADDR"] = dist_env.master_addr
-    os.environ["MASTER_PORT"] = str(dist_env.master_port)
-    dist.init_process_group(
-        backend=backend,
-        init_method="env://",  # under torchrun this joins the agent's store instead of opening the port
-        rank=dist_env.rank,
-        world_size=dist_env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
+    rendezvous = {"MASTER_ADDR": dist_env.master_addr, "MASTER_PORT": str(dist_env.master_port)}
+    # Set for env:// only while joining: left in os.environ they would reach every process this one
+    # starts later (a test run's Snakemake, a Slurm job) and point it at this rendezvous.
+    saved = {key: os.environ.get(key) for key in rendezvous}
+    os.environ.update(rendezvous)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",  # under torchrun this joins the agent's store instead of opening the port
+            rank=dist_env.rank,
+            world_size=dist_env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return dist.new_group(backend="gloo")
 
 

@@ -182,12 +182,19 @@ def _absolute_bind(bind: str, workdir: str) -> str:
     return os.path.join(workdir, source) + colon + rest
 
 
+# Rendezvous variables the ranks get from their launcher (torchrun sets them; under srun the trainer
+# derives them from SLURM_*). Copies inherited from the submitting shell or a parent process would
+# point the ranks at the wrong master (127.0.0.1 on a two-node job), so they are dropped; a value in
+# the spec's env (the config's nccl: section) is kept.
+INHERITED_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
 def build_env(
     spec: Mapping[str, Any], environ: Mapping[str, str], image_sha256: str | None = None
 ) -> dict[str, str]:
     """The launcher's environment: the spec's variables, and the image's path and sha256."""
     full = check_spec(spec)
-    env = dict(environ)
+    env = {key: value for key, value in environ.items() if key not in INHERITED_RENDEZVOUS}
     extra = dict(full["env"])
     if full["image"]:
         extra[IMAGE_ENV] = os.path.abspath(full["image"])

@@ -136,11 +136,15 @@ def _free_port() -> int:
 
 def test_process_group_of_one(monkeypatch):
     monkeypatch.delenv(distributed.NCCL_ASYNC_ERROR_HANDLING, raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "1")
     dist_env = DistEnv(0, 0, 1, "127.0.0.1", _free_port(), "single")
     try:
         control = distributed.init_process_group(dist_env, "gloo", 30)
         assert distributed.all_reduce_sum(torch.tensor([3]), control).item() == 3
         assert os.environ[distributed.NCCL_ASYNC_ERROR_HANDLING] == "1"
+        # The rendezvous address is not left behind for the processes this one starts later.
+        assert "MASTER_ADDR" not in os.environ and os.environ["MASTER_PORT"] == "1"
         assert distributed.all_reduce_sum(torch.tensor([2.0])).item() == 2.0
         assert distributed.all_gather_object({"a": 1}) == [{"a": 1}]
         assert distributed.broadcast_object("x") == "x"

@@ -121,6 +121,22 @@ def test_the_environment_carries_nccl_settings_and_the_image_into_the_container(
     assert "SCALESTUDY_IMAGE" not in plain and not any(key.startswith("APPTAINERENV_") for key in plain)
 
 
+def test_inherited_rendezvous_variables_do_not_reach_the_ranks():
+    """A MASTER_ADDR left in the submitting shell would send the ranks of a two-node job to
+    127.0.0.1; the ranks get the rendezvous from their launcher, or from the config."""
+    inherited = {
+        "PATH": "/bin",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    env = launch.build_env(cluster.launch_spec({}, 2), inherited)
+    assert env["PATH"] == "/bin" and not set(launch.INHERITED_RENDEZVOUS) & set(env)
+    chosen = launch.build_env(cluster.launch_spec({"nccl": {"MASTER_ADDR": "n1-ib"}}, 2), inherited)
+    assert chosen["MASTER_ADDR"] == "n1-ib" and "MASTER_PORT" not in chosen
+
+
 def test_the_image_sha256_is_computed_once_and_cached_by_size_and_mtime(tmp_path):
     image = tmp_path / "image.sif"
     image.write_bytes(b"not really an image")
