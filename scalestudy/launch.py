@@ -14,7 +14,7 @@ launcher is chosen by `spec["launcher"]`:
 
 With an image, `apptainer exec` wraps every rank (inside srun, on every node), never the launcher;
 `rank_prefix` (e.g. `nsys profile ...`) goes inside the container, just before the trainer. The
-spec's environment (NCCL settings, OMP_NUM_THREADS) and the image's path and sha256 (for
+spec's environment (NCCL settings, thread-pool sizes) and the image's path and sha256 (for
 scalestudy.provenance) reach every rank: srun exports the whole environment, and APPTAINERENV_*
 copies get them past `--cleanenv` too. Pure standard library; the command is exec'd, never given
 to a shell, and logged shell-quoted.

@@ -164,6 +164,8 @@ def test_launch_spec_carries_the_layout_the_nccl_environment_and_the_image_when_
     assert spec["gres"] == "gpu:4" and spec["image"] is None
     assert spec["env"] == {
         "OMP_NUM_THREADS": "6",
+        "MKL_NUM_THREADS": "6",
+        "OPENBLAS_NUM_THREADS": "6",
         "NCCL_SOCKET_IFNAME": "ib0",
         "NCCL_IB_DISABLE": "0",
         "NCCL_BUFFSIZE": "4194304",
