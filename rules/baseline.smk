@@ -7,6 +7,7 @@ rule baseline_run:
         PACKED,
         manifest=PACKED_MANIFEST,
         image=image_input(),
+        gates=TRAINING_GATES,
     output:
         **run_outputs("baseline"),
     params:

@@ -57,6 +57,12 @@ IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
 
 
+# Outputs every training job waits for: the checks that make a wrong site or a broken setting fail
+# in minutes, before the grid queues (rules/sitecheck.smk, rules/smoke.smk extend it; they are
+# included before the training stages).
+TRAINING_GATES = []
+
+
 def image_input():
     """The image as an input of every containerized job, when this workflow builds it."""
     return [IMAGE_BUILD] if CONTAINERIZED and IMAGE_BUILD else []

@@ -37,6 +37,7 @@ rule profile_run:
         PACKED,
         manifest=PACKED_MANIFEST,
         image=image_input(),
+        gates=TRAINING_GATES,
     output:
         **run_outputs("profile"),
         record=f"{PROFILE_RUN_DIR}/profile_tool.json",

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scalestudy import train
+from scalestudy import runconfig, train
 
 VALID = {
     "data_dir": "d",
@@ -19,8 +19,8 @@ VALID = {
 
 
 def _validated(**changes):
-    config = {**train.DEFAULTS, **VALID, **changes}
-    train.validate(config)
+    config = {**runconfig.DEFAULTS, **VALID, **changes}
+    runconfig.validate(config)
     return config
 
 
@@ -34,7 +34,7 @@ def test_the_documented_example_run_config_is_accepted():
         "comm_hook": "fp16",
         "profile": {"tool": "torch", "start_step": 20, "steps": 10},
     }
-    assert set(example) <= set(train.DEFAULTS) | set(train.REQUIRED)
+    assert set(example) <= set(runconfig.DEFAULTS) | set(runconfig.REQUIRED)
     _validated(**example)
 
 
@@ -56,7 +56,7 @@ def test_the_documented_example_run_config_is_accepted():
     ],
 )
 def test_bad_run_configs_name_the_key_and_value(changes, message):
-    with pytest.raises(train.RunConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(runconfig.RunConfigError, match=message.replace("(", r"\(")):
         _validated(**changes)
 
 
@@ -104,6 +104,6 @@ def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
     path.write_text(json.dumps({**VALID, "world_size": 1, "global_batch": 128, "lerning_rate": 1}))
     args = train.parse_args(["--run-config", str(path), "--out-dir", str(tmp_path)])
     with caplog.at_level(logging.WARNING):
-        given, config = train.load_run_config(args)
+        given, config = runconfig.load_run_config(args)
     assert "lerning_rate" in caplog.text
     assert given["global_batch"] == 128 and config["precision"] == "fp32"

@@ -1,0 +1,1 @@
+# sitecheck: (being written)

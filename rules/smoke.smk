@@ -1,0 +1,1 @@
+# smoke: (being written)

@@ -1,0 +1,1 @@
+# system: (being written)
