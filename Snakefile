@@ -5,7 +5,7 @@
 
 from snakemake.utils import min_version, validate
 
-from scalestudy import provenance
+from scalestudy import configcheck, provenance
 
 min_version("9.0")
 
@@ -18,6 +18,7 @@ if not workflow.overwrite_configfiles:
 
 
 validate(config, "config/schema.yaml")
+configcheck.check(config, "config/schema.yaml")  # what JSON Schema lets through (2.0 as an integer, ...)
 provenance.export_git_state(workflow.basedir)
 
 
@@ -33,6 +34,7 @@ include: "rules/sitecheck.smk"
 include: "rules/system.smk"
 include: "rules/smoke.smk"
 include: "rules/comm.smk"
+include: "rules/gate.smk"
 include: "rules/baseline.smk"
 include: "rules/scaling.smk"
 include: "rules/profile.smk"

@@ -71,11 +71,14 @@ rule table_acceptance:
         image=image_input(),
         scaling=rules.table_metrics.output.scaling,
         sensitivity=rules.table_metrics.output.sensitivity,
+        monitor=run_files("scaling", "gpu_monitor.csv"),
+        busbw=rules.table_comm_bench.output.busbw,
+        loader_smoke=rules.smoke_io.output.result,
     output:
         csv=f"{TABLES_DIR}/acceptance.csv",
         html=table_report("acceptance.html", "Acceptance", "Criteria"),
     params:
-        analysis=analysis_json("acceptance"),
+        analysis=analysis_json("acceptance", "monitor"),
     log:
         f"{ANALYSIS_LOGS}/acceptance.log",
     localrule: on_submit_host("table_acceptance")
@@ -85,7 +88,8 @@ rule table_acceptance:
     container: container_image()
     shell:
         "python -m scalestudy.analysis.acceptance --scaling {input.scaling:q}"
-        " --sensitivity {input.sensitivity:q} --analysis-json {params.analysis:q}"
+        " --sensitivity {input.sensitivity:q} --monitor {input.monitor:q} --analysis-json {params.analysis:q}"
+        " --busbw {input.busbw:q} --loader-smoke {input.loader_smoke:q}"
         " --out {output.csv:q} --html {output.html:q} > {log:q} 2>&1"
 
 
@@ -93,6 +97,8 @@ rule table_comm_model:
     input:
         image=image_input(),
         runs=rules.table_runs.output.runs,
+        bench_fit=rules.table_comm_bench.output.fit,
+        profile_overlap=rules.profile_combine.output.overlap,
     output:
         fit=table_report("comm_model_fit.csv", "Model", "Tables"),
         residuals=table_report("comm_model_residuals.csv", "Model", "Tables"),
@@ -109,7 +115,8 @@ rule table_comm_model:
     shell:
         "python -m scalestudy.analysis.commmodel --runs {input.runs:q} --analysis-json {params.analysis:q}"
         " --fit-out {output.fit:q} --residuals-out {output.residuals:q}"
-        " --prediction-out {output.prediction:q} > {log:q} 2>&1"
+        " --prediction-out {output.prediction:q} --bench-fit {input.bench_fit:q}"
+        " --profile-overlap {input.profile_overlap:q} > {log:q} 2>&1"
 
 
 rule table_resources:
@@ -143,4 +150,7 @@ ANALYSIS_TARGETS = [
     *rules.table_acceptance.output,
     *rules.table_comm_model.output,
     *rules.table_resources.output,
+    *SYSTEM_TARGETS,
+    *SMOKE_TARGETS,
+    *COMM_TARGETS,
 ]

@@ -7,7 +7,7 @@ rule baseline_run:
         PACKED,
         manifest=PACKED_MANIFEST,
         image=image_input(),
-        gates=TRAINING_GATES,
+        gate=after_training_gate,
     output:
         **run_outputs("baseline"),
     params:
@@ -22,5 +22,6 @@ rule baseline_run:
     # No container: here: scalestudy.launch puts the image around each rank (see docs/slurm.md).
     conda: SOFTWARE_ENV
     shell:
-        "python -m scalestudy.launch --launch-json {params.launch:q} --"
+        "python -m scalestudy.launch --launch-json {params.launch:q}"
+        " --log {log:q} --attempt {resources.attempt} --"
         " --run-config-json {params.run:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -1,1 +1,62 @@
-# comm: (being written)
+# comm: the collective benchmark (scalestudy/commbench.py). Per world size > 1 of the scaling grid,
+# one job shaped like that size's training jobs (same nodes, ranks per node, image, nccl: settings)
+# times all-reduce, all-gather and reduce-scatter on the study's backend as nccl-tests does; then
+# the rows are combined (results/comm/busbw.csv) and alpha and beta fitted per world size and
+# placement (results/tables/comm_bench_fit.csv), which the communication model uses.
+
+COMM_DIR = "results/comm"
+COMM_LOGS = "results/logs/comm"
+COMM_WORLDS = sorted(world for world in config["scaling"]["world_sizes"] if world > 1)
+COMM_SETTINGS = {
+    **config["comm_bench"],
+    "device": config["train"]["device"],
+    "backend": config["train"]["backend"],
+    "timeout_s": config["train"]["pg_timeout_s"],
+}
+
+
+rule comm_bench:
+    input:
+        image=image_input(),
+        site=SITE_CHECKED,
+    output:
+        f"{COMM_DIR}/w{{world}}.csv",
+    wildcard_constraints:
+        world="|".join(map(str, COMM_WORLDS)) or "none",
+    params:
+        launch=launch_json(lambda wc: int(wc.world)),
+        settings=lambda wc: json.dumps(COMM_SETTINGS, sort_keys=True),  # a function: never formatted
+    threads: lambda wc: int(wc.world)
+    resources:
+        **world_resources(lambda wc: int(wc.world)),
+    log:
+        f"{COMM_LOGS}/w{{world}}.log",
+    benchmark:
+        "results/benchmarks/comm/w{world}.tsv"
+    # No container: here: scalestudy.launch puts the image around each rank.
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.commbench --"
+        " run --settings-json {params.settings:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule table_comm_bench:
+    input:
+        bench=expand(rules.comm_bench.output[0], world=COMM_WORLDS),
+        image=image_input(),
+    output:
+        busbw=f"{COMM_DIR}/busbw.csv",
+        fit=table_report("comm_bench_fit.csv", "Model", "Communication benchmark"),
+    log:
+        f"{COMM_LOGS}/fit.log",
+    localrule: on_submit_host("table_comm_bench")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.commbench fit --bench {input.bench:q} --busbw-out {output.busbw:q}"
+        " --fit-out {output.fit:q} > {log:q} 2>&1"
+
+
+COMM_TARGETS = [*rules.table_comm_bench.output]

@@ -8,9 +8,10 @@ import os
 import shlex
 from typing import NamedTuple
 
+from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from scalestudy import cluster, grid
+from scalestudy import cluster, grid, imagedigest
 from scalestudy import launch as _launch
 
 PACKED_DIR = grid.PACKED_DIR
@@ -44,6 +45,18 @@ STAGE_POINTS = {
 
 TABLES_DIR = "results/tables"
 
+
+def warn_unfilled_windows(shown=5):
+    """Grid points too short for train.measure's window: their throughput would be marked, not used."""
+    problems = grid.window_problems(config)
+    for problem in problems[:shown]:
+        logger.warning(f"warning: {problem}")
+    if len(problems) > shown:
+        logger.warning(f"warning: ... and {len(problems) - shown} more grid points like these")
+
+
+warn_unfilled_windows()
+
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 
 # The software of every rule, for --sdm conda and for the linter; the image has the same pins.
@@ -57,23 +70,37 @@ IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
 
 
-# Outputs every training job waits for: the checks that make a wrong site or a broken setting fail
-# in minutes, before the grid queues (rules/sitecheck.smk, rules/smoke.smk extend it; they are
-# included before the training stages).
+# The checks every training job waits for, so that a wrong site or a broken setting fails in
+# minutes, before the grid queues (rules/sitecheck.smk and rules/smoke.smk add their outputs;
+# rules/gate.smk collects them in the checkpoint `training_gate`).
 TRAINING_GATES = []
 
 
+def after_training_gate(wildcards):
+    """An input function of the training rules: order only. Until the gate has passed once, asking
+    for it makes the job wait for the checkpoint; afterwards it adds no input at all, so a check
+    run again (new settings, a new site) never re-runs the grid, and a changed training setting is
+    still seen by every training job (an ancient() input would hide it: Snakemake does not check
+    the jobs below one that re-runs)."""
+    checkpoints.training_gate.get()
+    return []
+
+
 def image_input():
-    """The image as an input of every containerized job, when this workflow builds it."""
-    return [IMAGE_BUILD] if CONTAINERIZED and IMAGE_BUILD else []
+    """Inputs of every containerized job: the image when this workflow builds it, and its digest."""
+    if not CONTAINERIZED:
+        return []
+    return [IMAGE_BUILD, IMAGE_DIGEST] if IMAGE_BUILD else [IMAGE_DIGEST]
 
 
-# Provenance of the CPU rules (scalestudy.provenance reads these): the image and its sha256,
-# hashed once and cached beside the image. APPTAINERENV_* survive apptainer's --cleanenv.
-if CONTAINERIZED and os.path.isfile(IMAGE):
+# Provenance (scalestudy.launch and scalestudy.provenance read these): the image, and the file with
+# its sha256, which rule image_digest (container.smk) computes once per image; nothing is hashed
+# here. APPTAINERENV_* survive apptainer's --cleanenv.
+IMAGE_DIGEST = imagedigest.digest_path(IMAGE)
+if CONTAINERIZED:
     for _name, _value in {
         _launch.IMAGE_ENV: os.path.abspath(IMAGE),
-        _launch.IMAGE_SHA256_ENV: _launch.image_sha256(IMAGE),
+        imagedigest.DIGEST_ENV: os.path.abspath(IMAGE_DIGEST),
     }.items():
         os.environ[_name] = os.environ[f"APPTAINERENV_{_name}"] = _value
 
@@ -114,10 +141,7 @@ def run_params(stage):
     """params: the run config and the launch spec as JSON, and the run folder."""
     return {
         "run": lambda wc: json.dumps(grid.run_config(config, point_of(stage, wc)), sort_keys=True),
-        "launch": lambda wc: json.dumps(
-            cluster.launch_spec(config, point_of(stage, wc).world_size, containerized=CONTAINERIZED),
-            sort_keys=True,
-        ),
+        "launch": launch_json(lambda wc: point_of(stage, wc).world_size),
         "out_dir": lambda wc, output: os.path.dirname(output.summary),
     }
 
@@ -133,13 +157,29 @@ def train_resources_of(world_size, attempt):
     return cluster.train_resources(config, world_size, attempt)
 
 
-def train_resources(stage):
-    """Slurm resources of a training job, from the grid point's world size and the attempt."""
+def launch_json(world_of):
+    """A params function: the launch spec of a job of world_of(wildcards) ranks, as JSON (a function,
+    so that no config value in it is ever formatted as a wildcard)."""
+    return lambda wc: json.dumps(
+        cluster.launch_spec(config, world_of(wc), containerized=CONTAINERIZED), sort_keys=True
+    )
+
+
+def world_resources(world_of):
+    """Slurm resources of a job shaped like a training job of world_of(wildcards) ranks."""
     return {
-        key: (
-            lambda wc, attempt, key=key: train_resources_of(point_of(stage, wc).world_size, attempt)[key]
-        )
+        key: (lambda wc, attempt, key=key: train_resources_of(world_of(wc), attempt)[key])
         for key in cluster.TRAIN_RESOURCE_KEYS
+    }
+
+
+def train_resources(stage):
+    """Slurm resources of a training job, from the grid point's world size and the attempt; and the
+    attempt itself, for the launcher's per-attempt log (a resource, not a param: a param would
+    make a point that needed a retry look changed to the next run)."""
+    return {
+        **world_resources(lambda wc: point_of(stage, wc).world_size),
+        "attempt": lambda wc, attempt: attempt,
     }
 
 
@@ -163,12 +203,14 @@ def container_image():
 def analysis_json(*sections):
     """The parts of the config's analysis: section a rule uses, as JSON (a params value, so changing
     one setting re-runs only the rules that read it; the tools fill the rest with the schema's
-    defaults, so a rule must name every section it reads)."""
+    defaults, so a rule must name every section it reads). Returned as a params function, because
+    Snakemake formats a params string for wildcards and a `{` in a setting (a name) is none."""
     chosen = {key: config["analysis"][key] for key in sections}
     if "comm_model" in chosen and chosen["comm_model"]["gpus_per_node"] is None:
         # null: the cluster's ranks per node (one place to say how many GPUs a node has)
         chosen["comm_model"] = {**chosen["comm_model"], "gpus_per_node": cluster.ranks_per_node(config)}
-    return json.dumps(chosen, sort_keys=True)
+    text = json.dumps(chosen, sort_keys=True)
+    return lambda wildcards: text
 
 
 

@@ -8,7 +8,12 @@
 # - training rules have no `container:` (Snakemake would wrap srun itself); scalestudy.launch puts
 #   `apptainer exec` around every rank, on every node: launch_spec(..., containerized=CONTAINERIZED).
 # container.prebuilt names an existing image instead; then nothing is built.
+# - rule image_digest hashes the image once (after build_image, or once for a prebuilt image) into
+#   results/image/<image name>.sha256.json; every containerized job lists it (image_input()), and
+#   the launcher and provenance read the sha256 from it (scalestudy/imagedigest.py).
 # (The image's settings and image_input() are in common.smk.)
+# User strings reach params only through params functions: Snakemake does not format a function's
+# value, so a `{` in a setting is never taken for a wildcard.
 
 if IMAGE_BUILD:
 
@@ -19,7 +24,7 @@ if IMAGE_BUILD:
         output:
             IMAGE_BUILD,
         params:
-            args=CONTAINER["build_args"],
+            args=lambda wildcards: CONTAINER["build_args"],
         log:
             "results/logs/build_image.log",
         localrule: on_submit_host("build_image")
@@ -29,3 +34,19 @@ if IMAGE_BUILD:
         conda: APPTAINER_ENV
         shell:
             "apptainer build --force {params.args:q} {output:q} {input.definition:q} > {log:q} 2>&1"
+
+
+if CONTAINERIZED:
+
+    rule image_digest:
+        input:
+            IMAGE,
+        output:
+            IMAGE_DIGEST,
+        log:
+            "results/logs/image_digest.log",
+        # One read of the image where Snakemake runs (the parse-time hashing it replaces ran there).
+        localrule: True
+        conda: SOFTWARE_ENV
+        shell:
+            "python -m scalestudy.imagedigest --image {input:q} --out {output:q} > {log:q} 2>&1"

@@ -33,6 +33,12 @@ FIGURES = {
             **SCALING_TABLE,
         },
     ),
+    "comm_busbw": Figure(
+        "Model",
+        "comm-busbw",
+        {"busbw": rules.table_comm_bench.output.busbw},
+        extra=" ".join(["--bucket-mb", *map(str, config["sensitivity"]["bucket_cap_mb"])]),
+    ),
 }
 
 

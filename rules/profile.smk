@@ -2,7 +2,13 @@
 # profile point under Nsight Systems (one report per rank, nsys inside srun) or, where nsys or a GPU
 # is missing (tool auto) or asked for (tool torch), the torch.profiler fallback; the tool actually
 # used is recorded in the run folder (profile_tool.json). Nsight Compute profiles the top kernels of
-# a one-GPU run. Everything is parsed into one summary schema (scalestudy/profiling/schema.py).
+# a one-GPU run: the top kernels of the nsys run of that point (when there is one), inside the
+# trainer's NVTX step ranges of the steady-state window. Everything is parsed into one summary
+# schema (scalestudy/profiling/schema.py).
+# Config strings reach params only through params functions: Snakemake formats a params string for
+# wildcards (a regex such as `gemm.{0,4}` would be taken for one), never a function's value.
+
+from scalestudy.profiling import ncu as ncu_tool
 
 PROFILE_DIR = "results/profile"
 PROFILE_RUN_DIR = STAGE_PATTERNS["profile"]
@@ -10,7 +16,14 @@ PROFILE_LOGS = "results/logs/profile"
 PROFILE_TABLES = ("breakdown", "top_kernels", "overlap")
 PROFILE_FIGURES = ("profile_breakdown", "profile_top_kernels", "profile_ncu_throughput")
 NCU = config["profiling"]["ncu"]
+ncu_tool.check_settings(NCU)
 NCU_WORLD = 1  # Nsight Compute profiles a one-GPU run
+# The nsys summary ncu takes its top kernels from: that of the one-GPU profile run, if profiled.
+NCU_NSYS_STATS = (
+    [f"{PROFILE_DIR}/w{NCU_WORLD}/nsys_stats"]
+    if NCU_WORLD in PROFILE_WORLDS and not NCU["kernel_regex"]
+    else []
+)
 
 
 # Each figure: the PNG for the report (caption report/<name>.rst), the vector PDF for the paper.
@@ -37,7 +50,7 @@ rule profile_run:
         PACKED,
         manifest=PACKED_MANIFEST,
         image=image_input(),
-        gates=TRAINING_GATES,
+        gate=after_training_gate,
     output:
         **run_outputs("profile"),
         record=f"{PROFILE_RUN_DIR}/profile_tool.json",
@@ -55,7 +68,7 @@ rule profile_run:
     shell:
         "python -m scalestudy.profiling.run --launch-json {params.launch:q}"
         " --run-config-json {params.run:q} --out-dir {params.out_dir:q} --record {output.record:q}"
-        " > {log:q} 2>&1"
+        " --log {log:q} --attempt {resources.attempt} > {log:q} 2>&1"
 
 
 rule profile_nsys_stats:
@@ -129,6 +142,8 @@ rule profile_ncu:
         PACKED,
         manifest=PACKED_MANIFEST,
         image=image_input(),
+        gate=after_training_gate,
+        nsys_stats=NCU_NSYS_STATS,
     output:
         **NCU_FILES,
     wildcard_constraints:
@@ -137,9 +152,8 @@ rule profile_ncu:
         run=run_params("profile")["run"],
         launch=run_params("profile")["launch"],
         work_dir=lambda wildcards, output: os.path.join(os.path.dirname(output.status), "ncu_run"),
-        kernel_regex=NCU["kernel_regex"],
-        launch_skip=NCU["launch_skip"],
-        launch_count=NCU["launch_count"],
+        # --kernel-regex (when configured), --nsys-stats (the w1 nsys summary), --top-kernels, ...
+        selection=lambda wildcards, input: ncu_tool.selection_args(NCU, input.nsys_stats),
     threads: train_threads("profile")
     resources:
         **train_resources("profile"),
@@ -148,9 +162,8 @@ rule profile_ncu:
     conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.profiling.ncu run --launch-json {params.launch:q}"
-        " --run-config-json {params.run:q} --work-dir {params.work_dir:q}"
-        " --kernel-regex {params.kernel_regex:q} --launch-skip {params.launch_skip:q}"
-        " --launch-count {params.launch_count:q} --status {output.status:q}"
+        " --run-config-json {params.run:q} --work-dir {params.work_dir:q} {params.selection:q}"
+        " --status {output.status:q}"
         " --kernels {output.kernels:q} --raw {output.raw:q} > {log:q} 2>&1"
 
 

@@ -1,1 +1,51 @@
-# sitecheck: (being written)
+# sitecheck: fail fast on a wrong site. Before any training job, one cheap job on the GPU partition
+# starts two ranks exactly as a training job does (srun, the image around each rank, the nccl:
+# environment) and checks the host driver against the image's CUDA, that torch sees the job's GPUs,
+# the network interfaces named in NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, and that the process
+# group initialises (scalestudy/sitecheck.py; docs/slurm.md, "Site check"). A failure stops the
+# workflow with one paragraph saying what to change; every training rule waits for the result.
+
+import re
+
+from scalestudy import sitecheck
+
+SITE_CHECK = config["site_check"]
+SITE_NAME = sitecheck.site_name(cluster.settings(config)["partition"])
+# Two ranks, as the study's multi-rank points start them (one, if the study has none).
+SITE_WORLD = min(2, max(point.world_size for point in grid.all_points(config)))
+
+
+rule site_check:
+    input:
+        image=image_input(),
+    output:
+        "results/site/{site}.json",
+    params:
+        launch=launch_json(lambda wc: SITE_WORLD),
+        # params functions: values from the config are never formatted as wildcards
+        backend=lambda wc: config["train"]["backend"],
+        device=lambda wc: config["train"]["device"],
+        timeout=lambda wc: SITE_CHECK["timeout_s"],
+    wildcard_constraints:
+        site=re.escape(SITE_NAME),
+    threads: SITE_WORLD
+    # A training job's resources for SITE_WORLD ranks, with the check's short wall time.
+    resources:
+        **{
+            key: (lambda wc, attempt, key=key: sitecheck.job_resources(config, SITE_WORLD, attempt)[key])
+            for key in cluster.TRAIN_RESOURCE_KEYS
+        },
+    log:
+        "results/logs/site/{site}.log",
+    # No container: here: scalestudy.launch puts the image around each rank, as for training.
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.sitecheck run --launch-json {params.launch:q} --site {wildcards.site:q}"
+        " --backend {params.backend:q} --device {params.device:q} --timeout-s {params.timeout:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+# The site's result: the other checks (smoke tests, system description, collective benchmark) wait
+# for it too, so that a wrong site fails once, with the site check's message.
+SITE_CHECKED = expand(rules.site_check.output[0], site=SITE_NAME) if SITE_CHECK["enabled"] else []
+TRAINING_GATES.extend(SITE_CHECKED)

@@ -1,1 +1,96 @@
-# smoke: (being written)
+# smoke: minutes of checks before the study (scalestudy/smoke.py). The data loader alone and the
+# checkpoint's size and bandwidth (smoke_io, a one-rank job), and a few training steps through
+# scalestudy.launch at world size 1 and at the grid's largest (smoke_step, jobs shaped like those
+# training jobs; NCCL_DEBUG=INFO on GPUs). Every training job waits for them (TRAINING_GATES).
+
+from scalestudy import smoke as _smoke
+
+SMOKE_DIR = _smoke.SMOKE_DIR
+SMOKE_LOGS = "results/logs/smoke"
+SMOKE_WORLDS = sorted({1, max(config["scaling"]["world_sizes"])})
+
+
+rule smoke_io:
+    input:
+        PACKED,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+        site=SITE_CHECKED,
+    output:
+        result=f"{SMOKE_DIR}/io.json",
+    params:
+        # params functions: values from the config are never formatted as wildcards
+        launch=launch_json(lambda wc: 1),
+        run=lambda wc: json.dumps(_smoke.io_run_config(config), sort_keys=True),
+        settings=lambda wc: json.dumps({key: config["smoke"][key] for key in _smoke.IO_KEYS}, sort_keys=True),
+        epoch=lambda wc: json.dumps(_smoke.saves_per_epoch(config), sort_keys=True),
+    threads: 1
+    priority: 1  # before the system description and the benchmark: training waits for the smoke tests
+    resources:
+        **world_resources(lambda wc: 1),
+    log:
+        f"{SMOKE_LOGS}/io.log",
+    benchmark:
+        "results/benchmarks/smoke/io.tsv"
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.smoke --"
+        " io --run-config-json {params.run:q} --settings-json {params.settings:q}"
+        " --epoch-json {params.epoch:q} --out {output.result:q} > {log:q} 2>&1"
+
+
+rule smoke_step:
+    input:
+        PACKED,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+        site=SITE_CHECKED,
+    output:
+        result=f"{SMOKE_DIR}/train_w{{world}}.json",
+    wildcard_constraints:
+        world="|".join(map(str, SMOKE_WORLDS)),
+    params:
+        launch=launch_json(lambda wc: int(wc.world)),
+        run=lambda wc: json.dumps(_smoke.step_run_config(config, int(wc.world)), sort_keys=True),
+        out_dir=lambda wc, output: output.result.removesuffix(".json"),
+    threads: lambda wc: int(wc.world)
+    priority: 1
+    resources:
+        **world_resources(lambda wc: int(wc.world)),
+    log:
+        f"{SMOKE_LOGS}/train_w{{world}}.log",
+    benchmark:
+        "results/benchmarks/smoke/train_w{world}.tsv"
+    # No container: here: scalestudy.launch puts the image around each rank.
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.smoke step --launch-json {params.launch:q} --run-config-json {params.run:q}"
+        " --out-dir {params.out_dir:q} --out {output.result:q} > {log:q} 2>&1"
+
+
+SMOKE_OUTPUTS = [rules.smoke_io.output.result, *expand(rules.smoke_step.output.result, world=SMOKE_WORLDS)]
+
+
+rule table_smoke:
+    input:
+        results=SMOKE_OUTPUTS,
+        image=image_input(),
+    output:
+        table=table_report("smoke.csv", "System", "Smoke tests"),
+        # the training jobs' gate (rules/gate.smk): one name, whatever the grid's world sizes
+        passed=f"{SMOKE_DIR}/all.passed",
+    log:
+        f"{SMOKE_LOGS}/table.log",
+    localrule: on_submit_host("table_smoke")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.smoke table --inputs {input.results:q} --out {output.table:q} > {log:q} 2>&1"
+        " && printf '%s\\n' {input.results:q} > {output.passed:q}"
+
+
+SMOKE_TARGETS = [rules.table_smoke.output.table]
+# Training waits for every smoke test to have passed (rules/gate.smk).
+TRAINING_GATES.append(rules.table_smoke.output.passed)

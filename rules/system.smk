@@ -1,1 +1,74 @@
-# system: (being written)
+# system: the system under test. One job per node kind the study uses: `compute` (shaped like the
+# grid's largest training job, so it spans every node a training job can; one task per node via
+# srun, inside the image) and, when cluster.cpu_partition is set, `cpu` (where the light jobs run).
+# Each node writes results/system/<hostname>.json; results/tables/system.csv has one row per host.
+
+import json
+
+SYSTEM_DIR = "results/system"
+SYSTEM_LOGS = "results/logs/system"
+SYSTEM_WORLD = max(grid.run_config(config, point)["world_size"] for point in grid.all_points(config))
+SYSTEM_KINDS = ["compute", *(["cpu"] if cluster.settings(config)["cpu_partition"] else [])]
+SYSTEM_ARGS = ["--out-dir", SYSTEM_DIR, "--results-dir", "results", "--data-dir", grid.PACKED_DIR]
+
+
+rule system:
+    input:
+        image=image_input(),
+        site=SITE_CHECKED,
+    output:
+        index=f"{SYSTEM_DIR}/nodes_compute.json",
+    params:
+        # a params function: values from the config are never formatted as wildcards
+        launch=launch_json(lambda wc: SYSTEM_WORLD),
+        args=SYSTEM_ARGS,
+    threads: 1
+    resources:
+        **world_resources(lambda wc: SYSTEM_WORLD),
+    log:
+        f"{SYSTEM_LOGS}/compute.log",
+    benchmark:
+        "results/benchmarks/system/compute.tsv"
+    # No container: here: scalestudy.sysinfo puts the image around each per-node task.
+    conda: SOFTWARE_ENV
+    shell:
+        "python -m scalestudy.sysinfo describe {params.args:q} --kind compute"
+        " --launch-json {params.launch:q} --index {output.index:q} > {log:q} 2>&1"
+
+
+rule system_cpu:
+    input:
+        image=image_input(),
+    output:
+        index=f"{SYSTEM_DIR}/nodes_cpu.json",
+    params:
+        args=SYSTEM_ARGS,
+    log:
+        f"{SYSTEM_LOGS}/cpu.log",
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.sysinfo describe {params.args:q} --kind cpu --index {output.index:q}"
+        " > {log:q} 2>&1"
+
+
+rule table_system:
+    input:
+        index=expand(f"{SYSTEM_DIR}/nodes_{{kind}}.json", kind=SYSTEM_KINDS),
+        image=image_input(),
+    output:
+        table_report("system.csv", "System", "System under test"),
+    log:
+        f"{SYSTEM_LOGS}/table.log",
+    localrule: on_submit_host("table_system")
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.sysinfo table --index {input.index:q} --out {output:q} > {log:q} 2>&1"
+
+
+SYSTEM_TARGETS = [rules.table_system.output[0]]

@@ -5,10 +5,20 @@ and renamed (scalestudy.atomic). The name carries the checksum of the content, s
 cut short or damaged after the rename is recognised and skipped (with a warning) in favour of the
 previous one; KEEP of them are kept. Files load with torch.load(weights_only=True): the state holds
 only tensors and plain Python values (RNG states are converted accordingly).
+
+Checkpoints are the bookkeeping of one attempt chain (a run interrupted by a signal or a kill and
+retried), not a cache of results: `claim` hands a run only a checkpoint of its own run config, and
+removes any other (written by another run config: an older version of the output). A run that has
+written its run folder calls `finished`, which removes its checkpoints (or, where they are kept,
+marks them finished): so a checkpoint at the end of the last epoch without that mark is a run
+interrupted between its last checkpoint and its outputs, and resumes (to write them), while one with
+the mark is a finished run asked for again, which measures anew. Checkpoints of an earlier FORMAT
+(older code, whose finished runs left their last checkpoint unmarked) are never resumed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -22,15 +32,12 @@ import torch
 
 from scalestudy import atomic
 
-FORMAT = 1
+FORMAT = 2  # 2: steady-state window in the history; finished runs mark or remove their checkpoints
+FINISHED = "finished.json"  # the mark of a finished run whose checkpoints are kept
 KEEP = 2  # the newest and one previous, in case the newest turns out damaged
 _NAME = re.compile(r"^ckpt-(\d{9})-([0-9a-f]{16})\.pt$")
 
 log = logging.getLogger("scalestudy.checkpoint")
-
-
-class ConfigMismatch(RuntimeError):
-    """The checkpoint was written by a run with a different run config."""
 
 
 def save(directory: str | Path, state: dict[str, Any], step: int, keep: int = KEEP) -> Path:
@@ -64,16 +71,71 @@ def load_latest(directory: str | Path) -> tuple[dict[str, Any], Path] | None:
     return None
 
 
-def check_config(state: dict[str, Any], config_hash: str, config: dict[str, Any], path: Path) -> None:
-    """Refuse to resume from a checkpoint that a different run config wrote."""
-    if state.get("config_hash") == config_hash:
-        return
-    theirs = state.get("run_config") or {}
-    differing = sorted(key for key in set(theirs) | set(config) if theirs.get(key) != config.get(key))
-    details = ", ".join(f"{key}: {theirs.get(key)!r} -> {config.get(key)!r}" for key in differing)
-    raise ConfigMismatch(
-        f"checkpoint {path} was written by run config {state.get('config_hash')}, this run's is "
-        f"{config_hash} ({details or 'no key differs'}); delete {path.parent} to start from scratch"
+def claim(
+    directory: str | Path, config_hash: str, epochs: int, config: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], Path] | None:
+    """The checkpoint an interrupted run of `config_hash` resumes from, or None: start from scratch.
+
+    A checkpoint of another run config, one at the end of the last of `epochs` of a run marked
+    finished, and files none of which loads are removed, with a warning naming them, and None is
+    returned. An unmarked one at the end is resumed: the run stopped before writing its outputs.
+    """
+    directory = Path(directory)
+    found = load_latest(directory)
+    if found is None:
+        if not _candidates(directory):
+            return None
+        reason = "none of its checkpoint files loads"
+    else:
+        state, path = found
+        position = state.get("position") or {}
+        if state.get("config_hash") != config_hash:
+            reason = (
+                f"{path.name} was written by run config {state.get('config_hash')}, this run's is "
+                f"{config_hash} ({_differences(state.get('run_config') or {}, config or {})}): "
+                "it belongs to an older version of this output"
+            )
+        elif position.get("epoch", 0) >= epochs and (directory / FINISHED).is_file():
+            reason = f"{path.name} ends a finished run ({epochs} of {epochs} epochs): a re-run measures anew"
+        else:
+            if position.get("epoch", 0) >= epochs:
+                log.warning(
+                    "%s ends the run but its outputs were never written: resuming to write them", path
+                )
+            return found
+    removed = retire(directory)
+    log.warning("%s: %s; removed %d checkpoint file(s), starting from scratch", directory, reason, removed)
+    return None
+
+
+def finished(directory: str | Path, config_hash: str, keep: bool) -> None:
+    """A run has written its run folder: its checkpoints go (retire), or with `keep` stay marked
+    finished, never to be resumed."""
+    if keep:
+        atomic.write_json(Path(directory) / FINISHED, {"config_hash": config_hash})
+    else:
+        retire(directory)
+
+
+def retire(directory: str | Path) -> int:
+    """Remove the checkpoint files (leftover temporary files and the finished mark too) of
+    `directory`, and the folder if that empties it; other files stay. Returns how many checkpoint
+    files were removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    checkpoints = [path for _, path, _ in _candidates(directory)]
+    for path in [*checkpoints, *directory.glob(".ckpt-*.tmp*"), directory / FINISHED]:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: someone else's files are kept
+        directory.rmdir()
+    return len(checkpoints)
+
+
+def _differences(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
+    differing = sorted(key for key in set(theirs) | set(ours) if theirs.get(key) != ours.get(key))
+    return (
+        ", ".join(f"{key}: {theirs.get(key)!r} -> {ours.get(key)!r}" for key in differing) or "no key differs"
     )
 
 
@@ -114,7 +176,8 @@ def rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": numpy_state,
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # this rank's device only: another attempt may see another number of devices
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
     }
 
 
@@ -125,4 +188,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"][0])  # the current device's (distributed.select_device)

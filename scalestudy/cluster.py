@@ -23,6 +23,8 @@ import re
 import shlex
 from typing import Any
 
+from scalestudy import configcheck
+
 # Defaults of the `cluster:` section; config/schema.yaml carries the same values (a test checks).
 CLUSTER_DEFAULTS: dict[str, Any] = {
     "partition": None,
@@ -86,10 +88,13 @@ LIGHT_RESOURCE_KEYS: tuple[str, ...] = (
 )
 
 LAUNCHERS = ("auto", "local", "srun")
-# Slurm names (partition, account, qos, GRES type) and features: no whitespace or shell syntax.
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|!*\[\]():,-]+$")
+# Slurm names (partition, account, qos, GRES type) and features, image paths and the ranks'
+# environment values: no whitespace or shell syntax (the patterns and why: scalestudy.configcheck).
+_NAME = re.compile(configcheck.SLURM_NAME)
+_CONSTRAINT = re.compile(configcheck.SLURM_CONSTRAINT)
+_PATH = re.compile(configcheck.SAFE_PATH)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_VALUE = re.compile(configcheck.ENV_VALUE)
 
 
 # --------------------------------------------------------------------------- settings
@@ -158,6 +163,9 @@ def nccl_env(config: dict) -> dict[str, str]:
             value = int(value)
         if not isinstance(value, str | int | float):
             raise ValueError(f"nccl.{name} must be a string, number or boolean, got {value!r}")
+        if isinstance(value, str) and not _ENV_VALUE.match(value):
+            meaning = configcheck.PATTERN_MEANINGS[configcheck.ENV_VALUE]
+            raise ValueError(f"nccl.{name} must be {meaning}, got {value!r}")
         env[name] = str(value)
     return env
 
@@ -191,9 +199,11 @@ def _check_strings(values: dict, key: str) -> None:
 
 
 def _check_path(values: dict, key: str) -> None:
+    """A path Snakemake may put unquoted into a shell command (the image) or take for a pattern."""
     value = values[key]
-    if not isinstance(value, str) or not value or any(char.isspace() for char in value) or "://" in value:
-        raise ValueError(f"container.{key} must be a local path without whitespace, got {value!r}")
+    if not (isinstance(value, str) and _PATH.match(value)):
+        meaning = configcheck.PATTERN_MEANINGS[configcheck.SAFE_PATH]
+        raise ValueError(f"container.{key} must be {meaning}, got {value!r}")
 
 
 # --------------------------------------------------------------------------- layout
@@ -426,6 +436,7 @@ def _load_config(path: str, schema: str) -> dict:
     with open(path) as handle:
         config = yaml.safe_load(handle)
     validate(config, schema)
+    configcheck.check(config, schema)
     return config
 
 

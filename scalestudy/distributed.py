@@ -16,12 +16,17 @@ the tests can use it; torch is imported only by the functions that need it.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import re
+import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from scalestudy.launch import LAUNCHER_PID_ENV  # stdlib only, like this module
 
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -162,6 +167,59 @@ def _parse_int(key: str, value: str) -> int:
     return int(value)
 
 
+# --- dying with the launcher ----------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(launcher_pid: int | None = None) -> bool:
+    """Have the kernel SIGKILL this process when its parent exits (Linux PR_SET_PDEATHSIG).
+
+    For the ranks torchrun starts: if the agent is killed (SIGKILL gives it no chance to stop its
+    workers) they must not train on and write the run folder. The signal fires when the parent
+    *thread* that started this process ends; torchrun's agent starts its workers from its main
+    thread (torch.distributed.elastic's SubprocessContext, Popen), which ends only with the agent.
+    `launcher_pid`, the agent's pid: if it died before the call, the call cannot notice, so it is
+    checked after it. False where prctl is unavailable (not Linux).
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if launcher_pid and os.getppid() != launcher_pid and not process_running(launcher_pid):
+        print(f"launcher (pid {launcher_pid}) is gone: this rank ends too", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def die_with_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """die_with_parent for a rank that torchrun started (TORCHELASTIC_RUN_ID set), else nothing."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return False
+    value = env.get(LAUNCHER_PID_ENV, "")
+    return die_with_parent(int(value) if value.isdigit() else None)
+
+
+def process_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a killed process its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
 # --- torch side -------------------------------------------------------------------------------
 
 
@@ -195,7 +253,8 @@ def select_backend(backend: str, device) -> str:
 
 
 def init_process_group(dist_env: DistEnv, backend: str, timeout_s: float, device=None):
-    """Join the job's process group; returns a separate gloo group for small CPU-side agreements.
+    """Join the job's process group; returns a separate gloo group for small CPU-side agreements
+    (with the same timeout).
 
     NCCL's async error handling makes a collective that exceeds `timeout_s` abort the process
     instead of hanging forever, so a lost rank fails the job (and Slurm/Snakemake can retry it).
@@ -223,7 +282,8 @@ def init_process_group(dist_env: DistEnv, backend: str, timeout_s: float, device
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return dist.new_group(backend="gloo")
+    # the control group's collectives (the stop agreement) fail after timeout_s too, not torch's 30 min
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def is_initialized() -> bool:

@@ -13,9 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from scalestudy import cluster
+
 RUNS_DIR = "results/runs"
 CHECKPOINTS_DIR = "results/checkpoints"
 PACKED_DIR = "results/data/packed"
+INDUCTOR_CACHE_DIR = "results/inductor-cache"  # torch.compile's cache, shared by every run
 
 # Keys copied from config["train"] into every run config.
 TRAIN_KEYS = (
@@ -47,6 +50,12 @@ TRAIN_KEYS = (
     "monitor_interval_s",
 )
 MODEL_KEYS = ("width", "channels_last", "compile")
+# config["train"]["measure"] -> the run config's keys (the steady-state window, scalestudy.steady)
+MEASURE_KEYS = {
+    "warmup_steps": "measure_warmup_steps",
+    "steps": "measure_steps",
+    "intervals": "measure_intervals",
+}
 
 
 @dataclass(frozen=True)
@@ -124,13 +133,16 @@ def sensitivity_point(config: dict, precision: str, batch: int, bucket: float) -
 def profile_point(config: dict, world: int) -> Point:
     profiling = config["profiling"]
     per_gpu = profiling["per_gpu_batch"]
-    window_end = profiling["start_step"] + profiling["steps"]
+    # The run only has to reach the end of the profiling window (plus one step to close it): one
+    # short epoch, or as many whole epochs as that takes where an epoch is shorter (large N).
+    needed = profiling["start_step"] + profiling["steps"] + 1
+    per_epoch = train_images(config) // world // per_gpu
+    epochs = 1 if per_epoch >= needed else math.ceil(needed / max(per_epoch, 1))
     overrides = {
         "per_gpu_batch": per_gpu,
         "global_batch": per_gpu * world,
-        "epochs": 1,
-        # The run only has to reach the end of the profiling window (plus one step to close it).
-        "max_steps_per_epoch": window_end + 1,
+        "epochs": epochs,
+        "max_steps_per_epoch": needed if epochs == 1 else None,
         "eval_max_batches": 1,
         "profile": {
             "tool": profiling["tool"],
@@ -174,26 +186,58 @@ def all_points(config: dict) -> list[Point]:
     ]
 
 
-def nodes_for(world_size: int, gpus_per_node: int) -> int:
-    return math.ceil(world_size / gpus_per_node)
-
-
 def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/architecture.md)."""
     run: dict[str, Any] = {key: config["train"][key] for key in TRAIN_KEYS}
     run.update({key: config["model"][key] for key in MODEL_KEYS})
+    measure = config["train"].get("measure", {})
+    run.update({run_key: measure[key] for key, run_key in MEASURE_KEYS.items() if key in measure})
+    if config["model"]["compile"]:
+        run["inductor_cache_dir"] = INDUCTOR_CACHE_DIR
     run.update(
         stage=point.stage,
         point=point.name,
         data_dir=PACKED_DIR,
         checkpoint_dir=point.checkpoint_dir,
         world_size=point.world_size,
+        # The layout Slurm gets (cluster.ranks_per_node, else one rank per GPU; CPU nodes too): the
+        # trainer checks its ranks' hosts against it.
+        nodes=cluster.layout(config, point.world_size)[0],
         mode=None,
         repeat=0,
         profile=None,
     )
     run.update(dict(point.overrides))
     return run
+
+
+def train_images(config: dict) -> int:
+    """Training images per epoch: CIFAR-10's 50,000, or the synthetic archive's."""
+    data = config["data"]
+    if data["source"] == "synthetic":
+        return 10 * data.get("synthetic", {}).get("train_per_class", 5000)
+    return 50_000
+
+
+def window_problems(config: dict) -> list[str]:
+    """One line per grid point whose run has fewer steps than train.measure needs (warm-up +
+    window), naming the point. Profile runs are left out: they stop after the profiled steps and
+    their throughput is not analysed."""
+    images = train_images(config)
+    problems = []
+    for point in [baseline_point(config), *scaling_points(config), *sensitivity_points(config)]:
+        run = run_config(config, point)
+        per_epoch = images // run["world_size"] // run["per_gpu_batch"]
+        if run.get("max_steps_per_epoch") is not None:
+            per_epoch = min(per_epoch, run["max_steps_per_epoch"])
+        needed = run.get("measure_warmup_steps", 0) + run.get("measure_steps", 0)
+        total = per_epoch * run["epochs"]
+        if total < needed:
+            problems.append(
+                f"{point.run_dir}: {run['epochs']} epochs x {per_epoch} steps = {total} steps cannot fill "
+                f"the measurement window of {needed} (train.measure warmup_steps + steps): raise its epochs"
+            )
+    return problems
 
 
 def point_from_wildcards(config: dict, stage: str, wildcards: Any) -> Point:

@@ -17,23 +17,24 @@ With an image, `apptainer exec` wraps every rank (inside srun, on every node), n
 spec's environment (NCCL settings, thread-pool sizes) and the image's path and sha256 (for
 scalestudy.provenance) reach every rank: srun exports the whole environment, and APPTAINERENV_*
 copies get them past `--cleanenv` too. Pure standard library; the command is exec'd, never given
-to a shell, and logged shell-quoted.
+to a shell, and logged shell-quoted. Without an image, torchrun's ranks learn the agent's pid (this
+process's, kept by exec) and die with it (scalestudy.distributed.die_with_parent).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import json
 import os
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 TRAINER_MODULE = "scalestudy.train"
+LAUNCHER_PID_ENV = "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.distributed)
 IMAGE_ENV = "SCALESTUDY_IMAGE"  # scalestudy.provenance reads these two
 IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"
 # What SLURM_STEP_ID holds in a job's batch script or salloc shell: not a step that srun started.
@@ -118,19 +119,21 @@ def build_command(
     rank_prefix: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     workdir: str | None = None,
+    module: str = TRAINER_MODULE,
 ) -> list[str]:
-    """The argv that starts every rank of the run (see the module docstring)."""
+    """The argv that starts every rank of the run (see the module docstring); `module` is what each
+    rank runs (`python -m <module>`): the trainer, or another rank program (scalestudy.commbench)."""
     full = check_spec(spec)
     launcher = resolve_launcher(full, os.environ if environ is None else environ)
     workdir = workdir or os.getcwd()
     python = full["python"] if full["image"] else sys.executable
-    rank = [*rank_prefix, python, "-m", TRAINER_MODULE, *train_args]
+    rank = [*rank_prefix, python, "-m", module, *train_args]
     container = apptainer_args(full, workdir)
     if launcher == "srun":
         return [*srun_args(full), *container, *rank]
     if full["world_size"] == 1:
         return [*container, *rank]
-    return [*container, *torchrun_args(full, python, rank_prefix), *train_args]
+    return [*container, *torchrun_args(full, python, rank_prefix, module), *train_args]
 
 
 def srun_args(spec: Mapping[str, Any]) -> list[str]:
@@ -151,7 +154,9 @@ def srun_args(spec: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def torchrun_args(spec: Mapping[str, Any], python: str, rank_prefix: Sequence[str]) -> list[str]:
+def torchrun_args(
+    spec: Mapping[str, Any], python: str, rank_prefix: Sequence[str], module: str = TRAINER_MODULE
+) -> list[str]:
     """torchrun on this machine (python -m torch.distributed.run: the same interpreter)."""
     args = [
         python,
@@ -163,8 +168,8 @@ def torchrun_args(spec: Mapping[str, Any], python: str, rank_prefix: Sequence[st
     ]
     if rank_prefix:
         # torchrun then runs "<prefix> python -m scalestudy.train ..." as each rank.
-        return [*args, "--no-python", *rank_prefix, python, "-m", TRAINER_MODULE]
-    return [*args, "-m", TRAINER_MODULE]
+        return [*args, "--no-python", *rank_prefix, python, "-m", module]
+    return [*args, "-m", module]
 
 
 def apptainer_args(spec: Mapping[str, Any], workdir: str) -> list[str]:
@@ -208,38 +213,6 @@ def build_env(
     return env
 
 
-def image_sha256(path: str) -> str:
-    """The sha256 of an image, cached beside it (`<image>.sha256.json`) by size and mtime."""
-    stat = os.stat(path)
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    cache = f"{path}.sha256.json"
-    try:
-        with open(cache) as handle:
-            cached = json.load(handle)
-        if all(cached.get(key) == value for key, value in stamp.items()) and cached.get("sha256"):
-            return cached["sha256"]
-    except (OSError, ValueError, AttributeError):
-        pass
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
-    _write_cache(cache, {**stamp, "sha256": digest.hexdigest()})
-    return digest.hexdigest()
-
-
-def _write_cache(path: str, record: dict[str, Any]) -> None:
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "w") as handle:
-            json.dump(record, handle)
-        os.replace(temporary, path)
-    except OSError as error:  # a read-only image folder: hash again next time
-        print(f"launch: cannot cache the image sha256 in {path}: {error}", file=sys.stderr)
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-
-
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Launcher options before `--`, the trainer's arguments after it."""
     argv = list(argv)
@@ -248,6 +221,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--launch-json", required=True, help="the launch spec (cluster.launch_spec)")
     parser.add_argument("--rank-prefix-json", default="[]", help="a JSON list run before each rank")
     parser.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    parser.add_argument(
+        "--module", default=TRAINER_MODULE, help=f"what each rank runs (python -m; default {TRAINER_MODULE})"
+    )
+    parser.add_argument("--log", help="the rule's log (this process's output): kept per attempt")
+    parser.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (1 = first try)")
     options = parser.parse_args(argv[:split])
     return options, argv[split + 1 :]
 
@@ -270,14 +248,35 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str],
     if spec["image"] and not options.dry_run:
         if not os.path.isfile(spec["image"]):
             raise LaunchError(f"image {spec['image']!r} (container.sif / container.prebuilt) does not exist")
-        sha256 = image_sha256(spec["image"])
+        from scalestudy import imagedigest  # rule image_digest hashed the image once: read, never hash
+
+        sha256 = imagedigest.recorded_sha256(spec["image"], environ)
+    if not options.dry_run:
+        environ = {**environ, **run_record_env(options.attempt, options.log, environ)}
     env = build_env(spec, environ, sha256)
-    command = build_command(spec, train_args, rank_prefix, environ=environ)
+    if not spec["image"] and spec["world_size"] > 1 and resolve_launcher(spec, environ) == "local":
+        env[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun's agent runs as this process (exec)
+    command = build_command(spec, train_args, rank_prefix, environ=environ, module=options.module)
     if not options.dry_run and shutil.which(command[0], path=env.get("PATH")) is None:
         raise LaunchError(f"{command[0]!r} is not on PATH (launcher {resolve_launcher(spec, environ)})")
     if resolve_launcher(spec, environ) == "local" and spec["nodes"] > 1:
         print(f"launch: warning: {spec['nodes']} nodes asked for; all ranks run here", file=sys.stderr)
     return command, env, options.dry_run
+
+
+def run_record_env(attempt: int, log: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The attempt and the Slurm job's record for every rank's provenance (the ranks may run where
+    scontrol is not); the attempt's log kept beside the rule's log (scalestudy.attemptlog)."""
+    from scalestudy import attemptlog, provenance
+
+    if attempt < 1:
+        raise LaunchError(f"--attempt must be >= 1, got {attempt}")
+    if log:
+        kept = attemptlog.keep(log, attempt)
+        job = environ.get("SLURM_JOB_ID") or "none (not in Slurm)"
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print(f"launch: attempt {attempt}, Slurm job {job}, {started}; also in {kept}", file=sys.stderr)
+    return {provenance.ATTEMPT_ENV: str(attempt), **provenance.slurm_job_env(environ)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,8 +11,24 @@ normalisation) runs on whole uint8 batches as tensor ops, on the GPU when there 
 draws are made per sample index from a generator seeded by (seed, epoch), not per rank, so a sample
 is augmented the same way whatever the world size, and a resumed epoch replays exactly.
 
+No host stall per step. On a GPU the uint8 split and the labels live on the device; once per epoch
+the rank's sample order and its augmentation draws (crop offsets, flips) are computed on the CPU
+(the same generators as above, so the data are identical on every device and a resumed epoch
+replays), packed into one int64 [4, samples] tensor and copied to the device in ONE transfer, from
+pinned memory on CUDA. Every step then only slices that device tensor: no host-to-device copy, no
+`.item()`, no tensor built from Python values, so the CPU can queue steps ahead of the GPU. Every
+host-to-device transfer of this module goes through `to_device` (a test counts them: per epoch, not
+per step). On the CPU the memory map stays put and each batch reads only its own images.
+
+How to confirm it on a GPU (not done here: no GPU was lent to this work): wrap each `next(batches)`
+of an epoch in `torch.cuda.set_sync_debug_mode("error")` (it raises on a synchronising call:
+`.item()`, `nonzero`, a blocking copy); and in an nsys CUDA API trace (`nsys stats --report
+cuda_api_sum,cuda_gpu_mem_time_sum`) the "data" ranges between two epoch starts show no
+cudaMemcpy*/cudaStreamSynchronize, only the one host-to-device copy per epoch.
+
 `--loader dataloader` is the classic baseline: torchvision transforms on PIL images in a DataLoader
-with DistributedSampler and worker processes.
+with DistributedSampler and worker processes (pinned batches on CUDA), copied to the device every
+step, as a tutorial does.
 """
 
 from __future__ import annotations
@@ -66,12 +82,26 @@ def augment(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torc
     return padded.reshape(-1, 3).index_select(0, pixel.reshape(-1)).view(batch, size, size, 3)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device, pinned: bool = True) -> torch.Tensor:
+    """Every host-to-device transfer of the loaders: pinned and asynchronous on CUDA.
+
+    The one place a test hooks to count transfers (tests/test_loader.py). Pinning allocates from
+    torch's caching host allocator, which keeps the pinned block until the copy has run (and then
+    caches it): `pinned=False` for the one-off copies at setup (the whole split, 150 MB), which
+    would otherwise keep that much pinned host memory per rank for the whole run.
+    """
+    asynchronous = pinned and device.type == "cuda"
+    if asynchronous and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=asynchronous)
+
+
 @functools.lru_cache(maxsize=8)
 def _scale_and_shift(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # Built once per device: torch.tensor(..., device=cuda) every batch is a blocking host copy.
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
-    return (1 / (255 * std)).to(device), (mean / std).to(device)
+    return to_device(1 / (255 * std), device), to_device(mean / std, device)
 
 
 def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
@@ -90,6 +120,8 @@ class TensorLoader:
     train=True: shuffled disjoint shards, full batches only, augmentation.
     train=False: rank r takes test samples r, r + W, ...; no padding, so every sample counts once
     after the all-reduce; the last batch may be short; no augmentation.
+    resident: keep the split in device memory (default: on any device but the CPU; True on the CPU
+    runs the GPU path there, for tests).
     """
 
     def __init__(
@@ -105,6 +137,7 @@ class TensorLoader:
         train: bool = True,
         channels_last: bool = False,
         max_steps: int | None = None,
+        resident: bool | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -112,11 +145,21 @@ class TensorLoader:
         self.n = len(images)
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.train, self.channels_last = train, channels_last
-        on_gpu = self.device.type != "cpu"
+        self.resident = self.device.type != "cpu" if resident is None else resident
+        if not self.resident and self.device.type != "cpu":
+            raise ValueError(
+                f"resident=False reads batches on the host: for device cpu only, not {self.device}"
+            )
         # 50k x 3 KB = 150 MB on a GPU: indexing there beats any host pipeline. On the CPU the
         # memory map stays put and each batch reads only its own images.
-        self._images = torch.from_numpy(np.array(images)).to(self.device) if on_gpu else images
-        self._labels = torch.from_numpy(np.array(labels, dtype=np.int64)).to(self.device)
+        if self.resident:  # read from the memory map once; a blocking copy at setup
+            self._images = to_device(torch.from_numpy(np.array(images)), self.device, pinned=False)
+        else:
+            self._images = images
+        self._labels = to_device(
+            torch.from_numpy(np.array(labels, dtype=np.int64)), self.device, pinned=False
+        )
+        _scale_and_shift(self._labels.device)  # its transfers now (keyed by cuda:N), not in a step
         per_rank = self.n // world_size if train else len(range(rank, self.n, world_size))
         full = per_rank // batch_size if train else -(-per_rank // batch_size)
         self.steps_per_epoch = min(full, max_steps) if max_steps is not None else full
@@ -135,20 +178,43 @@ class TensorLoader:
         for step in range(start_step, self.steps_per_epoch):
             yield indices[step * self.batch_size : (step + 1) * self.batch_size]
 
+    def epoch_plan(self, epoch: int, start_step: int = 0) -> torch.Tensor:
+        """int64 [4, samples] on the CPU: the sample indices of steps start_step.. of this epoch,
+        then each sample's crop offsets dy, dx and flip flag (zeros for evaluation)."""
+        first = start_step * self.batch_size
+        indices = self.epoch_indices(epoch)[first : self.steps_per_epoch * self.batch_size]
+        plan = torch.zeros(4, len(indices), dtype=torch.int64)
+        plan[0] = indices
+        if self.train:
+            dy, dx, flip = augmentation_draws(self.n, epoch, self.seed)
+            plan[1], plan[2], plan[3] = dy[indices], dx[indices], flip[indices]
+        return plan
+
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
-        """Batches (float images [B, 3, 32, 32], int64 labels) on the device, from step `start_step`."""
-        draws = augmentation_draws(self.n, epoch, self.seed) if self.train else None
-        if draws is not None:
-            draws = tuple(d.to(self.device) for d in draws)
-        for index in self.batch_indices(epoch, start_step):
-            on_device = index.to(self.device, non_blocking=True)
-            if isinstance(self._images, torch.Tensor):
-                images = self._images[on_device]
+        """Batches (float images [B, 3, 32, 32], int64 labels) on the device, from step `start_step`.
+
+        The epoch's plan is made and sent to the device here, when the epoch is asked for, not at
+        its first batch; the batches then only slice it.
+        """
+        plan = self.epoch_plan(epoch, start_step)
+        on_cpu = plan[0]
+        if self.resident:
+            plan = to_device(plan, self.device)
+        return self._batches(plan, on_cpu, self.steps_per_epoch - start_step)
+
+    def _batches(self, plan: torch.Tensor, on_cpu: torch.Tensor, steps: int) -> Iterator[Batch]:
+        flips = plan[3].bool()  # one conversion per epoch
+        for step in range(steps):
+            part = slice(step * self.batch_size, (step + 1) * self.batch_size)
+            if self.resident:
+                index = plan[0, part]
+                images = self._images[index]
             else:
+                index = on_cpu[part]
                 images = torch.from_numpy(self._images[index.numpy()])
-            if draws is not None:
-                images = augment(images, *(d[on_device] for d in draws))
-            yield normalize(images, self.channels_last), self._labels[on_device]
+            if self.train:
+                images = augment(images, plan[1, part], plan[2, part], flips[part])
+            yield normalize(images, self.channels_last), self._labels[index]
 
 
 # --- the classic DataLoader baseline --------------------------------------------------------------
@@ -253,5 +319,6 @@ class ClassicLoader:
         )
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         for images, labels in itertools.islice(loader, self.steps_per_epoch - start_step):
-            images = images.to(self.device, non_blocking=True, memory_format=memory_format)
-            yield images, labels.to(self.device, non_blocking=True)
+            # the classic path: a (pinned, on CUDA) copy of every batch
+            images = to_device(images, self.device).contiguous(memory_format=memory_format)
+            yield images, to_device(labels, self.device)

@@ -8,6 +8,8 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +22,10 @@ GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
 GIT_DIRTY_ENV = "SCALESTUDY_GIT_DIRTY"
 IMAGE_ENV = "SCALESTUDY_IMAGE"
 IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"
+# Set by scalestudy.launch in a Slurm job's batch step: the job as `scontrol show job` describes it
+# (JSON), and the attempt (Snakemake's retry count, from the rule; scalestudy.attemptlog).
+SLURM_JOB_ENV = "SCALESTUDY_SLURM_JOB"
+ATTEMPT_ENV = "SCALESTUDY_ATTEMPT"
 
 SLURM_VARIABLES = (
     "SLURM_JOB_ID",
@@ -62,11 +68,94 @@ def _git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def slurm_state() -> dict[str, Any]:
-    """The Slurm job this process belongs to (None outside Slurm)."""
-    state = {name.lower().removeprefix("slurm_"): os.environ.get(name) for name in SLURM_VARIABLES}
-    state["job_id"] = state.get("job_id")
+# `scontrol show job` fields -> slurm_state keys. Inside the rule's shell the Slurm jobstep plugin
+# has removed the allocation's variables (SLURM_JOB_NUM_NODES, SLURM_JOB_ACCOUNT, ...), and in a
+# step srun started SLURM_JOB_NAME is the step's program ("python"): the job's own record is used.
+SCONTROL_FIELDS = {
+    "JobName": "job_name",
+    "NumNodes": "job_num_nodes",
+    "NodeList": "job_nodelist",
+    "NumTasks": "ntasks",
+    "Partition": "job_partition",
+    "Account": "job_account",
+    "Restarts": "restart_count",
+}
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """`scontrol show job --oneliner <id>` -> {field: value} (a value with spaces stays whole)."""
+    fields: dict[str, str] = {}
+    key = None
+    for word in text.split():
+        name, equals, value = word.partition("=")
+        if equals and re.fullmatch(r"[A-Za-z][A-Za-z0-9/:_-]*", name):
+            key = name
+            fields[key] = value
+        elif key is not None:
+            fields[key] += f" {word}"
+    return fields
+
+
+def slurm_job_record(job_id: str, runner=subprocess.run) -> dict[str, str | None]:
+    """The slurm_state keys of a job, from scontrol; {} where scontrol is absent or fails."""
+    try:
+        result = runner(
+            ["scontrol", "show", "job", "--oneliner", str(job_id)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if result.returncode != 0:
+        return {}
+    fields = parse_scontrol_job(result.stdout)
+    if fields.get("JobId") != str(job_id):
+        return {}
+    return {key: _scontrol_value(fields.get(field)) for field, key in SCONTROL_FIELDS.items()}
+
+
+def _scontrol_value(value: str | None) -> str | None:
+    return None if value in (None, "", "(null)") else value
+
+
+def slurm_job_env(environ=os.environ, runner=subprocess.run) -> dict[str, str]:
+    """{SLURM_JOB_ENV: JSON of the job's record} for the ranks (scalestudy.launch), where this is a
+    Slurm job and scontrol answers; the ranks may run in an image without scontrol."""
+    job_id = environ.get("SLURM_JOB_ID")
+    record = slurm_job_record(job_id, runner) if job_id else {}
+    return {SLURM_JOB_ENV: json.dumps({"job_id": job_id, **record})} if record else {}
+
+
+def slurm_state(environ=os.environ, runner=subprocess.run) -> dict[str, Any]:
+    """The Slurm job this process belongs to (None outside Slurm): its variables, completed from the
+    job's record (SLURM_JOB_ENV from the launcher, else scontrol where it exists)."""
+    state = {name.lower().removeprefix("slurm_"): environ.get(name) for name in SLURM_VARIABLES}
+    job_id = state.get("job_id")
+    if not job_id:
+        return state
+    record = _passed_record(environ.get(SLURM_JOB_ENV), job_id)
+    if record is None and shutil.which("scontrol"):
+        record = slurm_job_record(job_id, runner)
+    for key, value in (record or {}).items():
+        if key != "job_id" and value is not None:
+            state[key] = value
     return state
+
+
+def _passed_record(text: str | None, job_id: str) -> dict | None:
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("job_id") == job_id else None
+
+
+def attempt(environ=os.environ) -> int | None:
+    """The Snakemake attempt of the job that made this result (1 = first try), where the rule says."""
+    value = environ.get(ATTEMPT_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 def software_versions() -> dict[str, Any]:
@@ -112,15 +201,24 @@ def collect(
         "seed": seed,
         "config_hash": config_hash(config) if config is not None else None,
         "image": os.environ.get(IMAGE_ENV),
-        "image_sha256": os.environ.get(IMAGE_SHA256_ENV),
+        "image_sha256": os.environ.get(IMAGE_SHA256_ENV) or _recorded_image_sha256(),
         "scalestudy_version": __import__("scalestudy").__version__,
         **git_state(),
         "slurm": slurm_state(),
+        "attempt": attempt(),
         "versions": software_versions(),
     }
     if extra:
         record.update(extra)
     return record
+
+
+def _recorded_image_sha256() -> str | None:
+    """The image's sha256 from rule image_digest's file (scalestudy.imagedigest; never hashed here)."""
+    from scalestudy import imagedigest
+
+    image = os.environ.get(IMAGE_ENV)
+    return imagedigest.recorded_sha256(image) if image else None
 
 
 def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:

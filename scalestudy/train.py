@@ -17,6 +17,13 @@ Choices (see docs/architecture.md for the files):
   records precision_effective.
 - Epochs in metrics.csv and steps.csv count from 1; steps.csv's step is the global step (from 0)
   and its timings are rank 0's.
+- Throughput, step time (and so MFU) come from a steady-state window (scalestudy.steady):
+  measure_steps optimizer steps after measure_warmup_steps steps of the attempt, across epochs,
+  with evaluation, checkpoints and profiler output paused out of it. steps.csv samples no step
+  inside the window (its per-phase synchronisation would slow the steps measured).
+- DDP: BatchNorm statistics are per rank by design (forward_sync_buffers / broadcast_buffers off);
+  evaluation and checkpoints use rank 0's, which every rank takes before evaluating, so test
+  metrics are those of the checkpointed model whether or not the run was resumed.
 - SIGTERM/SIGUSR1: the current step is finished (with several ranks also the next one, while they
   agree), a checkpoint is written and every rank exits with EXIT_RESUMABLE (75): the workflow
   retries, the retry resumes.
@@ -48,11 +55,11 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from scalestudy import atomic, checkpoint, distributed, loader, model, monitor, provenance
-from scalestudy.data.preprocess import load_packed
+from scalestudy import atomic, checkpoint, distributed, loader, model, monitor, provenance, steady, torchopts
+from scalestudy.data.preprocess import PackedDataError, load_packed
 from scalestudy.progress import format_seconds, setup_logging
 from scalestudy.ranges import ProfileWindow, named_range
-from scalestudy.runconfig import RunConfigError, load_run_config
+from scalestudy.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 
 EXIT_RESUMABLE = 75
@@ -197,7 +204,9 @@ class StepTimer:
 
 class TrainingClock:
     """Seconds of training since creation, leaving out the time spent in `paused()` (checkpoint
-    writing, profiler output), so that throughput measures training only."""
+    writing, profiler output), so that throughput measures training only. Read it, and start a
+    pause, after the device has finished the queued steps (Trainer.synchronize, or a collective
+    whose result is read), or they would count as paused."""
 
     def __init__(self) -> None:
         self._start, self._paused = time.perf_counter(), 0.0
@@ -243,6 +252,7 @@ class History:
     elapsed_s: float = 0.0  # training wall time of earlier attempts
     time_to_target_s: float | None = None
     resumes: list[int] = field(default_factory=list)
+    steady_window: dict[str, Any] | None = None  # the last filled measurement window (any attempt)
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -262,6 +272,7 @@ class Trainer:
         self.position = Position()
         self.carry = EpochProgress()
         self.resumed_from_step: int | None = None
+        self.next_epoch_batches: dict[tuple[int, int], Any] = {}  # (epoch, step) -> its batches, made early
 
     # -- setup, in the order it happens --
 
@@ -284,9 +295,8 @@ class Trainer:
         self.amp_dtype = autocast_dtype(c["precision"], self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.window = ProfileWindow(c["profile"], self.out_dir, self.rank, self.world_size)
-        self.monitor = None
-        if self.dist_env.local_rank == 0:
-            self.monitor = monitor.NodeMonitor(c["monitor_interval_s"], t0=self.t0).start()
+        # every rank samples its own GPU (by UUID); rank 0 writes the gathered reports in finish()
+        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank).start()
 
     def _rank_info(self) -> dict[str, Any]:
         return {
@@ -329,18 +339,21 @@ class Trainer:
         self.parameters = model.count_parameters(self.model)
         self.forward_flops_per_image = model.count_flops(self.model, 1)
         self.train_model = self.model
+        self.ddp_options = None
         if self.world_size > 1:
+            self.ddp_options = torchopts.ddp_options(c["compile"])
             self.train_model = DistributedDataParallel(
                 self.model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=c["bucket_cap_mb"],
-                gradient_as_bucket_view=True,
+                **self.ddp_options,
             )
             if c["comm_hook"] != "none":
                 self.train_model.register_comm_hook(None, COMM_HOOKS[c["comm_hook"]])
         elif c["comm_hook"] != "none":
             log.warning("comm_hook=%r has no effect with one rank (no DDP)", c["comm_hook"])
         if c["compile"]:
+            torchopts.use_inductor_cache(c["inductor_cache_dir"])
             # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
             self.train_model = torch.compile(self.train_model)
         log.info(
@@ -369,18 +382,18 @@ class Trainer:
     # -- resume and checkpoints --
 
     def resume(self) -> None:
-        """Rank 0 reads the newest good checkpoint and hands it to every rank."""
+        """Rank 0 claims the checkpoint of this run's interrupted attempt, if there is one (any
+        other is removed: scalestudy.checkpoint.claim), and hands it to every rank."""
         found, error = None, None
         if self.is_main:
-            found = checkpoint.load_latest(self.config["checkpoint_dir"])
-            if found is not None:
-                try:
-                    checkpoint.check_config(found[0], self.config_hash, self.config, found[1])
-                except checkpoint.ConfigMismatch as mismatch:
-                    error = str(mismatch)
+            c = self.config
+            try:
+                found = checkpoint.claim(c["checkpoint_dir"], self.config_hash, c["epochs"], c)
+            except OSError as failure:  # every rank must hear of it, or the others wait in the broadcast
+                error = f"checkpoint_dir {c['checkpoint_dir']}: {failure}"
         found, error = distributed.broadcast_object((found, error))
         if error:
-            raise checkpoint.ConfigMismatch(error)
+            raise RunConfigError(error)
         if found is None:
             log.info("no checkpoint in %s: starting from scratch", self.config["checkpoint_dir"])
             return
@@ -445,10 +458,20 @@ class Trainer:
             self.peak_lr,
             self.device,
         )
+        self.steady = steady.SteadyWindow(
+            c["measure_warmup_steps"],
+            c["measure_steps"],
+            c["measure_intervals"],
+            synchronize=self.synchronize,
+            t0=self.t0,
+        )
+        self.steady.start(self.position.global_step)
+        self.steady_kept = False
         while self.position.epoch < c["epochs"]:
             if not self.train_epoch(stop):
                 return self.stop_for_retry(stop)
-            self.end_epoch()
+            with self.steady.paused():
+                self.end_epoch()
             if self.position.epoch < c["epochs"] and stop.agreed(self.control_group):
                 return self.stop_for_retry(stop)
         stop.drain()
@@ -459,15 +482,17 @@ class Trainer:
         c, epoch = self.config, self.position.epoch
         self.train_model.train()
         carry = self.carry if self.is_main else EpochProgress(time_s=self.carry.time_s)
-        sums = torch.tensor([carry.loss_sum, carry.correct], device=self.device)  # read at log steps only
+        # float64: the carried totals of a resumed epoch keep their bits; read at log steps only
+        sums = torch.tensor([carry.loss_sum, carry.correct], dtype=torch.float64, device=self.device)
         images = carry.images
         clock = TrainingClock()
         log_mark, log_images = 0.0, 0
-        batches = iter(self.train_data.epoch(epoch, self.position.step))
+        prepared = self.next_epoch_batches.pop((epoch, self.position.step), None)
+        batches = iter(prepared or self.train_data.epoch(epoch, self.position.step))
         for step in range(self.position.step, self.steps_per_epoch):
-            with clock.paused():
-                self.window.step(self.position.global_step)
-            timer = StepTimer(self.device, _every(self.position.global_step, c["step_timing_every"]))
+            self.profile_step(clock)
+            sampled = _every(self.position.global_step, c["step_timing_every"]) and not self.steady.measuring
+            timer = StepTimer(self.device, sampled)
             with named_range("step"):
                 with named_range("data"):
                     x, y = next(batches)
@@ -485,8 +510,15 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.scheduler.step()
                 timer.mark("optimizer")
-            sums += torch.stack((loss.detach().float() * len(y), (logits.argmax(1) == y).sum().float()))
+            if step + 1 == self.steps_per_epoch and epoch + 1 < c["epochs"]:
+                # The next epoch's plan (permutation, augmentation draws, one copy to the device),
+                # made while the device still runs this step rather than after the epoch end's sync.
+                self.next_epoch_batches = {(epoch + 1, 0): self.train_data.epoch(epoch + 1, 0)}
+            sums += torch.stack((loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double()))
             images += len(y)
+            self.steady.step_done(len(y) * self.world_size)
+            if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
+                self.history.steady_window, self.steady_kept = self.steady_result(), True
             log_images += len(y) * self.world_size
             if timer.enabled and self.is_main:
                 self.history.steps.append(timer.row(epoch + 1, self.position.global_step))
@@ -498,15 +530,34 @@ class Trainer:
             stopping = stop.agreed(self.control_group)
             periodic = _every(self.position.global_step, c["checkpoint_every_steps"])
             if stopping or (periodic and step + 1 < self.steps_per_epoch):  # the epoch end saves anyway
-                with clock.paused():
-                    self.save_checkpoint(self.epoch_totals(sums, images, carry.time_s + clock.seconds()))
+                totals = self.epoch_totals(sums, images)  # reads a collective: the device has caught up
+                totals.time_s = carry.time_s + clock.seconds()
+                with clock.paused(), self.steady.paused():
+                    self.save_checkpoint(totals)
             if stopping:
                 return False
-        self.carry = self.epoch_totals(sums, images, carry.time_s + clock.seconds())
+        self.carry = self.epoch_totals(sums, images)
+        self.carry.time_s = carry.time_s + clock.seconds()
         return True
 
-    def epoch_totals(self, sums: torch.Tensor, images: int, time_s: float) -> EpochProgress:
-        """Sums over all ranks (a collective); the time is rank 0's."""
+    def profile_step(self, clock: TrainingClock) -> None:
+        """Open or close the profiler window (ProfileWindow.step) before a step; the steps where it
+        opens or closes (synchronising, writing its output) are paused out of both clocks."""
+        profile, step = self.window, self.position.global_step
+        if profile.tool == "none" or profile.done:
+            return
+        if step == profile.start_step or (profile.active and step >= profile.start_step + profile.steps):
+            self.synchronize()  # the queued steps count as training, not as the profiler's
+            with clock.paused(), self.steady.paused():
+                profile.step(step)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def epoch_totals(self, sums: torch.Tensor, images: int, time_s: float = 0.0) -> EpochProgress:
+        """Sums over all ranks (a collective, read on the host: the device has caught up by its
+        return); the time is rank 0's."""
         totals = torch.cat((sums.double(), torch.tensor([images], dtype=torch.float64, device=self.device)))
         loss_sum, correct, all_images = distributed.all_reduce_sum(totals).tolist()
         return EpochProgress(loss_sum, correct, int(all_images), time_s)
@@ -570,21 +621,29 @@ class Trainer:
         self.save_checkpoint(self.carry)
 
     def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over all ranks' shards. The bare model (not DDP) runs it: the
-        shards may differ in batch count, and DDP's forward would start collectives."""
+        """Test loss and accuracy over all ranks' shards, of the model the checkpoint saves: every
+        rank first takes rank 0's buffers (BatchNorm statistics are per rank while training), as a
+        resume from that checkpoint would. The bare model (not DDP) runs it: the shards may differ
+        in batch count, and DDP's forward would start collectives."""
+        self.take_rank0_buffers()
         self.model.eval()
-        sums = torch.zeros(2, device=self.device)  # loss, correct
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, correct
         images = 0
         with torch.no_grad(), named_range("eval"):
             for x, y in self.test_data.epoch(0):
                 with self.autocast():
                     logits = self.model(x)
                 loss = F.cross_entropy(logits.float(), y, reduction="sum")
-                sums += torch.stack((loss, (logits.argmax(1) == y).sum().float()))
+                sums += torch.stack((loss.double(), (logits.argmax(1) == y).sum().double()))
                 images += len(y)
         totals = self.epoch_totals(sums, images, 0.0)
         self.model.train()
         return totals.loss_sum / totals.images, totals.correct / totals.images
+
+    def take_rank0_buffers(self) -> None:
+        if self.world_size > 1:
+            for buffer in self.model.buffers():
+                torch.distributed.broadcast(buffer, src=0)
 
     def elapsed_s(self) -> float:
         return self.history.elapsed_s + time.perf_counter() - self.attempt_t0
@@ -618,13 +677,12 @@ class Trainer:
         summary = {"run": self.given, "results": self.results(), "provenance": self.provenance()}
         atomic.write_json(self.out_dir / "summary.json", summary)
         log.info("wrote %s", self.out_dir)
+        checkpoint.finished(self.config["checkpoint_dir"], self.config_hash, self.config["keep_checkpoints"])
 
     def results(self) -> dict[str, Any]:
         c, metrics = self.config, self.history.metrics
-        steady = metrics[1:] or metrics
-        step_times = [row["step_s"] for row in self.history.steps]
+        later = metrics[1:] or metrics
         test_accs = [row["test_acc"] for row in metrics]
-        images_per_s = statistics.median(row["images_per_s"] for row in steady) if steady else None
         return {
             "epochs": len(metrics),
             "steps": self.position.global_step,
@@ -632,10 +690,12 @@ class Trainer:
             "world_size": self.world_size,
             "global_batch": c["global_batch"],
             "per_gpu_batch": c["per_gpu_batch"],
-            "images_per_s": images_per_s,
-            "images_per_s_per_gpu": images_per_s / self.world_size if images_per_s else None,
-            "epoch_time_s": statistics.median(row["epoch_time_s"] for row in steady) if steady else None,
-            "step_time_s": statistics.median(step_times) if step_times else None,
+            **self.steady_results(),
+            **self.whole_run_rates(),
+            "epoch_time_s": statistics.median(row["epoch_time_s"] for row in later) if later else None,
+            "compile_s": torchopts.compile_seconds() if c["compile"] else None,
+            "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR") if c["compile"] else None,
+            "ddp_options": self.ddp_options,
             "final_test_acc": test_accs[-1] if test_accs else None,
             "best_test_acc": max(test_accs) if test_accs else None,
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
@@ -654,6 +714,51 @@ class Trainer:
             "peak_lr": self.peak_lr,
         }
 
+    def steady_result(self) -> dict[str, Any]:
+        """This attempt's measurement window (attempt 0 is the first, each resume adds one)."""
+        return {**self.steady.result(self.world_size), "measure_attempt": len(self.history.resumes)}
+
+    def steady_results(self) -> dict[str, Any]:
+        """The window the run reports: this attempt's if it filled one, else the last filled window
+        of an earlier attempt (kept in the checkpoints), else this attempt's unfilled one.
+
+        A window from an earlier attempt has no measure_start_s / measure_end_s / measure_segments_s:
+        they would be on that attempt's clock, and gpu_monitor.csv covers only this (the last)
+        attempt, so its GPU monitor summary is "not measured".
+        """
+        current = self.steady_result()
+        earlier = self.history.steady_window
+        if current["window_filled"]:
+            return current
+        if earlier is not None:
+            log.info("window not filled in this attempt: reporting attempt %d's", earlier["measure_attempt"])
+            return {**earlier, "measure_start_s": None, "measure_end_s": None, "measure_segments_s": None}
+        log.warning(
+            "measurement window not filled: %d of %d steps measured after %d warm-up steps (%d steps in "
+            "this attempt); images_per_s is left empty, whole_run_* hold whole-run rates",
+            current["measured_steps"],
+            current["measure_steps"],
+            current["warmup_steps"],
+            self.steady.seen,
+        )
+        return current
+
+    def whole_run_rates(self) -> dict[str, Any]:
+        """Images over the training time of every epoch, the first one's one-off costs included."""
+        metrics = self.history.metrics
+        seconds = sum(row["epoch_time_s"] for row in metrics)
+        images = sum(row["images_per_s"] * row["epoch_time_s"] for row in metrics)
+        if not seconds > 0:
+            return dict.fromkeys(WHOLE_RUN_KEYS)
+        steps = len(metrics) * self.steps_per_epoch
+        return dict(
+            zip(
+                WHOLE_RUN_KEYS,
+                (images / seconds, images / seconds / self.world_size, seconds / steps),
+                strict=True,
+            )
+        )
+
     def provenance(self) -> dict[str, Any]:
         extra = {
             "world_size": self.world_size,
@@ -663,8 +768,12 @@ class Trainer:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
             "launcher": self.dist_env.launcher,
+            "ddp_options": self.ddp_options,
         }
         return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
+
+
+WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")
 
 
 def _every(count: int, interval: int | None) -> bool:
@@ -712,6 +821,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
     try:
         given, config = load_run_config(args)
         dist_env = distributed.from_environ()
+        distributed.die_with_launcher()  # a torchrun rank ends with its agent, even a SIGKILLed one
         if dist_env.world_size != config["world_size"]:
             raise RunConfigError(
                 f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
@@ -719,6 +829,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
             )
         device = distributed.select_device(config["device"], dist_env.local_rank)
         backend = distributed.select_backend(config["backend"], device)
+        check_locations(config, args.out_dir)
     except (RunConfigError, ValueError) as error:
         log.error("%s", error)
         return EXIT_BAD_CONFIG
@@ -742,7 +853,7 @@ def run(trainer: Trainer, config: dict[str, Any]) -> int:
             elif trainer.monitor:
                 trainer.monitor.stop()
             return code
-        except (RunConfigError, checkpoint.ConfigMismatch) as error:
+        except (RunConfigError, PackedDataError) as error:
             log.error("%s", error)
             return EXIT_BAD_CONFIG
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -67,10 +68,43 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def stub_apptainer(folder: Path) -> Path:
-    """An `apptainer` that only answers --version: Snakemake checks for one even in a dry run."""
+def stub_apptainer(folder: Path, record: Path | None = None) -> Path:
+    """An `apptainer` that only answers --version: Snakemake checks for one even in a dry run.
+
+    With `record`, every other call appends its argv to that file (one JSON list a line) and an
+    `exec ... IMAGE COMMAND ARGS` runs COMMAND ARGS on the host, as if the image held the host's
+    software. Snakemake ends its wrapper with `IMAGE sh -c CMD`; a launch spec's ranks end with
+    `IMAGE PYTHON -m ...` and are not run (the stub cannot know where their options end).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     stub = folder / "apptainer"
-    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n')
+    if record is None:
+        stub.write_text(_VERSION_ONLY_APPTAINER)
+    else:
+        stub.write_text(_RECORDING_APPTAINER.format(python=sys.executable, record=str(record)))
     stub.chmod(0o755)
     return folder
+
+
+_VERSION_ONLY_APPTAINER = (
+    '#!/bin/sh\n[ "$1" = --version ] && echo "apptainer version 1.3.6" && exit 0\nexit 1\n'
+)
+_RECORDING_APPTAINER = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("apptainer version 1.3.6")
+    raise SystemExit(0)
+with open({record!r}, "a") as handle:
+    handle.write(json.dumps(args) + "\\n")
+if len(args) >= 3 and args[0] == "exec" and args[-2] == "-c":
+    os.execvp(args[-3], args[-3:])
+raise SystemExit(0)
+"""
+
+
+def recorded_calls(record: Path) -> list[list[str]]:
+    """The argv of every call of a recording stub_apptainer, in order."""
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line]

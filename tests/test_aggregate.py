@@ -145,3 +145,22 @@ def test_cli_writes_catalog(study, tmp_path):
     catalog = pd.read_csv(out)
     assert len(catalog) == 15 and "sacct.max_rss_mb" in catalog.columns
     assert (catalog["sacct.note"] == "sacct not found on this host").all()
+
+
+def test_the_window_columns_reach_the_catalog(tmp_path, capsys):
+    window = {"window_filled": False, "measured_steps": 3, "measure_start_s": 1.5, "measure_end_s": None}
+    ddp = {"ddp_options": {"static_graph": True, "forward_sync_buffers": False}}
+    record = {
+        "run": {"stage": "scaling", "point": "weak/w2_r0"},
+        "results": {**dict.fromkeys(aggregate.REQUIRED_RESULTS, 1), "images_per_s": None, **window, **ddp},
+        "provenance": {},
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(record))
+    out = tmp_path / "runs.csv"
+    aggregate.main(["--summaries", str(path), "--out", str(out)])
+    row = pd.read_csv(out).iloc[0]
+    assert not row["window_filled"] and row["measured_steps"] == 3 and row["measure_start_s"] == 1.5
+    assert pd.isna(row["images_per_s"]) and pd.isna(row["measure_end_s"])
+    assert row["ddp_options.static_graph"] and not row["ddp_options.forward_sync_buffers"]
+    assert "scaling/weak/w2_r0: measurement window not filled" in capsys.readouterr().err

@@ -47,5 +47,23 @@ def test_model_rows_only_for_unmeasured_sizes():
     table = resources.estimate(runs, scaling, prediction, settings_)
     model = table[table["scope"] == "model"]
     assert list(model["world_size"]) == [16]  # 4 was measured
-    assert model["source"].iloc[0] == f"model: {settings_['comm_model']['interconnects'][0]['name']}"
+    link = settings_["comm_model"]["interconnects"][0]["name"]
+    assert model["source"].iloc[0] == f"model: {link} (configured; no collective benchmark)"
     assert model["nodes"].iloc[0] == 8
+
+
+def test_model_rows_use_the_measured_collectives_where_the_benchmark_ran():
+    settings_ = analysis(model_world_sizes=[16])
+    runs = pd.DataFrame([run_row("scaling", n, 256, 0.1 + 0.01 * (n - 1), mode="weak") for n in (1, 2, 4)])
+    bench = pd.DataFrame(
+        [("all_reduce", 4, 2, "inter-node", 5e-6, 10.0, 0.99)],
+        columns=["collective", "world_size", "nodes", "placement", "link_alpha_s", "bandwidth_gb_s", "r2"],
+    )
+    _, _, prediction = commmodel.analyse(runs, settings_, bench)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
+    model = resources.estimate(runs, scaling, prediction, settings_).query("scope == 'model'").iloc[0]
+    assert model["source"] == f"model: {commmodel.MEASURED_CURVE}"
+    measured = prediction[
+        (prediction["curve"] == commmodel.MEASURED_CURVE) & (prediction["world_size"] == 16)
+    ]
+    assert model["images_per_s"] == pytest.approx(256 * 16 / float(measured["step_s"].iloc[0]))

@@ -11,6 +11,7 @@ import json
 import math
 import multiprocessing
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from scalestudy.benchmark import dag, matmul, measure, pipelines, project, repor
 from scalestudy.benchmark.__main__ import main
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row, Target
-from scalestudy.benchmark.suite import Variant, project_variants
+from scalestudy.benchmark.suite import Variant, project_variants, window_settings
 
 
 @pytest.fixture(scope="module")
@@ -261,15 +262,26 @@ def test_the_spawned_trainer_reaches_every_marker(demo_config, packed, tmp_path)
         "unused",
         per_gpu_batch=16,
         width=4,
-        epochs=1,
-        max_steps_per_epoch=1,
+        epochs=2,
+        max_steps_per_epoch=2,
+        log_every_steps=1,  # step 1 is logged (the first_step marker)
         device="cpu",
+        **window_settings(SimpleNamespace(steps=2, epochs=2)),
     )
     result = project.spawn_fresh(run, tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert set(result.markers) == set(project.MARKERS)
     times = [result.markers[name] for name in project.MARKERS]
     assert times == sorted(times) and 0 < times[-1] < result.wall_s
-    assert result.images_per_s > 0 and result.summary["results"]["steps"] == 1
+    results = result.summary["results"]
+    assert results["steps"] == 4 and results["window_filled"]  # epoch 2 is the window
+    assert (results["warmup_steps"], results["measured_steps"], results["measure_start_step"]) == (2, 2, 2)
+    assert result.images_per_s == results["images_per_s"] > 0
+
+
+def test_a_trainer_run_without_a_filled_window_gives_no_rate():
+    unfilled = {"window_filled": False, "measured_steps": 3, "measure_steps": 40, "warmup_steps": 20}
+    with pytest.raises(RuntimeError, match="window was not filled"):
+        _ = project.TrainerRun({"results": {**unfilled, "images_per_s": None}}).images_per_s
 
 
 def test_import_probe_times_the_import_inside_the_whole_process():

@@ -1,4 +1,5 @@
-"""Checkpoints: round trip, RNG states, pruning, damaged files, config mismatch, kill during write."""
+"""Checkpoints: round trip, RNG states, pruning, damaged files, which one a run may claim, retiring,
+kill during write."""
 
 import logging
 import multiprocessing
@@ -92,12 +93,84 @@ def test_a_file_that_matches_its_name_but_does_not_load_is_skipped(tmp_path, cap
     assert "does not load" in caplog.text
 
 
-def test_a_checkpoint_of_another_run_config_is_refused(tmp_path):
-    state = {"config_hash": "aaa", "run_config": {"lr": 0.1, "width": 64}}
-    checkpoint.check_config(state, "aaa", {"lr": 0.1, "width": 64}, tmp_path / "c.pt")
-    with pytest.raises(checkpoint.ConfigMismatch, match=r"lr: 0.1 -> 0.2") as error:
-        checkpoint.check_config(state, "bbb", {"lr": 0.2, "width": 64}, tmp_path / "c.pt")
-    assert "width" not in str(error.value) and "delete" in str(error.value)
+def _run_state(step: int, epoch: int, config_hash: str = "abc", lr: float = 0.1) -> dict:
+    position = {"epoch": epoch, "step": 0, "global_step": step}
+    return {**_state(step), "config_hash": config_hash, "run_config": {"lr": lr}, "position": position}
+
+
+def test_an_interrupted_run_of_the_same_config_is_resumed(tmp_path):
+    checkpoint.save(tmp_path, _run_state(5, epoch=0), 5)
+    checkpoint.save(tmp_path, _run_state(10, epoch=1), 10)
+    state, path = checkpoint.claim(tmp_path, "abc", epochs=2)
+    assert state["step"] == 10 and path.exists() and len(_files(tmp_path)) == 2
+
+
+def test_a_checkpoint_of_another_run_config_is_removed_with_a_warning(tmp_path, caplog):
+    """An older version of the output: never resumed, never blocking; both hashes are named."""
+    folder = tmp_path / "ckpt"
+    checkpoint.save(folder, _run_state(5, epoch=0, config_hash="old1"), 5)
+    newest = checkpoint.save(folder, _run_state(10, epoch=1, config_hash="old1"), 10)
+    (folder / ".ckpt-000000011-0000000000000000.pt.x.tmp").write_bytes(b"partial")
+    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+        assert checkpoint.claim(folder, "new2", epochs=2, config={"lr": 0.2}) is None
+    assert not folder.exists()  # emptied, so removed
+    assert all(text in caplog.text for text in (newest.name, "old1", "new2", "lr: 0.1 -> 0.2"))
+
+
+def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):
+    """A finished run whose checkpoints were kept (marked finished) asked for again measures anew."""
+    folder = tmp_path / "ckpt"
+    checkpoint.save(folder, _run_state(10, epoch=1), 10)
+    last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
+    checkpoint.finished(folder, "abc", keep=True)
+    assert {path.name for path in folder.iterdir()} >= {last.name, checkpoint.FINISHED}
+    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+        assert checkpoint.claim(folder, "abc", epochs=2) is None
+    assert not folder.exists() and last.name in caplog.text and "finished" in caplog.text
+
+
+def test_a_finished_run_that_keeps_nothing_leaves_nothing(tmp_path):
+    folder = tmp_path / "ckpt"
+    checkpoint.save(folder, _run_state(20, epoch=2), 20)
+    checkpoint.finished(folder, "abc", keep=False)
+    assert not folder.exists()
+
+
+def test_a_run_stopped_between_its_last_checkpoint_and_its_outputs_resumes(tmp_path, caplog):
+    """The last epoch's checkpoint without the finished mark: the run was killed before (or while)
+    writing its run folder. It resumes (no step left) to write its outputs, not to train again."""
+    folder = tmp_path / "ckpt"
+    last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
+    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+        state, path = checkpoint.claim(folder, "abc", epochs=2)
+    assert path == last and state["position"]["epoch"] == 2 and "never written" in caplog.text
+
+
+def test_a_checkpoint_of_an_earlier_format_is_never_resumed(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    monkeypatch.setattr(checkpoint, "FORMAT", checkpoint.FORMAT - 1)
+    checkpoint.save(folder, _run_state(10, epoch=1), 10)
+    monkeypatch.undo()
+    assert checkpoint.claim(folder, "abc", epochs=2) is None
+    assert not folder.exists()
+
+
+def test_files_none_of_which_loads_are_removed(tmp_path):
+    junk = b"not a torch file"
+    (tmp_path / f"ckpt-000000002-{checkpoint._digest(junk)}.pt").write_bytes(junk)
+    (tmp_path / "notes.txt").write_text("the user's")
+    assert checkpoint.claim(tmp_path, "abc", epochs=2) is None
+    assert _files(tmp_path) == ["notes.txt"]
+    assert checkpoint.claim(tmp_path / "missing", "abc", epochs=2) is None
+
+
+def test_retire_removes_only_checkpoint_files(tmp_path):
+    for step in (1, 2):
+        checkpoint.save(tmp_path, _state(step), step)
+    (tmp_path / "notes.txt").write_text("the user's")
+    assert checkpoint.retire(tmp_path) == 2
+    assert _files(tmp_path) == ["notes.txt"]
+    assert checkpoint.retire(tmp_path / "missing") == 0
 
 
 # --- killed while writing -----------------------------------------------------------------------------

@@ -156,6 +156,50 @@ def test_the_image_is_built_unless_a_prebuilt_one_is_named():
             cluster.container_image({"container": {"prebuilt": bad}})
 
 
+@pytest.mark.parametrize(
+    "bad", ["x;touch$IFS/tmp/f;", "$(touch$IFS/tmp/f)", "a`id`.sif", "containers/{name}.sif", "-x.sif", "a'b"]
+)
+@pytest.mark.parametrize("key", ["sif", "prebuilt", "definition", "python"])
+def test_container_paths_with_shell_syntax_are_refused_naming_the_key(key, bad):
+    """Issue 13: Snakemake puts the image path unquoted into its `apptainer exec` command."""
+    with pytest.raises(ValueError, match=f"container.{key} must be a local path of letters") as caught:
+        cluster.container_settings({"container": {key: bad}})
+    assert repr(bad) in str(caught.value)
+
+
+@pytest.mark.parametrize("bad", ["$(id)", "a;b", "eth0 eth1", "`id`", "x\ny"])
+def test_nccl_values_with_shell_syntax_are_refused_naming_the_variable(bad):
+    with pytest.raises(ValueError, match="nccl.NCCL_SOCKET_IFNAME must be an environment value"):
+        cluster.nccl_env({"nccl": {"NCCL_SOCKET_IFNAME": bad}})
+
+
+def test_nccl_list_and_exclusion_syntax_passes():
+    values = {
+        "NCCL_SOCKET_IFNAME": "^docker0,lo",
+        "NCCL_IB_HCA": "=mlx5_0:1",
+        "NCCL_DEBUG_FILE": "/t/n.%h.%p",
+    }
+    assert cluster.nccl_env({"nccl": {**values, "NCCL_IB_DISABLE": True}}) == {
+        **values,
+        "NCCL_IB_DISABLE": "1",
+    }
+
+
+def test_the_schema_carries_the_patterns_the_code_checks():
+    from scalestudy import configcheck
+
+    container, site = (
+        SCHEMA["properties"]["container"]["properties"],
+        SCHEMA["properties"]["cluster"]["properties"],
+    )
+    for key in ("sif", "prebuilt", "definition", "python"):
+        assert container[key]["pattern"] == configcheck.SAFE_PATH, key
+    for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
+        assert site[key]["pattern"] == configcheck.SLURM_NAME, key
+    assert site["constraint"]["pattern"] == configcheck.SLURM_CONSTRAINT
+    assert SCHEMA["properties"]["nccl"]["additionalProperties"]["pattern"] == configcheck.ENV_VALUE
+
+
 def test_launch_spec_carries_the_layout_the_nccl_environment_and_the_image_when_containerized():
     config = gpu_config(cpus_per_rank=6)
     config["nccl"] = {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_DISABLE": False, "NCCL_BUFFSIZE": 4194304}

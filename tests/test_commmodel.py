@@ -170,3 +170,106 @@ def test_cli_writes_tables(tmp_path):
     assert float(fit.loc["alpha_eff", "value"]) == pytest.approx(8.0)
     assert float(fit.loc["bandwidth_eff", "value"]) == pytest.approx(40.0, rel=1e-6)
     assert len(pd.read_csv(out["residuals"])) == 2
+
+
+# --- the measured collectives (scalestudy.commbench) in the model ------------------------------------
+
+
+def bench_fit(rows):
+    """comm_bench_fit.csv rows: (collective, world, nodes, placement, link alpha s, bus GB/s)."""
+    columns = ["collective", "world_size", "nodes", "placement", "link_alpha_s", "bandwidth_gb_s", "r2"]
+    return pd.DataFrame([(*row, 0.99) for row in rows], columns=columns)
+
+
+MEASURED = bench_fit(
+    [
+        ("all_reduce", 2, 1, "intra-node", 2e-6, 150.0),
+        ("all_reduce", 8, 1, "intra-node", 3e-6, 120.0),  # the largest intra-node size is used
+        ("all_gather", 8, 1, "intra-node", 1e-6, 999.0),  # not all-reduce: ignored
+        ("all_reduce", 16, 2, "inter-node", 6e-6, 40.0),
+    ]
+)
+
+
+def test_measured_links_take_the_largest_all_reduce_per_placement():
+    links = commmodel.measured_links(MEASURED)
+    assert set(links) == {"intra-node", "inter-node"}
+    assert links["intra-node"]["world_size"] == 8 and links["intra-node"]["bandwidth_gb_s"] == 120.0
+    assert links["inter-node"]["link_alpha_s"] == 6e-6
+    assert commmodel.measured_links(None) == {} and commmodel.measured_links(MEASURED.iloc[:0]) == {}
+
+
+def test_measured_curve_is_the_ring_model_with_the_measured_link():
+    analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
+    _, _, prediction = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis, MEASURED)
+    weak = prediction[(prediction["mode"] == "weak") & (prediction["curve"] == commmodel.MEASURED_CURVE)]
+    weak = weak.set_index("world_size")
+    grad, buckets = GRAD, modelsize.bucket_count(GRAD, 25.0)
+    # measured_bandwidth_gb_s is null: phi comes from the benchmark's link at the largest size (8,
+    # intra-node, 120 GB/s) and the fitted beta_eff (1/40 GB/s): 1 - 120/40 < 0 -> clipped to 0
+    for n, (alpha, bandwidth) in {4: (3e-6, 120.0), 8: (3e-6, 120.0), 32: (6e-6, 40.0)}.items():
+        comm = float(commmodel.ring_allreduce_s(n, grad, buckets, alpha, 1 / (bandwidth * 1e9)))
+        assert weak.loc[n, "exposed_comm_s"] == pytest.approx(comm)
+        assert weak.loc[n, "efficiency"] == pytest.approx(C * 256 / (C * 256 + comm))
+
+
+def test_overlap_from_the_benchmark_when_not_configured():
+    analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
+    slow = bench_fit([("all_reduce", 8, 1, "intra-node", 3e-6, 20.0)])
+    table, _, prediction = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis, slow)
+    values = table.set_index("quantity")
+    assert float(values.loc["overlap_fraction", "value"]) == pytest.approx(1 - 20 / 40)
+    assert "from comm_bench, intra-node N=8" in values.loc["overlap_fraction", "note"]
+    # only an intra-node size was measured: the curve says so and uses that link beyond a node too
+    assert f"{commmodel.MEASURED_CURVE}, intra-node link only" in set(prediction["curve"])
+    assert float(values.loc["measured_bandwidth[intra-node]", "value"]) == 20.0
+    assert float(values.loc["measured_alpha[intra-node]", "value"]) == pytest.approx(3.0)
+    configured = settings.resolved({"comm_model": {"gpus_per_node": 8, "measured_bandwidth_gb_s": 30.0}})
+    table, _, _ = commmodel.analyse(runs_from_model([1, 2, 4, 8]), configured, slow)
+    assert float(table.set_index("quantity").loc["overlap_fraction", "value"]) == pytest.approx(1 - 30 / 40)
+
+
+def test_profile_allreduce_beside_the_benchmarks_prediction():
+    overlap = pd.DataFrame(
+        {
+            "world_size": [1, 8, 8],
+            "rank": [0, 0, 1],
+            "tool": ["torch", "nsys", "nsys"],
+            "communication_s": [0.0, 0.04, 0.06],
+            "exposed_communication_s": [0.0, 0.01, 0.03],
+            "steps": [10, 10, 10],
+        }
+    )
+    analysis = settings.resolved({"comm_model": {"gpus_per_node": 8}})
+    table, _, _ = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis, MEASURED, overlap)
+    values = table.set_index("quantity")["value"].astype(str)
+    assert float(values["profile_allreduce_per_step[N=8]"]) == pytest.approx(5.0)  # (4 + 6) ms / 2 ranks
+    assert float(values["profile_exposed_per_step[N=8]"]) == pytest.approx(2.0)
+    buckets = modelsize.bucket_count(GRAD, 25.0)
+    expected = float(commmodel.ring_allreduce_s(8, GRAD, buckets, 3e-6, 1 / 120e9)) * 1e3
+    assert float(values["bench_allreduce_per_step[N=8]"]) == pytest.approx(expected)
+    assert "profile_allreduce_per_step[N=1]" not in values  # one rank has no all-reduce
+
+
+def test_cli_takes_the_benchmark_and_the_profile(tmp_path):
+    runs_from_model([1, 2, 4]).to_csv(tmp_path / "runs.csv", index=False)
+    MEASURED.to_csv(tmp_path / "bench.csv", index=False)
+    out = {name: tmp_path / f"{name}.csv" for name in ("fit", "residuals", "prediction")}
+    args = ["--runs", str(tmp_path / "runs.csv"), "--bench-fit", str(tmp_path / "bench.csv")]
+    args += [f"--{name}-out={path}" for name, path in out.items()]
+    assert commmodel.main([*args, "--analysis-json", '{"comm_model": {"gpus_per_node": 8}}']) == 0
+    assert commmodel.MEASURED_CURVE in set(pd.read_csv(out["prediction"])["curve"])
+    MEASURED.drop(columns="link_alpha_s").to_csv(tmp_path / "bench.csv", index=False)
+    with pytest.raises(ValueError, match="bench.csv: missing column.*link_alpha_s"):
+        commmodel.main([*args, "--analysis-json", "{}"])
+
+
+def test_a_clipped_training_fit_does_not_derive_a_fully_hidden_all_reduce():
+    """beta_eff clipped to 0 (the demo on a loaded machine): 1 - 0 x bandwidth would say phi = 1."""
+    analysis = settings.resolved({"comm_model": {"gpus_per_node": 8, "overlap_fraction": 0.25}})
+    runs = runs_from_model([1, 2], beta=-BETA)  # slower with one rank than with two: beta clipped
+    table, _, _ = commmodel.analyse(runs, analysis, MEASURED)
+    values = table.set_index("quantity")
+    assert "beta clipped to 0" in values.loc["method", "value"]
+    assert float(values.loc["overlap_fraction", "value"]) == 0.25
+    assert "not derived from comm_bench" in values.loc["overlap_fraction", "note"]

@@ -4,6 +4,8 @@ the definition is checked statically, the way Apptainer's parser reads it)."""
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -123,11 +125,21 @@ def test_the_test_section_checks_every_pin_and_parses(definition):
     assert namespace["found"](version("torch")) == pins()["torch"]
 
 
-def dry_run(workdir: Path, *args: str) -> str:
+def dry_run(workdir: Path, *args: str, dry: bool = True) -> str:
     env = snakemake_env()
     env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--sdm", "apptainer", "--cores", "1", *args],
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            *(["-n"] if dry else []),
+            "--sdm",
+            "apptainer",
+            "--cores",
+            "1",
+            *args,
+        ],
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -174,10 +186,70 @@ def test_containerized_jobs_wait_for_the_image_and_a_prebuilt_one_is_never_built
     }
     assert "build_image" in inputs
     waiting = {rule for rule, line in inputs.items() if line and "containers/scalestudy.sif" in line[1]}
-    # table_accounting runs on the host, outside the image (sacct is a host tool): it need not wait.
-    missing = sorted(set(inputs) - waiting - {"build_image", "all", "table_accounting"})
+    # table_accounting and paper_pdf run on the host, outside the image (sacct and TeX are host
+    # tools): they need not wait.
+    missing = sorted(set(inputs) - waiting - {"build_image", "all", "table_accounting", "paper_pdf"})
     assert not missing, (
         f"jobs that do not list image_input() (would start before the image exists): {missing}"
     )
-    prebuilt = dry_run(workflow, "--config", "container={'prebuilt': '/images/scalestudy.sif'}")
-    assert "build_image" not in planned_rules(prebuilt)
+    with_digest = {rule for rule, line in inputs.items() if line and DIGEST in line[1]}
+    assert with_digest == waiting - {"image_digest"}, "every job in the image reads its digest"
+    image = workflow.parent / "images" / "scalestudy.sif"
+    image.parent.mkdir()
+    image.write_bytes(b"a prebuilt image")
+    prebuilt = dry_run(workflow, "--config", f"container={{'prebuilt': '{image}'}}")
+    assert "build_image" not in planned_rules(prebuilt) and "image_digest" in planned_rules(prebuilt)
+
+
+DIGEST = "results/image/scalestudy.sif.sha256.json"
+
+
+def test_the_image_is_hashed_once_by_a_rule_never_when_the_workflow_is_parsed(workflow):
+    """The sha256 of a multi-GB image: one job (rule image_digest) per image, read by every job."""
+    from scalestudy import imagedigest
+
+    image = workflow / "containers" / "scalestudy.sif"
+    image.write_bytes(b"an image of a few GB" * 1000)
+    planned = dry_run(workflow, "--forceall", "--cores", "2")
+    assert planned_rules(planned) >= {"build_image", "image_digest", "site_check"}
+    assert not list(image.parent.glob("*.sha256.json")), "the parse hashed the image"
+    run = dry_run(workflow, DIGEST, "--cores", "1", dry=False)
+    assert "image_digest" in planned_rules(run)
+    record = json.loads((workflow / DIGEST).read_text())
+    assert record["sha256"] == hashlib.sha256(image.read_bytes()).hexdigest()
+    assert record["image"] == str(image) and record["size"] == image.stat().st_size
+    assert (
+        imagedigest.recorded_sha256(str(image), {imagedigest.DIGEST_ENV: str(workflow / DIGEST)})
+        == (record["sha256"])
+    )
+    assert "Nothing to be done" in dry_run(workflow, DIGEST)
+
+
+def test_the_image_carries_the_compat_libraries_the_site_check_points_to(definition):
+    """The site check's remedy for a driver older than 580 names /usr/local/cuda/compat."""
+    from scalestudy import sitecheck
+
+    header, sections = definition
+    cuda = re.search(r"nvidia/cuda:(\d+)\.(\d+)", header["from"])
+    assert f"cuda-compat-{cuda[1]}-{cuda[2]}" in sections["post"].split()
+    assert f"ls {sitecheck.COMPAT_LIBRARIES}/libcuda.so.*" in sections["test"]
+
+
+def test_provenance_reads_the_digest_file_of_the_image(tmp_path, monkeypatch):
+    """CPU rules get no sha256 from the Snakefile any more: provenance reads rule image_digest's file."""
+    from scalestudy import imagedigest, provenance
+
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"image bytes")
+    digest = tmp_path / "image.sif.sha256.json"
+    record = imagedigest.compute(image)
+    assert record["sha256"] == hashlib.sha256(b"image bytes").hexdigest() and record["size"] == 11
+    digest.write_text(json.dumps(record))
+    monkeypatch.delenv(provenance.IMAGE_SHA256_ENV, raising=False)
+    monkeypatch.setenv(provenance.IMAGE_ENV, str(image))
+    monkeypatch.setenv(imagedigest.DIGEST_ENV, str(digest))
+    assert provenance.collect()["image_sha256"] == record["sha256"]
+    image.write_bytes(b"a rebuilt image")  # newer than its digest: never reported as that sha256
+    assert provenance.collect()["image_sha256"].startswith(f"stale ({digest} is older than {image}")
+    monkeypatch.setenv(imagedigest.DIGEST_ENV, str(tmp_path / "missing.json"))
+    assert provenance.collect()["image_sha256"] is None

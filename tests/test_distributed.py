@@ -1,6 +1,9 @@
 """Rank, world and rendezvous from torchrun / srun variables; Slurm host lists; the process group."""
 
+import multiprocessing
 import os
+import queue
+import re
 import socket
 import time
 
@@ -162,3 +165,38 @@ def test_missing_rank_fails_after_the_configured_timeout():
         distributed.init_process_group(dist_env, "gloo", timeout_s=2)
     distributed.destroy_process_group()
     assert time.monotonic() - start < 30
+
+
+def _rank(rank: int, port: int, answers) -> None:
+    """Rank 1 joins the group, then takes part in no collective (a rank lost to a hang); rank 0
+    runs a collective on the control group and reports how it ended, and after how long."""
+    torch.set_num_threads(1)
+    control = distributed.init_process_group(DistEnv(rank, rank, 2, "127.0.0.1", port, "single"), "gloo", 3)
+    if rank == 1:
+        time.sleep(120)
+    start = time.monotonic()
+    try:
+        distributed.all_reduce_sum(torch.tensor([1]), control)
+        answers.put(("returned", time.monotonic() - start, ""))
+    except Exception as error:  # noqa: BLE001 - the test reads what it was
+        answers.put(("raised", time.monotonic() - start, str(error)))
+    os._exit(0)
+
+
+def test_the_control_group_also_fails_after_the_configured_timeout():
+    """The stop agreement's gloo group has pg_timeout_s (3 s here), not torch's 30-minute default."""
+    context = multiprocessing.get_context("fork")  # torch is already imported: cheap children
+    answers, port = context.Queue(), _free_port()
+    ranks = [context.Process(target=_rank, args=(rank, port, answers), daemon=True) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        outcome, seconds, message = answers.get(timeout=60)
+    except queue.Empty:
+        pytest.fail("the control group's all-reduce did not time out within 60 s")
+    finally:
+        for process in ranks:
+            process.kill()
+            process.join()
+    assert outcome == "raised" and re.search("(?i)timeout|timed out", message), message
+    assert seconds < 20

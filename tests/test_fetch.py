@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -213,8 +215,32 @@ def test_local_mirror_is_used_without_the_network(server, payload, tmp_path, for
 
     assert server.requests == []
     assert out.read_bytes() == payload
-    assert out.stat().st_ino == mirror.stat().st_ino  # hard-linked, not copied
+    assert out.stat().st_ino != mirror.stat().st_ino  # a copy: the output is ours to change
     assert mirror.read_bytes() == payload
+
+
+def test_a_read_only_mirror_is_left_exactly_as_it_was(server, payload, tmp_path):
+    """Issue 13: the mirror was hard-linked into place and then chmod'ed, so 0444 became 0644."""
+    mirror = tmp_path / "mirror" / NAME
+    mirror.parent.mkdir()
+    mirror.write_bytes(payload)
+    mirror.chmod(0o444)
+    os.utime(mirror, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    before = mirror.stat()
+    out = tmp_path / "data" / NAME
+
+    fetch([str(mirror)], out, _expected(payload), **FAST)
+
+    after = mirror.stat()
+    assert stat.S_IMODE(after.st_mode) == 0o444
+    assert (after.st_ino, after.st_nlink, after.st_mtime_ns) == (before.st_ino, 1, before.st_mtime_ns)
+    assert mirror.read_bytes() == payload == out.read_bytes()
+    # The output is a result of this run: the umask's mode (as every atomic write) and a fresh mtime,
+    # so Snakemake never takes it for older than its inputs.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    assert out.stat().st_mtime_ns > before.st_mtime_ns
 
 
 def test_damaged_mirror_falls_through_to_the_next_source(server, payload, tmp_path):

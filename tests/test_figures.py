@@ -154,3 +154,46 @@ def test_labels_name_what_a_rank_drives(gpu_study, tmp_path, monkeypatch, unit, 
     throughput, accuracy = (fig.axes[0] for fig in drawn)
     assert throughput.get_xlabel() == axis
     assert legend in [text.get_text() for text in accuracy.get_legend().get_texts()]
+
+
+def _captured_figure(monkeypatch, draw):
+    """The figure `draw` makes, kept open instead of saved."""
+    kept = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: kept.append(fig))
+    draw()
+    return kept[0]
+
+
+def _legend_labels(fig) -> list[str]:
+    labels = [text.get_text() for legend in fig.legends for text in legend.get_texts()]
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            labels += [text.get_text() for text in ax.get_legend().get_texts()]
+    return labels
+
+
+def test_a_point_without_a_filled_window_is_drawn_hollow(gpu_study, monkeypatch):
+    table = gpu_study["scaling"].copy()
+    table["window_filled"] = True
+    weak_2 = (table["mode"] == "weak") & (table["world_size"] == 2)
+    fig = _captured_figure(monkeypatch, lambda: scaling.throughput(table, "unused.png"))
+    assert scaling.UNFILLED_LABEL not in _legend_labels(fig)
+    table.loc[weak_2, "window_filled"] = False
+    for draw in (scaling.throughput, scaling.efficiency):
+        fig = _captured_figure(monkeypatch, lambda draw=draw: draw(table, "unused.png"))
+        assert scaling.UNFILLED_LABEL in _legend_labels(fig)
+        hollow = [
+            line
+            for line in fig.axes[0].get_lines()
+            if line.get_markerfacecolor() == "white" and len(line.get_xdata())
+        ]
+        assert len(hollow) == 1 and list(hollow[0].get_xdata()) == [2]
+        assert hollow[0].get_markeredgecolor() == style.mode_style("weak")["color"]
+
+
+def test_a_sensitivity_cell_without_a_filled_window_is_hatched(gpu_study, monkeypatch):
+    table = gpu_study["sensitivity"].copy()
+    table["window_filled"] = [False] + [True] * (len(table) - 1)
+    fig = _captured_figure(monkeypatch, lambda: sensitivity.heatmaps(table, "unused.png"))
+    hatched = [patch for ax in fig.axes for patch in ax.patches if patch.get_hatch()]
+    assert len(hatched) == 1 and sensitivity.UNFILLED_LABEL in _legend_labels(fig)

@@ -88,3 +88,19 @@ def test_profile_point_stops_after_the_window(demo_config):
         "steps": window["steps"],
     }
     assert run["max_steps_per_epoch"] > window["start_step"] + window["steps"]
+
+
+def test_a_profile_point_whose_epoch_is_shorter_than_the_window_gets_whole_epochs():
+    """config.yaml at 8 GPUs: 50,000 / 8 / 256 = 24 steps per epoch, the window ends at step 30."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    validate(config, str(REPO / "config/schema.yaml"))
+    window = config["profiling"]
+    needed = window["start_step"] + window["steps"] + 1
+    for world in (1, 8, 16):
+        run = grid.run_config(config, grid.profile_point(config, world))
+        per_epoch = 50_000 // world // window["per_gpu_batch"]
+        if run["max_steps_per_epoch"] is not None:
+            per_epoch = min(per_epoch, run["max_steps_per_epoch"])
+        assert per_epoch * run["epochs"] >= needed, (world, run["epochs"], per_epoch)

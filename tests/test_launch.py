@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from scalestudy import cluster, launch
+from scalestudy import cluster, distributed, launch
+from scalestudy.data.synthetic import generate_arrays
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = ["--run-config-json", '{"a": 1}', "--out-dir", "results/runs/x"]
@@ -109,10 +113,10 @@ def test_hostile_values_stay_single_arguments_and_the_logged_line_round_trips():
 
 
 def test_the_environment_carries_nccl_settings_and_the_image_into_the_container():
-    config = {"nccl": {"NCCL_SOCKET_IFNAME": "=ib0,eth0 'x'", "NCCL_DEBUG": "INFO"}}
+    config = {"nccl": {"NCCL_SOCKET_IFNAME": "=ib0,eth0", "NCCL_DEBUG": "INFO"}}  # shell syntax: refused
     the_spec = cluster.launch_spec(config, 2, containerized=True)
     env = launch.build_env(the_spec, {"PATH": "/bin", "SCALESTUDY_GIT_COMMIT": "abc"}, "f" * 64)
-    assert env["NCCL_SOCKET_IFNAME"] == "=ib0,eth0 'x'" and env["OMP_NUM_THREADS"] == "8"
+    assert env["NCCL_SOCKET_IFNAME"] == "=ib0,eth0" and env["OMP_NUM_THREADS"] == "8"
     assert env["SCALESTUDY_IMAGE"] == os.path.abspath("containers/scalestudy.sif")
     assert env["SCALESTUDY_IMAGE_SHA256"] == "f" * 64
     for name in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "SCALESTUDY_IMAGE_SHA256", "SCALESTUDY_GIT_COMMIT"):
@@ -135,20 +139,6 @@ def test_inherited_rendezvous_variables_do_not_reach_the_ranks():
     assert env["PATH"] == "/bin" and not set(launch.INHERITED_RENDEZVOUS) & set(env)
     chosen = launch.build_env(cluster.launch_spec({"nccl": {"MASTER_ADDR": "n1-ib"}}, 2), inherited)
     assert chosen["MASTER_ADDR"] == "n1-ib" and "MASTER_PORT" not in chosen
-
-
-def test_the_image_sha256_is_computed_once_and_cached_by_size_and_mtime(tmp_path):
-    image = tmp_path / "image.sif"
-    image.write_bytes(b"not really an image")
-    real = launch.image_sha256(str(image))
-    assert real == hashlib.sha256(b"not really an image").hexdigest()
-    cache = Path(f"{image}.sha256.json")
-    record = json.loads(cache.read_text())
-    assert record["sha256"] == real and record["size"] == image.stat().st_size
-    cache.write_text(json.dumps({**record, "sha256": "cached"}))
-    assert launch.image_sha256(str(image)) == "cached"  # no re-hash while size and mtime match
-    os.utime(image, ns=(record["mtime_ns"] + 10**9, record["mtime_ns"] + 10**9))
-    assert launch.image_sha256(str(image)) == real
 
 
 @pytest.mark.parametrize(
@@ -206,8 +196,148 @@ def test_main_execs_the_trainer_and_passes_its_exit_status(tmp_path):
         "print('ARGS', sys.argv[1:], os.environ['NCCL_DEBUG'], os.environ['OMP_NUM_THREADS'])\n"
         "sys.exit(75)\n"
     )
-    the_spec = cluster.launch_spec({"nccl": {"NCCL_DEBUG": "INFO x"}}, 1)
+    the_spec = cluster.launch_spec({"nccl": {"NCCL_DEBUG": "INFO,WARN"}}, 1)
     result = run_launch("--launch-json", json.dumps(the_spec), "--", *TRAIN, cwd=tmp_path)
     assert result.returncode == 75, result.stderr
-    assert f"ARGS {TRAIN!r} INFO x 8" in result.stdout
+    assert f"ARGS {TRAIN!r} INFO,WARN 8" in result.stdout
     assert "launch: " in result.stderr and "scalestudy.train" in result.stderr
+
+
+def test_the_launcher_reads_the_image_digest_file_and_never_hashes(tmp_path, monkeypatch):
+    """Rule image_digest hashes the image once (scalestudy.imagedigest); the launcher reads its file."""
+    from scalestudy import imagedigest
+    from tests.conftest import stub_apptainer
+
+    monkeypatch.chdir(tmp_path)
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"not really an image")
+    digest = tmp_path / "image.sif.sha256.json"
+    recorded = {**imagedigest.stamp(image), "sha256": "f" * 64}  # not the real hash: read, not computed
+    digest.write_text(json.dumps(recorded))
+    argv = ["--launch-json", json.dumps(spec(1, image=str(image), launcher="local")), "--", *TRAIN]
+    environ = {"PATH": str(stub_apptainer(tmp_path / "bin")), imagedigest.DIGEST_ENV: str(digest)}
+    _, env, _ = launch.prepare(argv, environ)
+    assert env["SCALESTUDY_IMAGE_SHA256"] == env["APPTAINERENV_SCALESTUDY_IMAGE_SHA256"] == "f" * 64
+    digest.unlink()
+    assert launch.prepare(argv, environ)[1]["SCALESTUDY_IMAGE_SHA256"] == "unknown"
+    digest.write_text(json.dumps({**recorded, "size": 1}))  # the image changed after its digest
+    assert launch.prepare(argv, environ)[1]["SCALESTUDY_IMAGE_SHA256"].startswith("stale (")
+
+
+# --- ranks die with their launcher --------------------------------------------------------------------
+
+ARMED_CHILD = (
+    "import sys, time\n"
+    "from scalestudy import distributed\n"
+    "pid = int(sys.argv[1]) if len(sys.argv) > 1 else None\n"
+    "print('armed', distributed.die_with_parent(pid), flush=True)\n"
+    "time.sleep(60)\n"
+)
+MIDDLE = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
+    "print(child.pid, child.stdout.readline().strip(), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(distributed.process_running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_armed_by_die_with_parent_ends_when_its_parent_is_killed():
+    middle = subprocess.Popen(
+        [sys.executable, "-c", MIDDLE, ARMED_CHILD], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    child_pid, armed = middle.stdout.readline().split(" ", 1)
+    try:
+        assert armed.strip() == "armed True" and distributed.process_running(int(child_pid))
+        middle.kill()
+        middle.wait()
+        assert _gone_within([int(child_pid)], 5)
+    finally:
+        _kill_all([int(child_pid)])
+
+
+def test_a_rank_whose_launcher_died_before_it_armed_ends_at_once():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    child = subprocess.run(
+        [sys.executable, "-c", ARMED_CHILD, str(dead.pid)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert child.returncode == -signal.SIGKILL and f"launcher (pid {dead.pid}) is gone" in child.stderr
+    alive = subprocess.run(
+        [sys.executable, "-c", ARMED_CHILD.replace("60", "0"), str(os.getpid())], cwd=REPO, timeout=30
+    )
+    assert alive.returncode == 0  # a launcher that still runs (not the direct parent: a rank prefix)
+
+
+def test_only_torchrun_ranks_arm_and_only_local_torchrun_without_an_image_gets_the_agents_pid():
+    assert distributed.die_with_launcher({}) is False
+    argv = ["--launch-json", json.dumps(spec(2, launcher="local")), "--", *TRAIN]
+    assert launch.prepare(argv, NO_SLURM)[1][launch.LAUNCHER_PID_ENV] == str(os.getpid())
+    one = ["--launch-json", json.dumps(spec(1, launcher="local")), "--", *TRAIN]
+    assert launch.LAUNCHER_PID_ENV not in launch.prepare(one, NO_SLURM)[1]
+    in_image = ["--dry-run", "--launch-json", json.dumps(spec(2, launcher="local", image="x.sif")), "--"]
+    assert launch.LAUNCHER_PID_ENV not in launch.prepare([*in_image, *TRAIN], NO_SLURM)[1]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def test_killing_the_torchrun_agent_of_a_two_rank_run_ends_both_ranks_and_writes_nothing(tmp_path):
+    """The agent (scalestudy.launch exec'd into torchrun) is SIGKILLed mid-training: both ranks
+    are gone within seconds, and no summary.json appears."""
+    data = tmp_path / "packed"
+    data.mkdir()
+    names = ("train_images", "train_labels", "test_images", "test_labels")
+    for name, array in zip(names, generate_arrays(8, 2, seed=0), strict=True):
+        np.save(data / f"{name}.npy", array)
+    run = {"world_size": 2, "per_gpu_batch": 8, "global_batch": 16, "epochs": 1000, "width": 4}
+    run |= {"data_dir": str(data), "checkpoint_dir": str(tmp_path / "ckpt"), "device": "cpu"}
+    run |= {"log_every_steps": 1, "monitor_interval_s": 5.0, "pg_timeout_s": 60, "checkpoint_every_steps": 0}
+    out = tmp_path / "run"
+    argv = ["--launch-json", json.dumps(spec(2, launcher="local")), "--"]
+    argv += ["--run-config-json", json.dumps(run), "--out-dir", str(out)]
+    env = {k: v for k, v in os.environ.items() if k not in launch.INHERITED_RENDEZVOUS}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "scalestudy.launch", *argv],
+        cwd=REPO,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ranks: list[int] = []
+    try:
+        log = []
+        for line in agent.stderr:  # rank 0's progress lines: both ranks are training
+            log.append(line)
+            if "step 2/" in line:
+                break
+        ranks = _children(agent.pid)
+        assert len(ranks) == 2, "".join(log)
+        agent.kill()
+        agent.wait()
+        assert _gone_within(ranks, 10), "ranks outlived their torchrun agent"
+        time.sleep(1)
+        assert not (out / "summary.json").exists()
+    finally:
+        agent.kill()
+        _kill_all(ranks)

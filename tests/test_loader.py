@@ -5,6 +5,7 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalestudy import loader
 from scalestudy.data.preprocess import load_packed
@@ -146,3 +147,125 @@ def test_classic_loader_follows_the_distributed_sampler_and_resumes(packed, work
 def test_too_little_data_for_one_batch_is_an_error(packed):
     with pytest.raises(ValueError, match="no full batch of 128"):
         _train_loader(packed, 0, 2, batch=128)
+
+
+# --- the GPU step path: per-epoch transfers, no per-step copy or sync -----------------------------
+
+
+@pytest.fixture
+def transfers(monkeypatch):
+    """Every host-to-device transfer of the loaders, through the hook `loader.to_device`."""
+    calls = []
+    real = loader.to_device
+
+    def counted(tensor, device, **options):
+        calls.append(tuple(tensor.shape))
+        return real(tensor, device, **options)
+
+    monkeypatch.setattr(loader, "to_device", counted)
+    return calls
+
+
+def _per_step_transfers(data, epochs, transfers, start_step=0):
+    """Transfers made when each epoch is asked for, and while each of its batches is made."""
+    at_epoch, in_steps = [], []
+    for epoch in epochs:
+        before = len(transfers)
+        batches = iter(data.epoch(epoch, start_step))
+        at_epoch.append(len(transfers) - before)
+        while True:
+            before = len(transfers)
+            if next(batches, None) is None:
+                break
+            in_steps.append(len(transfers) - before)
+    return at_epoch, in_steps
+
+
+@pytest.mark.parametrize("resident", [True, False])
+@pytest.mark.parametrize("train", [True, False])
+def test_host_to_device_transfers_are_per_epoch_not_per_step(packed, transfers, resident, train):
+    split = "train" if train else "test"
+    data = TensorLoader(*load_packed(packed, split), batch_size=8, train=train, resident=resident)
+    assert len(transfers) == (2 if resident else 1)  # the split and the labels / the labels only
+    at_epoch, in_steps = _per_step_transfers(data, range(3), transfers, start_step=0)
+    assert len(in_steps) == 3 * data.steps_per_epoch > 3
+    assert in_steps == [0] * len(in_steps)  # nothing per step
+    assert at_epoch == [1 if resident else 0] * 3  # one [4, samples] plan per epoch on the device path
+    if resident:
+        samples = data.steps_per_epoch * 8 if train else N_TEST
+        assert transfers[-1] == (4, samples)
+
+
+def test_the_classic_baseline_copies_every_batch(packed, transfers):
+    """The control: the hook sees per-step copies where there are some (the DataLoader baseline)."""
+    data = ClassicLoader(packed, batch_size=8, num_workers=0)
+    _, in_steps = _per_step_transfers(data, [0], transfers)
+    assert in_steps == [2] * data.steps_per_epoch  # images and labels, every step
+
+
+def test_the_device_path_gives_the_cpu_path_batches(packed):
+    """resident=True is the GPU's code path (data and plan on the device), run on the CPU."""
+    for train, split in ((True, "train"), (False, "test")):
+        host, device = (
+            TensorLoader(
+                *load_packed(packed, split),
+                batch_size=8,
+                rank=1,
+                world_size=2,
+                seed=3,
+                train=train,
+                resident=resident,
+            )
+            for resident in (False, True)
+        )
+        for start_step in (0, 3):
+            pairs = zip(host.epoch(2, start_step), device.epoch(2, start_step), strict=True)
+            for (x, y), (dx, dy) in pairs:
+                assert torch.equal(x, dx) and torch.equal(y, dy)
+
+
+class OpLog(TorchDispatchMode):
+    """The aten operators run while active (what a GPU would be asked to do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+# Operators that synchronise with the host on CUDA or build a tensor from Python data
+HOST_SYNC_OPS = {
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::lift_fresh",
+    "aten::lift_fresh_copy",
+    "aten::_pin_memory",
+    "aten::is_pinned",
+}
+
+
+def test_a_device_step_neither_synchronises_nor_builds_tensors_from_python(packed):
+    with OpLog() as control:
+        torch.tensor([1, 2]).sum().item()
+    assert {"aten::lift_fresh", "aten::_local_scalar_dense"} <= set(control.ops)  # the log sees them
+    data = _train_loader(packed, 0, 2, resident=True)
+    batches = data.epoch(1)
+    steps = 0
+    while True:
+        with OpLog() as log:
+            batch = next(batches, None)
+        if batch is None:
+            break
+        steps += 1
+        assert log.ops and not HOST_SYNC_OPS & set(log.ops), sorted(HOST_SYNC_OPS & set(log.ops))
+    assert steps == data.steps_per_epoch
+
+
+def test_resident_false_is_for_the_cpu_only(packed):
+    with pytest.raises(ValueError, match="for device cpu only, not meta"):
+        _train_loader(packed, 0, 1, device="meta", resident=False)

@@ -228,3 +228,72 @@ def test_mfu_uses_the_precision_the_run_actually_trained_in():
     runs = metrics.run_metrics(pd.DataFrame(rows), settings_)
     assert list(runs["precision"]) == ["fp16", "fp32"]
     assert runs["mfu"].iloc[1] == pytest.approx(10 * runs["mfu"].iloc[0])
+
+
+def _unfilled(row: dict) -> dict:
+    """The row of a run whose measurement window was not filled: no window rates, whole-run ones."""
+    per_gpu = row["images_per_s_per_gpu"]
+    return {
+        **row,
+        "window_filled": False,
+        "images_per_s": None,
+        "images_per_s_per_gpu": None,
+        "whole_run_images_per_s": 0.5 * per_gpu * row["world_size"],
+        "whole_run_images_per_s_per_gpu": 0.5 * per_gpu,
+    }
+
+
+def test_an_unfilled_window_is_marked_and_falls_back_to_the_whole_run_rate(tmp_path):
+    rows = [{**r, "window_filled": True} for r in strong_runs(0.8, worlds=(1, 2))]
+    rows.append(_unfilled(run_row("scaling", 2, 512, T1 / (0.8 * 2), mode="strong", repeat=1)))
+    rows.append(_unfilled(run_row("baseline", 1, 128, 0.1)))
+    rows.append(run_row("sensitivity", 8, 128, 0.1, window_filled=True))
+    faster = run_row("sensitivity", 8, 64, 0.01, **{"config.bucket_cap_mb": 1})  # 3,200/s whole run
+    rows.append(_unfilled(faster))
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)  # as the catalog stores them
+    out = {name: str(tmp_path / f"{name}.csv") for name in ("scaling", "sensitivity")}
+    argv = ["--runs", str(tmp_path / "runs.csv"), "--analysis-json", "{}"]
+    metrics.main([*argv, "--scaling-out", out["scaling"], "--sensitivity-out", out["sensitivity"]])
+    scaling = pd.read_csv(out["scaling"]).set_index("world_size")
+    assert scaling.loc[1, "window_filled"] and scaling.loc[1, "windows_unfilled"] == 0
+    assert not scaling.loc[2, "window_filled"] and scaling.loc[2, "windows_unfilled"] == 1
+    assert "1 of 2 repeat(s): window not filled" in scaling.loc[2, "note"]
+    # repeat 0 at 0.8 efficiency, repeat 1 at half its throughput (whole run): the mean of both
+    assert scaling.loc[2, "efficiency_mean"] == pytest.approx((0.8 + 0.4) / 2)
+    sweep = pd.read_csv(out["sensitivity"]).set_index("per_gpu_batch")
+    assert sweep.loc[128, "window_filled"] and not sweep.loc[128, "baseline_window_filled"]
+    assert not sweep.loc[64, "window_filled"] and sweep.loc[64, "note"].startswith("window not filled")
+    assert sweep.loc[128, "best"] and not sweep.loc[64, "best"]  # faster, but not from a window
+    runs = metrics.run_metrics(pd.read_csv(tmp_path / "runs.csv"), SETTINGS)
+    marked = runs[~runs["window_filled"]]
+    assert set(marked["throughput_source"]) == {"whole run"} and len(marked) == 3
+    assert (runs.loc[runs["window_filled"], "throughput_source"] == "window").all()
+
+
+def test_rows_without_a_window_record_count_as_filled():
+    runs = metrics.run_metrics(pd.DataFrame(strong_runs(0.8)), SETTINGS)
+    assert runs["window_filled"].all() and (runs["note"] == "").all()
+
+
+def test_acceptance_gives_no_verdict_from_an_unfilled_window():
+    from scalestudy.analysis import acceptance
+
+    criteria = SETTINGS["acceptance"]
+    rows = strong_runs(0.8) + weak_runs(0.95)
+    scaling = table(rows)
+    baseline = run_row("baseline", 1, 128, 0.1)
+    sweep = [run_row("sensitivity", 8, 128, 0.05, **{"config.bucket_cap_mb": 25})]
+    sensitivity = metrics.sensitivity_table(metrics.run_metrics(pd.DataFrame([baseline, *sweep]), SETTINGS))
+    verdicts = acceptance.evaluate(scaling, sensitivity, criteria)["status"].tolist()
+    assert verdicts == ["pass", "pass", "pass"]
+    strong_8 = next(i for i, r in enumerate(rows) if r["config.mode"] == "strong" and r["world_size"] == 8)
+    weak_1 = next(i for i, r in enumerate(rows) if r["config.mode"] == "weak" and r["world_size"] == 1)
+    for i in (strong_8, weak_1):
+        rows[i] = _unfilled(rows[i])
+    sensitivity = metrics.sensitivity_table(
+        metrics.run_metrics(pd.DataFrame([_unfilled(baseline), *sweep]), SETTINGS)
+    )
+    judged = acceptance.evaluate(table(rows), sensitivity, criteria)
+    assert (judged["status"] == "not measured (window not filled)").all(), judged.to_string()
+    assert "not filled at N=8" in judged["note"].iloc[0] and "not filled at N=1" in judged["note"].iloc[1]
+    assert "in the baseline" in judged["note"].iloc[2]

@@ -1,4 +1,4 @@
-"""The NVML sampler: without NVML (this machine), and with a stand-in NVML of two GPUs."""
+"""The NVML sampler against a stand-in NVML, its files, and the analysis of its samples."""
 
 import json
 import time
@@ -6,21 +6,42 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
-from scalestudy import monitor
-from scalestudy.monitor import COLUMNS, NodeMonitor
+from scalestudy import atomic, monitor
+from scalestudy.analysis import acceptance, gpumonitor, settings
+from scalestudy.monitor import COLUMNS, GpuMonitor
+
+UUIDS = (
+    "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+    "GPU-0a1b2c3d-0000-1111-2222-333344446666",
+    "GPU-0a1b2c3d-0000-1111-2222-333344447777",
+)
+SM_ACTIVE = (71.5, 64.0, 80.0)  # what the stand-in's GPM reports per GPU
 
 
 class FakeNvml:
-    """The pynvml calls the monitor makes, for two GPUs; GPU 1 does not report PCIe throughput."""
+    """The pynvml calls the monitor makes, for three GPUs (with pynvml's constants).
 
-    NVML_PCIE_UTIL_RX_BYTES, NVML_PCIE_UTIL_TX_BYTES, NVML_TEMPERATURE_GPU = 1, 0, 0
+    gpm: per GPU whether nvmlGpmQueryDeviceSupport says yes. lost_after: {GPU: n} raises
+    NVML_ERROR_GPU_IS_LOST from the n-th power reading on. no_pcie: GPUs without PCIe counters.
+    """
+
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES, NVML_TEMPERATURE_GPU = 0, 1, 0
+    NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_GPU_IS_LOST = 0, 3, 15
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_SM_UTIL = 1, 2
 
     class NVMLError(Exception):
-        pass
+        def __init__(self, value):
+            super().__init__({3: "Not Supported", 15: "GPU is lost"}.get(value, f"error {value}"))
+            self.value = value
 
-    def __init__(self):
+    def __init__(self, gpm=(True, True, True), lost_after=None, no_pcie=(), bad_handle=()):
+        self.gpm, self.lost_after, self.no_pcie, self.bad_handle = gpm, lost_after or {}, no_pcie, bad_handle
         self.initialised = False
+        self.power_calls = [0, 0, 0]
+        self.gpm_counter = 0
+        self.samples_alive = 0
 
     def nvmlInit(self):
         self.initialised = True
@@ -29,26 +50,34 @@ class FakeNvml:
         self.initialised = False
 
     def nvmlDeviceGetCount(self):
-        return 2
+        return len(UUIDS)
 
     def nvmlDeviceGetHandleByIndex(self, index):
+        if index in self.bad_handle:
+            raise self.NVMLError(999)
         return index
 
     def nvmlDeviceGetUUID(self, handle):
-        return f"GPU-{handle}".encode()  # older pynvml returns bytes
+        return UUIDS[handle]  # pynvml 13 returns str (older ones bytes)
 
     def nvmlDeviceGetName(self, handle):
-        return "NVIDIA H100 80GB HBM3"
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000  # mW
 
     def nvmlDeviceGetUtilizationRates(self, handle):
-        return SimpleNamespace(gpu=90 + handle, memory=40)
+        return SimpleNamespace(gpu=99, memory=40)
 
     def nvmlDeviceGetPowerUsage(self, handle):
-        return 350_500  # mW
+        self.power_calls[handle] += 1
+        if handle in self.lost_after and self.power_calls[handle] >= self.lost_after[handle]:
+            raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        return 350_500 + 1000 * handle  # mW
 
     def nvmlDeviceGetPcieThroughput(self, handle, counter):
-        if handle == 1:
-            raise self.NVMLError("Not Supported")
+        if handle in self.no_pcie:
+            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return 12_000 if counter == self.NVML_PCIE_UTIL_RX_BYTES else 3_000  # KB/s
 
     def nvmlDeviceGetMemoryInfo(self, handle):
@@ -57,61 +86,335 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, handle, sensor):
         return 61
 
+    # GPM
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        return SimpleNamespace(isSupportedDevice=int(self.gpm[handle]))
+
+    def nvmlGpmSampleAlloc(self):
+        self.samples_alive += 1
+        return SimpleNamespace(device=None, counter=None)
+
+    def nvmlGpmSampleFree(self, sample):
+        self.samples_alive -= 1
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        self.gpm_counter += 1
+        sample.device, sample.counter = handle, self.gpm_counter
+        return sample
+
+    @staticmethod
+    def c_nvmlGpmMetricsGet_t():
+        metrics = [SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(4)]
+        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None, metrics=metrics)
+
+    def nvmlGpmMetricsGet(self, request):
+        one, two = request.sample1, request.sample2
+        assert request.version == 1 and request.numMetrics == 1 and one is not two
+        assert one.device == two.device and one.counter < two.counter  # two samples of one GPU, in order
+        metric = request.metrics[0]
+        assert metric.metricId == self.NVML_GPM_METRIC_SM_UTIL
+        metric.nvmlReturn, metric.value = self.NVML_SUCCESS, SM_ACTIVE[one.device]
+        return request
+
+
+def _rows(report) -> pd.DataFrame:
+    return pd.DataFrame(report["rows"], columns=COLUMNS)
+
+
+def _sampled(nvml, times, **kwargs):
+    """A monitor opened on `nvml` and sampled at the given times (no thread), then stopped."""
+    node = GpuMonitor(interval_s=0.1, t0=0.0, host="gpu01", nvml=nvml, **kwargs)
+    assert node.open()
+    for now in times:
+        node.sample(now)
+    return node.stop()
+
+
+# -- which GPU --
+
+
+def test_uuid_forms_match():
+    torch_form = "0A1B2C3D-0000-1111-2222-333344446666"  # str(get_device_properties(d).uuid): no prefix
+    assert monitor.uuid_key(torch_form) == monitor.uuid_key(UUIDS[1]) == UUIDS[1][4:]
+    assert monitor.uuid_key(b"GPU-ABC") == "abc"
+
+
+def test_a_rank_samples_its_torch_device_by_uuid_not_by_index(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2 makes the rank's cuda:0 NVML's GPU 2: the UUID finds it."""
+    properties = SimpleNamespace(uuid=UUIDS[2][4:])  # torch prints the UUID without "GPU-"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
+    assert monitor.device_uuid(torch.device("cuda", 0)) == UUIDS[2]
+    nvml = FakeNvml()
+    node = monitor.for_device(torch.device("cuda", 0), 0.1, t0=0.0, rank=5, nvml=nvml)
+    assert node.open()
+    node.sample(0.0)
+    report = node.stop()
+    rows = _rows(report)
+    assert list(rows.gpu_index) == [2] and list(rows.gpu_uuid) == [UUIDS[2]] and list(rows["rank"]) == [5]
+    assert report["available"] and report["reason"] is None and not nvml.initialised
+
+
+def test_a_gpu_nvml_does_not_show_is_reported():
+    nvml = FakeNvml()
+    node = GpuMonitor(host="gpu01", gpu_uuids=["GPU-ffffffff-0000-0000-0000-000000000000"], nvml=nvml).start()
+    report = node.stop()
+    assert not report["available"] and report["rows"] == [] and not nvml.initialised
+    assert "no NVML GPU on gpu01 has UUID GPU-ffffffff" in report["reason"]
+
+
+def test_a_cpu_rank_samples_nothing_and_says_why():
+    report = monitor.for_device(torch.device("cpu"), 0.1).start().stop()
+    assert report == {**report, "available": False, "reason": "no NVIDIA GPU (device cpu)", "rows": []}
+
 
 def test_without_nvml_the_run_folder_says_why(tmp_path):
-    node = NodeMonitor(interval_s=0.01, host="cpu-node").start()  # the real pynvml: no driver here
+    node = GpuMonitor(interval_s=0.01, host="gpu-node", gpu_uuids=[UUIDS[0]]).start()  # the real pynvml
     report = node.stop()
-    assert not report["available"] and "NVML" in report["reason"] and report["rows"] == []
+    assert not report["available"] and "NVML unavailable on gpu-node" in report["reason"]
     monitor.write_outputs(tmp_path, [report, None], interval_s=0.01)
     assert (tmp_path / "gpu_monitor.csv").read_text() == ",".join(COLUMNS) + "\n"
     summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
-    assert summary["available"] is False and "cpu-node" in summary["reason"]
+    assert summary["available"] is False and "gpu-node" in summary["reason"]
 
 
-def test_samples_every_gpu_at_the_set_rate_and_converts_units():
+# -- what is sampled --
+
+
+def test_gpm_sm_activity_power_fraction_and_units():
     nvml = FakeNvml()
-    node = NodeMonitor(interval_s=0.05, t0=time.time(), host="gpu01", nvml=nvml).start()
-    time.sleep(0.5)
-    report = node.stop()
-    assert report["available"] and not nvml.initialised  # shut down after stopping
-    assert report["gpus"] == [
-        {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"},
-        {"index": 1, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3"},
-    ]
-    rows = pd.DataFrame(report["rows"], columns=COLUMNS)
-    per_gpu = rows.groupby("gpu_index").size()
-    assert list(per_gpu.index) == [0, 1] and 5 <= per_gpu[0] <= 12  # ~10 samples in 0.5 s
-    first = rows[rows.gpu_index == 0].iloc[0]
-    assert (first.sm_util_pct, first.mem_util_pct, first.power_w) == (90, 40, 350.5)
+    report = _sampled(nvml, [0.0, 0.1, 0.2, 0.3, 0.4], gpu_uuids=[UUIDS[0]])
+    rows = _rows(report)
+    # GPM needs > 100 ms between its samples: values at 0.2 (0.0 -> 0.2) and 0.4 (0.2 -> 0.4)
+    assert (
+        rows.sm_active_pct.tolist()[2::2] == [71.5, 71.5] and rows.sm_active_pct.iloc[[0, 1, 3]].isna().all()
+    )
+    first = rows.iloc[0]
+    assert (first.kernel_active_pct, first.mem_util_pct, first.power_w, first.power_limit_w) == (
+        99,
+        40,
+        350.5,
+        700,
+    )
+    assert first.power_fraction == pytest.approx(350.5 / 700)
     assert (first.pcie_rx_mb_s, first.pcie_tx_mb_s, first.mem_used_mb, first.temperature_c) == (
         12,
         3,
         2500,
         61,
     )
-    assert rows[rows.gpu_index == 1].pcie_rx_mb_s.isna().all()  # unsupported: empty, not an error
-    assert rows.time_s.is_monotonic_increasing and 0 <= rows.time_s.iloc[0] < 0.5
+    assert first.gpu_name == "NVIDIA H100 80GB HBM3"  # bytes from an older pynvml decoded
+    assert report["gpus"][0]["gpm_supported"] is True and nvml.samples_alive == 0  # GPM buffers freed
+
+
+def test_without_gpm_sm_activity_is_empty_and_kernel_activity_stays():
+    report = _sampled(FakeNvml(gpm=(False, False, False)), [0.0, 0.2, 0.4], gpu_uuids=[UUIDS[1]])
+    rows = _rows(report)
+    assert rows.sm_active_pct.isna().all() and (rows.kernel_active_pct == 99).all()
+    assert (
+        report["gpus"][0]["gpm_supported"] is False and "GPM not supported" in report["gpus"][0]["gpm_reason"]
+    )
+
+
+def test_power_fraction_known_answers():
+    assert monitor.power_fraction(350.0, 700.0) == 0.5
+    assert monitor.power_fraction(350.0, 350.0) == 1.0
+    assert monitor.power_fraction(350.0, None) is None and monitor.power_fraction(None, 700.0) is None
+    assert monitor.power_fraction(350.0, 0.0) is None
+
+
+def test_an_unsupported_counter_is_empty_and_counted():
+    report = _sampled(FakeNvml(no_pcie=(0,)), [0.0, 0.2], gpu_uuids=[UUIDS[0]])
+    rows = _rows(report)
+    assert rows.pcie_rx_mb_s.isna().all() and rows.power_w.notna().all()
+    assert report["gpus"][0]["errors"] == {"pcie_rx": "Not Supported (2x)", "pcie_tx": "Not Supported (2x)"}
+    assert report["gpus"][0]["failed"] is None
+
+
+def test_one_failing_gpu_is_reported_and_skipped_the_others_go_on():
+    nvml = FakeNvml(lost_after={1: 3}, bad_handle=(2,))  # GPU 1 is lost at its 3rd sample; GPU 2 unreadable
+    report = _sampled(nvml, [0.0, 0.2, 0.4, 0.6], gpu_uuids=None)  # None: every GPU NVML shows
+    rows = _rows(report)
+    assert rows.groupby("gpu_index").size().to_dict() == {0: 4, 1: 2}
+    gpus = {gpu["index"]: gpu for gpu in report["gpus"]}
+    assert (
+        gpus[0]["failed"] is None and "GPU is lost" in gpus[1]["failed"] and "at 0.4 s" in gpus[1]["failed"]
+    )
+    assert "NVML GPU 2: error 999" in report["reason"] and report["available"]
+
+
+def test_the_thread_samples_at_the_set_rate():
+    nvml = FakeNvml()
+    node = GpuMonitor(interval_s=0.05, t0=time.time(), host="gpu01", gpu_uuids=[UUIDS[0]], nvml=nvml).start()
+    time.sleep(0.5)
+    report = node.stop()
+    rows = _rows(report)
+    assert 5 <= len(rows) <= 12 and rows.time_s.is_monotonic_increasing and 0 <= rows.time_s.iloc[0] < 0.5
+    assert rows.sm_active_pct.notna().sum() >= 2 and not nvml.initialised
     rows_after_stop = len(report["rows"])
     time.sleep(0.15)
     assert len(node.rows) == rows_after_stop
 
 
-def test_nodes_are_merged_into_one_csv_sorted_by_time(tmp_path):
-    reports = []
-    for host in ("gpu02", "gpu01"):
-        node = NodeMonitor(interval_s=0.05, t0=time.time(), host=host, nvml=FakeNvml()).start()
-        time.sleep(0.12)
-        reports.append(node.stop())
-    monitor.write_outputs(tmp_path, [reports[0], None, reports[1]], interval_s=0.05)
-    merged = pd.read_csv(tmp_path / "gpu_monitor.csv")
-    assert list(merged.columns) == list(COLUMNS)
-    assert set(merged.host) == {"gpu01", "gpu02"}
-    assert len(merged) == sum(len(r["rows"]) for r in reports)
-    assert merged.time_s.is_monotonic_increasing
-    summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
-    assert summary["available"] is True and summary["reason"] is None and len(summary["nodes"]) == 2
-
-
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="monitor_interval_s"):
-        NodeMonitor(interval_s=0)
+        GpuMonitor(interval_s=0)
+
+
+def test_ranks_are_merged_into_one_csv_and_grouped_by_node(tmp_path):
+    reports = [_sampled(FakeNvml(), [0.3, 0.1], gpu_uuids=[UUIDS[rank]], rank=rank) for rank in (0, 1)] + [
+        GpuMonitor(host="gpu02", rank=2, no_gpu_reason="no NVIDIA GPU (device cpu)").start().stop()
+    ]
+    reports[2]["host"] = "gpu02"
+    monitor.write_outputs(tmp_path, [reports[1], None, reports[0], reports[2]], interval_s=0.1)
+    merged = pd.read_csv(tmp_path / "gpu_monitor.csv")
+    assert list(merged.columns) == list(COLUMNS) and len(merged) == 4
+    assert merged.time_s.is_monotonic_increasing and list(merged.gpu_index[:2]) == [0, 1]
+    summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
+    nodes = {node["host"]: node for node in summary["nodes"]}
+    assert (
+        nodes["gpu01"]["ranks"] == [1, 0] and len(nodes["gpu01"]["gpus"]) == 2 and nodes["gpu01"]["available"]
+    )
+    assert nodes["gpu02"]["available"] is False and "rank 2: no NVIDIA GPU" in nodes["gpu02"]["reason"]
+    assert summary["available"] is False and summary["sm_active"] == "NVML GPM (NVML_GPM_METRIC_SM_UTIL)"
+
+
+# -- the analysis: measurement window and acceptance --
+
+
+def _run_folder(root, name, frame, window=None):
+    folder = root / "results" / "runs" / "scaling" / name
+    atomic.write_csv(folder / "gpu_monitor.csv", frame)
+    results = {"measure_start_s": window[0], "measure_end_s": window[1]} if window else {}
+    atomic.write_json(folder / "summary.json", {"results": results})
+    return folder / "gpu_monitor.csv"
+
+
+def _frame(sm_inside=85.0, gpm=True, power=400.0):
+    """Ten samples 1 s apart of one GPU: busy in 3 s..6 s, idle (start-up, evaluation) otherwise."""
+    times = [float(t) for t in range(10)]
+    busy = [3 <= t <= 6 for t in times]
+    rows = [
+        (
+            t,
+            "gpu01",
+            0,
+            UUIDS[0],
+            "NVIDIA H100",
+            0,
+            (sm_inside if b else 5.0) if gpm else None,
+            100 if b else 20,
+            40,
+            power if b else 100.0,
+            700.0,
+            (power if b else 100.0) / 700,
+            9000.0 if b else 0.0,
+            1000.0,
+            2500.0,
+            60,
+        )
+        for t, b in zip(times, busy, strict=True)
+    ]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def test_only_samples_in_the_measurement_window_count(tmp_path):
+    windowed = _run_folder(tmp_path, "strong/w1_r0", _frame(), window=(3.0, 6.0))
+    whole = _run_folder(tmp_path, "strong/w2_r0", _frame())
+    samples, reasons = gpumonitor.load([windowed, whole])
+    assert reasons == [] and set(samples.run) == {"scaling/strong/w1_r0", "scaling/strong/w2_r0"}
+    gpus = gpumonitor.per_gpu(samples).set_index("run")
+    inside, whole_run = gpus.loc["scaling/strong/w1_r0"], gpus.loc["scaling/strong/w2_r0"]
+    assert (
+        inside.samples == 4 and inside.sm_active_pct == 85.0 and inside.pcie_gb_s == 10.0 and inside.windowed
+    )
+    assert whole_run.samples == 10 and not whole_run.windowed  # no window recorded: the whole run
+    assert whole_run.sm_active_pct == pytest.approx((4 * 85 + 6 * 5) / 10) and whole_run.world_size == 2
+
+
+def test_an_unfilled_window_falls_back_to_the_whole_run(tmp_path):
+    path = _run_folder(tmp_path, "strong/w1_r0", _frame(), window=(3.0, 6.0))
+    atomic.write_json(
+        path.with_name("summary.json"), {"results": {"measure_start_s": None, "measure_end_s": None}}
+    )
+    assert gpumonitor.measurement_window(path) is None
+    assert gpumonitor.load([path])[0]["in_window"].all()
+
+
+def test_pauses_inside_the_window_are_left_out(tmp_path):
+    """An epoch end inside the window (evaluation, checkpoint): only the unpaused segments count."""
+    path = _run_folder(tmp_path, "strong/w1_r0", _frame(), window=(3.0, 6.0))
+    summary = path.with_name("summary.json")
+    results = json.loads(summary.read_text())["results"]
+    atomic.write_json(summary, {"results": {**results, "measure_segments_s": [[3.0, 3.5], [4.5, 6.0]]}})
+    assert gpumonitor.measurement_window(path) == [(3.0, 3.5), (4.5, 6.0)]
+    frame = gpumonitor.load([path])[0]
+    assert list(frame.loc[frame["in_window"], "time_s"]) == [
+        t for t in frame["time_s"] if 3.0 <= t <= 3.5 or 4.5 <= t <= 6.0
+    ]
+    assert frame["in_window"].sum() < 4  # fewer than the whole window's samples
+
+
+def test_a_window_of_an_earlier_attempt_leaves_the_gpus_not_measured(tmp_path):
+    path = _run_folder(tmp_path, "strong/w1_r0", _frame(), window=(3.0, 6.0))
+    atomic.write_json(
+        path.with_name("summary.json"),
+        {
+            "results": {
+                "window_filled": True,
+                "measure_start_s": None,
+                "measure_end_s": None,
+                "measure_segments_s": None,
+            }
+        },
+    )
+    assert gpumonitor.measurement_window(path) == []
+    samples = gpumonitor.load([path])[0]
+    assert not samples["in_window"].any()
+    assert gpumonitor.per_gpu(samples).empty
+
+
+MONITOR = settings.resolved({})["monitor"]
+CRITERIA = settings.resolved({})["acceptance"]
+
+
+def _health(paths, thresholds=MONITOR):
+    samples, reasons = gpumonitor.load(paths)
+    rows = acceptance.gpu_health(gpumonitor.per_gpu(samples), thresholds, reasons)
+    return pd.DataFrame(rows).set_index("criterion")
+
+
+def test_acceptance_rows_pass_and_fail_on_the_window(tmp_path):
+    good = _run_folder(tmp_path, "strong/w1_r0", _frame(sm_inside=95.0), window=(3.0, 6.0))
+    table = _health([good])
+    assert list(table.status) == ["pass", "pass", "pass"]
+    sm = table.loc["SM activity (NVML GPM) of the least loaded GPU"]
+    assert sm.measured == pytest.approx(0.95) and sm.target == ">= 90%" and "measurement window" in sm.note
+    assert table.loc["power draw / power limit of the least loaded GPU"].measured == pytest.approx(400 / 700)
+    slow = _run_folder(tmp_path, "strong/w2_r0", _frame(sm_inside=60.0, power=200.0), window=(3.0, 6.0))
+    table = _health([good, slow], {**MONITOR, "power_w_min": 300.0, "pcie_gb_s_max": 5.0})
+    assert list(table.status) == ["fail"] * 4 and table.iloc[0].world_size == 2
+    assert table.loc["power draw of the least loaded GPU"].measured == 200.0
+    assert "scaling/strong/w2_r0" in table.iloc[0].note
+
+
+def test_acceptance_says_not_measured_without_gpm_or_without_gpu(tmp_path):
+    no_gpm = _run_folder(tmp_path, "strong/w1_r0", _frame(gpm=False), window=(3.0, 6.0))
+    sm = _health([no_gpm]).iloc[0]
+    assert sm.status == "not measured (sm_active_pct unsupported)" and "no NVML GPM" in sm.note
+    assert "was 100-100%" in sm.note  # the kernel-activity figure is shown, not taken for SM activity
+    cpu = _run_folder(tmp_path, "strong/w2_r0", pd.DataFrame(columns=list(COLUMNS)))
+    atomic.write_json(
+        cpu.with_name("gpu_monitor.json"), {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
+    )
+    table = _health([cpu])
+    assert set(table.status) == {"not measured"} and all("device cpu" in note for note in table.note)
+
+
+def test_acceptance_html_shows_absolute_units():
+    assert acceptance._cell(12.345, "measured", "<= 20 GB/s") == "12.3 GB/s"
+    assert acceptance._cell(0.93, "measured", ">= 90%") == "93.0%"
+    empty = pd.DataFrame(columns=["mode", "world_size", "efficiency_mean", "time_per_step_s_mean"])
+    sensitivity = pd.DataFrame(columns=["gain_vs_baseline", "images_per_s_per_gpu"])
+    table = acceptance.evaluate(empty, sensitivity, CRITERIA, None, MONITOR)
+    assert "SM activity (NVML GPM) of the least loaded GPU" in set(table.criterion)
+    assert len(acceptance.evaluate(empty, sensitivity, CRITERIA)) == 3  # without monitor settings: no rows

@@ -100,6 +100,68 @@ def test_load_packed_rejects_an_unknown_split(tmp_path):
         preprocess.load_packed(tmp_path, "validation")
 
 
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(2000))
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _other_valid_array(path: Path) -> None:
+    np.save(path, np.zeros(3, dtype=np.int64))  # a whole .npy file, but not the one the manifest records
+
+
+def _missing(path: Path) -> None:
+    path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_missing, "missing"),
+        (_truncate, "cut short"),
+        (_garbage, "not a .npy array"),
+        (_pickled, "pickled Python objects"),
+        (_other_valid_array, "manifest.json records"),
+    ],
+)
+@pytest.mark.parametrize("name", ["test_labels.npy", "test_images.npy"])
+def test_damaged_packed_arrays_are_named_before_they_are_mapped(archive, tmp_path, damage, message, name):
+    out = tmp_path / "packed"
+    preprocess.preprocess(archive, out)
+    damage(out / name)
+    for mmap in (True, False):
+        with pytest.raises(preprocess.PackedDataError, match=message) as error:
+            preprocess.load_packed(out, "test", mmap=mmap)
+        assert str(out / name) in str(error.value) and "\n" not in str(error.value)
+    preprocess.load_packed(out, "train")  # the other split is intact
+
+
+def test_packed_arrays_without_a_manifest_are_checked_by_their_headers(archive, tmp_path):
+    out = tmp_path / "packed"
+    preprocess.preprocess(archive, out)
+    (out / "manifest.json").unlink()
+    assert len(preprocess.load_packed(out, "test")[1]) == 10 * TEST_PER_CLASS
+    _truncate(out / "test_images.npy")
+    with pytest.raises(preprocess.PackedDataError, match="test_images.npy.*cut short"):
+        preprocess.load_packed(out, "test")
+
+
+def test_a_missing_folder_or_a_garbled_manifest_is_named(archive, tmp_path):
+    with pytest.raises(preprocess.PackedDataError, match="does not exist"):
+        preprocess.load_packed(tmp_path / "nowhere", "train")
+    out = tmp_path / "packed"
+    preprocess.preprocess(archive, out)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(preprocess.PackedDataError, match="manifest.json: unreadable manifest"):
+        preprocess.load_packed(out, "train")
+
+
 # ---------------------------------------------------------------------------------------------
 # Corruption: each kind gives its own clear error and leaves nothing behind.
 

@@ -46,6 +46,9 @@ from scalestudy.profiling.categorize import category
             "communication",
         ),
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "communication"),
+        # cuBLASLt's Hopper GEMMs (the Linear layer's matmuls on an H100)
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "conv_gemm"),
+        ("nvjet_hsh_64x8_64x16_2x1_v_bz_splitK_TNT", "conv_gemm"),
         ("[CUDA memcpy Host-to-Device]", "memory_copy"),
         ("[CUDA memcpy HtoD]", "memory_copy"),
         ("[CUDA memset]", "memory_copy"),

@@ -14,6 +14,7 @@ import pytest
 
 from scalestudy import launch
 from scalestudy.profiling import ncu, nsys, run, tool
+from scalestudy.profiling.schema import STEP_RANGE
 
 SPEC = {
     "launcher": "srun",
@@ -44,6 +45,7 @@ def test_nsys_prefix_captures_the_profiler_window_per_rank():
     assert prefix[prefix.index("--trace") + 1] == "cuda,nvtx,osrt,cudnn,cublas"
     assert "--capture-range=cudaProfilerApi" in prefix
     assert "--capture-range-end=stop" in prefix  # the default (stop-shutdown) would kill the run
+    assert "--sample=none" in prefix and "--cpuctxsw=none" in prefix  # no CPU sampling (perf_event)
     assert prefix[-1] == "results/runs/profile/w4/nsys/%q{SLURM_JOB_ID}_r%q{SLURM_PROCID}"
 
 
@@ -130,13 +132,17 @@ def test_nsys_export_without_nsys_binary_fails_clearly(tmp_path):
 # --- ncu -------------------------------------------------------------------------------------------
 
 
-def test_ncu_command_profiles_a_limited_count_after_the_warm_up():
-    prefix = ncu.profile_prefix("w/profile", "regex:^(sm80|void)", 200, 40)
+def test_ncu_profiles_named_kernels_inside_the_step_ranges_of_the_steady_window():
+    prefix = ncu.profile_prefix("w/profile", "regex:^(sm80|void)", 40)
     assert prefix[0] == "ncu"
     pairs = {prefix[i]: prefix[i + 1] for i in range(1, len(prefix) - 1) if prefix[i].startswith("--")}
     assert pairs["--target-processes"] == "all"
-    assert pairs["--kernel-name"] == "regex:^(sm80|void)"
-    assert (pairs["--launch-skip"], pairs["--launch-count"]) == ("200", "40")
+    # nothing before the trainer's cudaProfilerStart (the profile window) is profiled ...
+    assert pairs["--profile-from-start"] == "off"
+    # ... and of that only kernels inside the NVTX "step" ranges the trainer pushes (scalestudy.ranges)
+    assert "--nvtx" in prefix and pairs["--nvtx-include"] == f"{STEP_RANGE}/" == "step/"
+    assert pairs["--kernel-name-base"] == "function" and pairs["--kernel-name"] == "regex:^(sm80|void)"
+    assert pairs["--launch-count"] == "40" and "--launch-skip" not in prefix
     assert pairs["--set"] == "full" and pairs["--clock-control"] == "none"
     assert pairs["--export"] == "w/profile"
     assert ncu.export_command("w/profile.ncu-rep") == [
@@ -151,8 +157,103 @@ def test_ncu_command_profiles_a_limited_count_after_the_warm_up():
     ]
 
 
+def test_the_nvtx_range_ncu_filters_on_is_one_the_trainer_pushes_around_each_step():
+    """ncu's --nvtx-include names a range by string: it must be the trainer's (scalestudy.ranges)."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "scalestudy" / "train.py").read_text())
+    pushed = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "named_range"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
+    assert STEP_RANGE in pushed, pushed
+
+
+def test_the_ncu_run_opens_its_window_with_the_cuda_profiler_api():
+    run_config = ncu.ncu_run_config({**RUN, "world_size": 1})
+    assert run_config["profile"] == {"tool": "nsys", "start_step": 2, "steps": 2}
+    assert run_config["checkpoint_dir"] == "results/checkpoints/profile/ncu_w1"
+
+
+@pytest.mark.parametrize(
+    ("kernel", "function"),
+    [
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", None),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", None),
+        (
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm *, unsigned long, ncclWork *)",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        ),
+        (
+            "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, (int)512, (bool)1, (int)1>"
+            "(cudnnTensorStruct, const T1 *)",
+            "bn_fw_tr_1C11_kernel_NCHW",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+            "std::array<char *, 1>>(int, T2, T3)",
+            "vectorized_elementwise_kernel",
+        ),
+        (
+            "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+            "AddFunctor<float>>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)",
+            "elementwise_kernel",
+        ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<T>(T1, T2)",
+            "multi_tensor_apply_kernel",
+        ),
+        ("void unbalanced<int>)", "unbalanced<int>)"),  # left as it is, less its return type
+    ],
+)
+def test_kernel_function_names_as_ncus_function_name_base(kernel, function):
+    assert ncu.function_name(kernel) == (function or kernel)
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "profiling"
+KERN_SUM = FIXTURES / "nsys_w2" / "r0_cuda_gpu_kern_sum.csv"
+
+
+def test_the_top_kernels_come_from_the_nsys_summary_by_total_time():
+    names = ncu.top_kernel_names(KERN_SUM.read_text(), 3)
+    assert names == [
+        "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "sm80_xmma_dgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize64x64x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel",
+    ]
+    merged = "Total Time (ns),Instances,Name\n5,1,void f<1>(int)\n4,1,void f<2>(int)\n8,1,g\n"
+    assert ncu.top_kernel_names(merged, 5) == ["f", "g"]  # instantiations of one function add up: 9 > 8
+    with pytest.raises(ncu.NcuTableError, match="no 'Total Time"):
+        ncu.top_kernel_names("Time,Kernel\n1,x\n", 3, "k.csv")
+
+
+def test_the_kernel_choice_prefers_the_config_then_the_nsys_summary_then_all(tmp_path):
+    stats = tmp_path / "nsys_stats"
+    stats.mkdir()
+    assert ncu.kernel_selection("regex:gemm.{0,4}", stats, 3)[0] == "regex:gemm.{0,4}"
+    assert ncu.kernel_selection(None, stats, 3)[0] == ncu.ALL_KERNELS  # a torch run: no summary
+    assert ncu.kernel_selection(None, None, 3)[0] == ncu.ALL_KERNELS
+    (stats / "r0_cuda_gpu_kern_sum.csv").write_text(
+        "Total Time (ns),Instances,Name\n9,1,nvjet_tst_x\n8,1,void a::k2<T>(int)\n"
+    )
+    regex, source = ncu.kernel_selection(None, stats, 3)
+    assert regex == "regex:^(nvjet_tst_x|k2)$" and "top 2 kernels" in source
+
+
+def test_a_removed_ncu_setting_is_refused_saying_what_replaced_it():
+    ncu.check_settings({"enabled": True, "launch_count": 40})
+    with pytest.raises(
+        ValueError, match=r"profiling.ncu.launch_skip \(3000\) is no longer used.*NVTX 'step'"
+    ):
+        ncu.check_settings({"launch_skip": 3000})
+
+
 def test_ncu_goes_inside_the_one_rank():
-    prefix = ncu.profile_prefix("w/profile", "regex:.*", 200, 40)
+    prefix = ncu.profile_prefix("w/profile", "regex:.*", 40)
     argv = launch.build_command(
         {"launcher": "srun", "world_size": 1}, ["--out-dir", "w/run"], rank_prefix=prefix, environ={}
     )
@@ -301,6 +402,9 @@ def test_nsys_run_passes_the_prefix_and_needs_every_rank_report(in_tmp, monkeypa
     prefix = json.loads(calls[0][calls[0].index("--rank-prefix-json") + 1])
     assert prefix[:2] == ["nsys", "profile"] and prefix[-1].endswith("%q{SLURM_PROCID}")
     assert code == 0 and record["tool"] == "nsys" and sorted(record["evidence"]["nsys_reports"]) == ["0", "1"]
+    spec = json.loads(calls[0][calls[0].index("--launch-json") + 1])
+    assert spec["env"]["TMPDIR"] == str(in_tmp / "run" / "nsys" / "tmp")  # this job's own, not /tmp
+    assert not (in_tmp / "run" / "nsys" / "tmp").exists()
     fake_trainer(monkeypatch, lambda out, argv: (out / "nsys" / "99_r0.nsys-rep").touch())
     with pytest.raises(FileNotFoundError, match="rank 1: 0 reports"):
         run.profile_run({"world_size": 2}, RUN, in_tmp / "run")
@@ -362,7 +466,7 @@ def test_a_checkpoint_signal_reaches_the_launched_process():
 
 def ncu_options(tmp_path):
     args = ["run", "--launch-json", "{}", "--run-config-json", "{}", "--work-dir", str(tmp_path)]
-    args += ["--launch-skip", "3000", "--launch-count", "40"]
+    args += ["--kernel-regex", "regex:gemm", "--launch-count", "40"]
     args += [f"--{name}={tmp_path / name}" for name in ("status", "kernels", "raw")]
     return ncu._parser().parse_args(args)
 
@@ -384,10 +488,34 @@ def test_ncu_that_matched_nothing_ran_but_says_so(in_tmp, monkeypatch):
     run_config = {**RUN, "world_size": 1, "checkpoint_dir": "results/checkpoints/profile/w1"}
     code, status, _, _ = ncu.profile({"world_size": 1}, run_config, in_tmp / "w", ncu_options(in_tmp))
     assert code == 0 and status["ran"] is True and status["kernels"] == 0
-    assert "after 3000 launches" in status["reason"]
+    assert (
+        status["reason"]
+        == "no report: no kernel matched 'regex:gemm' inside the NVTX 'step' ranges of steps 2..3"
+    )
+
+
+def test_the_ncu_and_nsys_runs_get_a_tmpdir_of_their_own(in_tmp, monkeypatch):
+    seen = []
+    monkeypatch.setattr(ncu, "availability", lambda run, spec, binary: None)
+    monkeypatch.setattr(ncu, "run_streaming", lambda argv, keep_lines=200: seen.append(argv) or (0, []))
+    run_config = {**RUN, "world_size": 1, "checkpoint_dir": "results/checkpoints/profile/w1"}
+    ncu.profile({"world_size": 1, "env": {"A": "1"}}, run_config, in_tmp / "w", ncu_options(in_tmp))
+    spec = json.loads(seen[0][seen[0].index("--launch-json") + 1])
+    assert spec["env"] == {"A": "1", "TMPDIR": str(in_tmp / "w" / "tmp")}
+    assert not (in_tmp / "w" / "tmp").exists()  # removed after the run
 
 
 def test_a_training_failure_under_ncu_is_a_failure(in_tmp, monkeypatch):
     fake_ncu_environment(monkeypatch, ["Traceback ...", "RuntimeError: boom"], code=1)
     run_config = {**RUN, "world_size": 1, "checkpoint_dir": "results/checkpoints/profile/w1"}
     assert ncu.profile({"world_size": 1}, run_config, in_tmp / "w", ncu_options(in_tmp))[0] == 1
+
+
+def test_the_profile_run_hands_the_log_and_attempt_to_the_launcher(tmp_path):
+    """So a profile run retried after its time limit keeps every attempt's log, like training."""
+    argv = run.launch_argv(SPEC, RUN, "out", [], ["--log", str(tmp_path / "w8.log"), "--attempt", "2"])
+    options = argv[3 : argv.index("--")]
+    assert options[options.index("--log") + 1] == str(tmp_path / "w8.log")
+    assert options[options.index("--attempt") + 1] == "2"
+    parsed, _ = launch.parse_args(argv[3:])
+    assert parsed.attempt == 2 and parsed.log == str(tmp_path / "w8.log")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 import yaml
 
@@ -32,17 +33,64 @@ def test_demo_plans_one_profiled_run_per_world_size_and_no_ncu(workflow_copy):
     )
 
 
-def test_enabled_ncu_runs_on_one_gpu_and_feeds_its_figure(workflow_copy):
+def ncu_config(workflow_copy, **ncu) -> str:
     config = yaml.safe_load((workflow_copy / "config/demo.yaml").read_text())
-    config["profiling"]["ncu"] = {"enabled": True, "kernel_regex": "regex:conv|gemm", "launch_skip": 7}
+    config["profiling"]["ncu"] = {"enabled": True, **ncu}
     path = workflow_copy / "config/ncu.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = run_snakemake(
-        workflow_copy, *TARGETS, "--dry-run", "--printshellcmds", "--configfile", str(path)
-    )
+    return str(path)
+
+
+def test_enabled_ncu_runs_on_one_gpu_and_feeds_its_figure(workflow_copy):
+    path = ncu_config(workflow_copy, kernel_regex="regex:conv|gemm", launch_count=7)
+    result = run_snakemake(workflow_copy, *TARGETS, "--dry-run", "--printshellcmds", "--configfile", path)
     assert planned_jobs(result.stdout)["profile_ncu"] == 1
-    assert "--kernel-regex 'regex:conv|gemm' --launch-skip 7" in result.stdout
+    assert "--top-kernels 10 --launch-count 7 --kernel-regex 'regex:conv|gemm'" in result.stdout
+    command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
+    assert "--nsys-stats" not in command  # a configured regex needs no nsys summary
     assert (
         "--status results/profile/w1/ncu_status.json --kernels results/profile/w1/ncu_kernels.csv"
         in result.stdout
     )
+
+
+def test_a_kernel_regex_with_braces_plans_and_reaches_ncu_as_one_argument(workflow_copy):
+    """Issue 13, item 2: `{0,4}` in a params string was taken for a wildcard ("Wildcards in params
+    cannot be determined"); params functions are not formatted."""
+    regex = "regex:.*gemm.{0,4}|conv{1}[a-z]{2,}"
+    path = ncu_config(workflow_copy, kernel_regex=regex)
+    result = run_snakemake(
+        workflow_copy,
+        "results/profile/w1/ncu_status.json",
+        "--dry-run",
+        "--printshellcmds",
+        "--configfile",
+        path,
+    )
+    command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
+    argv = shlex.split(command)
+    assert argv[argv.index("--kernel-regex") + 1] == regex
+
+
+def test_without_a_regex_ncu_takes_the_top_kernels_of_the_one_gpu_nsys_run(workflow_copy):
+    result = run_snakemake(
+        workflow_copy,
+        "results/profile/w1/ncu_status.json",
+        "--dry-run",
+        "--printshellcmds",
+        "--configfile",
+        ncu_config(workflow_copy, top_kernels=5),
+    )
+    command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
+    argv = shlex.split(command)
+    assert argv[argv.index("--nsys-stats") + 1] == "results/profile/w1/nsys_stats"
+    assert argv[argv.index("--top-kernels") + 1] == "5" and "--kernel-regex" not in argv
+    assert "profile_nsys_stats" in planned_jobs(result.stdout)
+
+
+def test_the_removed_launch_skip_is_refused_with_what_replaced_it(workflow_copy):
+    path = ncu_config(workflow_copy, launch_skip=3000)
+    result = run_snakemake(workflow_copy, *TARGETS, "--dry-run", "--configfile", path, check=False)
+    assert result.returncode != 0
+    assert "profiling.ncu.launch_skip (3000) is no longer used" in result.stdout + result.stderr
+    assert "NVTX 'step' ranges" in result.stdout + result.stderr

@@ -1,14 +1,22 @@
 """The study on a real (throw-away) Slurm cluster: tests/slurm/cluster.sh brings up slurmctld and two
 slurmd nodes, n1 and n2, each in its own network namespace, on this machine (Debian slurm-wlm + munge;
-root and apt-get needed, else these tests are skipped with the reason).
+root and apt-get needed, else these tests are skipped with the reason). Two kinds of cluster, one
+after the other: without accounting (sacct answers "accounting storage is disabled") and with it
+(mariadb + slurmdbd, WITH_DBD=1).
 
-- the demo study (a smaller grid) through Snakemake's Slurm executor to the report, every rule but
-  fetch a real Slurm job; two-rank points span both nodes (gloo across the namespaces);
-- a training job stopped at its time limit (2 minutes, --signal=USR1) is retried and resumes;
+- the container-less route of docs/slurm.md, its commands taken from the page and run as written
+  (only the config file is the test's, and status polling is made faster), finishes the demo study
+  (a smaller grid) to the report on both kinds of cluster; two-rank points span both nodes;
+- the run catalog names the Slurm job (name, nodes, account, attempts);
+- re-runs through Slurm: a changed value carried by existing points re-runs exactly those points;
+  a deleted summary.json is measured afresh;
+- a training job stopped at its time limit (2 minutes, --signal=USR1) is retried, resumes, and
+  both attempts' logs are kept;
 - the real study's GPU requests (2 nodes x 4 GPUs for world 8) are accepted by Slurm (sbatch
   --test-only against nodes with 4 fake GPUs each).
 
-About 10 minutes on 2 cores. The cluster is left up if it was already up, else brought down.
+About 20 minutes on 2 cores. A cluster that was up before is left up; one brought up here is
+brought down.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -24,23 +33,34 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
-from scalestudy import cluster
+from scalestudy import attemptlog, cluster
 from tests.conftest import REPO, copy_workflow, snakemake_env
 
 pytestmark = pytest.mark.slurm
 
 CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
-PROFILE = REPO / "tests/slurm/profile"
-LOCK = Path("/tmp/scalestudy-slurm.lock")
+DOCS = REPO / "docs/slurm.md"
+PROFILE = "profiles/slurm-noapptainer"
+LOCK = Path("/tmp/scalestudy-slurm.lock")  # one test session on the cluster at a time
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
+# The documented profile polls every 30 s after 40 s: right for real jobs, slow for 30 short ones.
+FAST_POLLING = (
+    "--seconds-between-status-checks", "2",
+    "--slurm-init-seconds-before-status-checks", "2",
+    "--max-status-checks-per-second", "2",
+    "--latency-wait", "5",
+)  # fmt: skip
+ACCOUNT = "studyacct"  # tests/slurm/cluster.sh creates it where there is accounting
 
 
 class Cluster:
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, accounting: bool) -> None:
         self.nodes = nodes
+        self.accounting = accounting
         self.client = ["bash", str(CLUSTER_SH), "exec"]
 
     def run(self, *command: str, timeout: int = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -55,28 +75,57 @@ class Cluster:
         return dict(field.split("=", 1) for field in result.stdout.split() if "=" in field)
 
 
-def cluster_script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout)
+def cluster_script(*args: str, accounting: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**snakemake_env(), "WITH_DBD": "1" if accounting else "0"}
+    return subprocess.run(
+        ["bash", str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    """The two-node cluster (one node where network namespaces are unavailable)."""
-    with LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one test session on the cluster at a time
+class Clusters:
+    """Brings up the kind of cluster a test asks for (down first if another kind is up)."""
+
+    def __init__(self) -> None:
+        self.was_up = cluster_script("status").returncode == 0
+        self.changed = False
+
+    def get(self, accounting: bool) -> Cluster:
+        kind = "accounting" if accounting else "no-accounting"
         status = cluster_script("status").stdout.split()
-        started = status[:1] != ["up"]
-        if started:
-            result = cluster_script("up-two-node")
+        if status[:1] != ["up"] or status[2:3] != [kind]:
+            if status[:1] == ["up"]:
+                cluster_script("down")
+            self.changed = True
+            result = cluster_script("up-two-node", accounting=accounting)
             if result.returncode == 77:  # e.g. no network namespaces in this container: one node
-                result = cluster_script("up")
+                result = cluster_script("up", accounting=accounting)
             if result.returncode == 77:
                 pytest.skip(result.stderr.strip().splitlines()[-1])
             assert result.returncode == 0, f"cluster bring-up failed:\n{result.stderr[-4000:]}"
             status = cluster_script("status").stdout.split()
-        yield Cluster(int(status[1]))
-        if started:
+        assert status[2] == kind, status
+        return Cluster(int(status[1]), accounting)
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manager = Clusters()
+        yield manager
+        if manager.changed and not manager.was_up:
             cluster_script("down")
+
+
+@pytest.fixture
+def slurm(clusters):
+    """The two-node cluster without accounting (one node where namespaces are unavailable)."""
+    return clusters.get(accounting=False)
+
+
+@pytest.fixture
+def slurm_accounting(clusters):
+    return clusters.get(accounting=True)
 
 
 def write_config(workdir: Path, name: str, change) -> str:
@@ -88,12 +137,34 @@ def write_config(workdir: Path, name: str, change) -> str:
     return str(path.relative_to(workdir))
 
 
-def snakemake(slurm: Cluster, workdir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """Snakemake with the test profile, in the cluster's client namespace; SIGINT on timeout (it
-    cancels its jobs then; it ignores SIGTERM while waiting for them)."""
-    command = ["timeout", "-s", "INT", "-k", "20", str(timeout)]
-    command += [sys.executable, "-m", "snakemake", "--profile", str(PROFILE), *args]
-    return slurm.run(*command, cwd=workdir, env=snakemake_env(), timeout=timeout + 60)
+def documented_commands() -> list[list[str]]:
+    """The container-less route's snakemake commands, as docs/slurm.md gives them."""
+    lines = re.findall(rf"^\$ (snakemake --profile {PROFILE} .*?)\s*(?:#.*)?$", DOCS.read_text(), re.M)
+    commands = [shlex.split(line) for line in lines]
+    assert len(commands) >= 2, f"docs/slurm.md has no `$ snakemake --profile {PROFILE} ...` commands"
+    return commands
+
+
+def as_documented(command: list[str], configfile: str, *extra: str) -> list[str]:
+    """A documented command with the test's config file (and extra options after it)."""
+    words = list(command)
+    words[words.index("--configfile") + 1] = configfile
+    return [sys.executable, "-m", *words, *FAST_POLLING, *extra]
+
+
+def run_in(slurm: Cluster, workdir: Path, command: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """A Snakemake command in the cluster's client namespace; SIGINT on timeout (it cancels its jobs
+    then; it ignores SIGTERM while waiting for them)."""
+    wrapped = ["timeout", "-s", "INT", "-k", "20", str(timeout), *command]
+    return slurm.run(*wrapped, cwd=workdir, env=snakemake_env(), timeout=timeout + 60)
+
+
+def snakemake(slurm: Cluster, workdir: Path, configfile: str, *args: str, timeout: int = 900):
+    """The documented run command, with targets or options added (before --configfile)."""
+    run_command = documented_commands()[0]
+    head = run_command[: run_command.index("--configfile")]
+    command = [sys.executable, "-m", *head, *args, "--configfile", configfile, *FAST_POLLING]
+    return run_in(slurm, workdir, command, timeout)
 
 
 def submitted(output: str) -> dict[str, Path]:
@@ -109,7 +180,7 @@ def summaries(workdir: Path) -> dict[str, dict]:
     }
 
 
-def shorter_demo(slurm: Cluster):
+def shorter_demo(slurm: Cluster, account: str | None = None):
     def change(config: dict) -> None:
         config["scaling"]["modes"] = ["strong"]
         config["sensitivity"].update(per_gpu_batch=[16], bucket_cap_mb=[25], precision=["fp32"])
@@ -117,122 +188,130 @@ def shorter_demo(slurm: Cluster):
         config["train"].update(epochs=2, max_steps_per_epoch=6)  # what runs is tested, not accuracy
         # Two ranks span both nodes: gloo across the network namespaces.
         config["cluster"]["ranks_per_node"] = 1 if slurm.nodes == 2 else 2
-        # Every rule a Slurm job but fetch, which stays on the submit host (the internet is there).
-        config["cluster"]["submit_host_rules"] = ["fetch"]
+        config["cluster"]["account"] = account
 
     return change
 
 
+def run_documented_demo(slurm: Cluster, workdir: Path, configfile: str) -> str:
+    """Every documented command of the container-less route, in order; their output."""
+    started, outputs = time.monotonic(), []
+    for command in documented_commands():
+        run = run_in(slurm, workdir, as_documented(command, configfile), timeout=900)
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, f"{shlex.join(command)} failed through Slurm:\n{output[-8000:]}"
+        outputs.append(output)
+    output = "\n".join(outputs)
+    print(f"demo through Slurm: {time.monotonic() - started:.0f} s, {len(submitted(output))} Slurm jobs")
+    return output
+
+
 @pytest.fixture(scope="module")
-def demo(slurm, tmp_path_factory):
-    """The demo study (a smaller grid) through the Slurm executor, then its report."""
+def demo(clusters, tmp_path_factory):
+    """The demo study (a smaller grid) through the documented commands, without accounting."""
+    slurm = clusters.get(accounting=False)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-demo") / "scalestudy")
     configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm))
-    started = time.monotonic()
-    run = snakemake(slurm, workdir, "--configfile", configfile, timeout=900)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, f"the demo failed through Slurm:\n{output[-8000:]}"
-    report = snakemake(
-        slurm, workdir, "--configfile", configfile, "--report", "results/report.html", timeout=300
-    )
-    assert report.returncode == 0, report.stderr[-4000:]
-    print(f"demo through Slurm: {time.monotonic() - started:.0f} s, {len(submitted(output))} Slurm jobs")
-    return workdir, output
+    return workdir, configfile, run_documented_demo(slurm, workdir, configfile)
 
 
-def test_the_demo_reaches_the_report_with_every_rule_but_fetch_a_slurm_job(demo, slurm):
-    workdir, output = demo
-    assert (workdir / "results/report.html").stat().st_size > 100_000
+def check_jobs(slurm: Cluster, workdir: Path, output: str, configfile: str) -> dict[str, Path]:
+    """Every rule not kept on the submit host ran as a COMPLETED Slurm job, with its log."""
+    config = yaml.safe_load((workdir / configfile).read_text())
     jobs = submitted(output)
     as_jobs = {log.relative_to(workdir / ".snakemake/slurm_logs").parts[0] for log in jobs.values()}
-    planned = set(re.findall(r"^(?:local)?rule (\w+):", output, re.M)) - {"all", "fetch"}
-    assert len(planned) > 10 and as_jobs == {f"rule_{rule}" for rule in planned}
-    assert re.search(r"^localrule fetch:", output, re.M)  # cluster.submit_host_rules
+    planned = set(re.findall(r"^(?:local)?rule (\w+):", output, re.M)) - {"all"}
+    local = {rule for rule in planned if cluster.on_submit_host(config, rule)}
+    assert local and {"fetch"} <= local, local  # cluster.submit_host_rules
+    assert len(planned - local) > 10 and as_jobs == {f"rule_{rule}" for rule in planned - local}
+    for rule in local:
+        assert re.search(rf"^localrule {rule}:", output, re.M), rule
     for job_id, log in jobs.items():
         assert log.is_file(), f"Slurm log of job {job_id} missing: {log}"
         state = slurm.job(job_id)
         assert state["JobState"] == "COMPLETED", (job_id, state.get("JobState"), log.read_text()[-2000:])
         assert state["Comment"].startswith("rule_"), state["Comment"]
+    return jobs
 
 
-def test_every_run_records_the_slurm_job_that_made_it(demo, slurm):
-    workdir, output = demo
+def catalog(workdir: Path) -> pd.DataFrame:
+    return pd.read_csv(workdir / "results/tables/runs.csv", dtype=str).set_index(["stage", "point"])
+
+
+def check_run_records(slurm: Cluster, workdir: Path, output: str, account: str | None) -> None:
+    """Every run's provenance and catalog row name the Slurm job that made it."""
     jobs = submitted(output)
     runs = summaries(workdir)
     expected = {"baseline/default", "scaling/strong/w1_r0", "scaling/strong/w2_r0", "profile/w2"}
     assert expected <= set(runs), sorted(runs)
-    job_ids = [run["provenance"]["slurm"]["job_id"] for run in runs.values()]
-    assert len(set(job_ids)) == len(runs), "two runs claim the same Slurm job"
+    rows = catalog(workdir)
     for point, run in runs.items():
-        job_id = run["provenance"]["slurm"]["job_id"]
+        recorded = run["provenance"]["slurm"]
+        job_id = recorded["job_id"]
         assert job_id in jobs, f"{point}: job {job_id} is not one Snakemake submitted"
         rule = f"rule_{point.split('/')[0]}_run"
         assert jobs[job_id].relative_to(workdir / ".snakemake/slurm_logs").parts[0] == rule
-        assert slurm.job(job_id)["NumTasks"] == str(run["results"]["world_size"])
+        state = slurm.job(job_id)
+        assert state["NumTasks"] == str(run["results"]["world_size"])
+        # the job's own name (the plugin's run uuid), node count and account: not the step's "python"
+        assert recorded["job_name"] == state["JobName"] != "python", recorded
+        assert recorded["job_num_nodes"] == state["NumNodes"] == str(run["run"]["nodes"]), recorded
+        assert recorded["job_account"] == account, recorded
+        assert run["provenance"]["attempt"] == 1
+        row = rows.loc[(run["run"]["stage"], run["run"]["point"])]
+        assert row["provenance.slurm.job_name"] == state["JobName"] and row["attempts"] == "1", row
     manifest = json.loads((workdir / "results/data/packed/manifest.json").read_text())
     assert manifest["provenance"]["slurm"]["job_id"] in jobs  # preprocess: a CPU job
+
+
+# ----------------------------------------------------------------------------- without accounting
+
+
+def test_the_documented_commands_finish_the_demo_on_a_cluster_without_accounting(demo, slurm):
+    workdir, configfile, output = demo
+    assert "accounting storage is disabled" in (slurm.run("sacct").stdout + slurm.run("sacct").stderr)
+    assert (workdir / "results/report.html").stat().st_size > 100_000
+    check_jobs(slurm, workdir, output, configfile)
+    sacct = json.loads((workdir / "results/tables/sacct.json").read_text())
+    assert sacct["jobs"] == {} and "disabled" in sacct["note"], sacct
+
+
+def test_every_run_records_the_slurm_job_that_made_it(demo, slurm):
+    workdir, _, output = demo
+    check_run_records(slurm, workdir, output, account=None)
 
 
 def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
     if slurm.nodes < 2:
         pytest.skip("network namespaces are unavailable here: the cluster has one node")
-    workdir, _ = demo
+    workdir, _, _ = demo
     run = summaries(workdir)["scaling/strong/w2_r0"]
-    assert run["provenance"]["hosts"] == ["n1", "n2"]
+    assert run["provenance"]["hosts"] == ["n1", "n2"] and run["run"]["nodes"] == 2
     assert run["results"]["world_size"] == 2 and run["results"]["backend"] == "gloo"
     assert slurm.job(run["provenance"]["slurm"]["job_id"])["NodeList"] == "n[1-2]"
     assert sorted(p.name for p in (workdir / "results/runs/scaling/strong/w2_r0").glob("summary*")) == [
         "summary.json"
     ]
+    log = (workdir / "results/logs/scaling/strong/w2_r0.log").read_text()
+    assert "but the ranks run on" not in log, log[-3000:]  # the run config's nodes are the layout's
 
 
-def steps_for(seconds: float, images_per_s: float, batch: int) -> int:
-    return max(50, math.ceil(seconds * images_per_s / batch))
-
-
-def test_a_training_job_killed_at_its_time_limit_is_retried_and_resumes(demo, slurm, tmp_path):
-    """Attempt 1 has 2 minutes and SIGUSR1 30 s before its end (Slurm may send it up to a minute
-    early, sbatch(1): after at least half a minute, when the trainer has its handlers); the run
-    needs longer: its length is set from the demo's speed. The retry gets 10 minutes and must resume
-    from the checkpoint. On nodes with fake GPUs the job also takes the GPU request path
-    (--gres=gpu:1 on sbatch and srun), training on the CPU."""
-    demo_dir, _ = demo
-    workdir = copy_workflow(tmp_path / "scalestudy")
-    shutil.copytree(demo_dir / "results/data", workdir / "results/data")  # no fetch/preprocess again
-    speed = summaries(demo_dir)["scaling/strong/w1_r0"]["results"]["images_per_s"]  # same loader
-    steps = steps_for(240, speed, 64)  # ~4 min of training at the (contended) demo's speed
-
-    def change(config: dict) -> None:
-        config["baseline"].update(loader="tensor")
-        config["train"].update(epochs=math.ceil(steps / 25), max_steps_per_epoch=None, eval_max_batches=1)
-        config["train"].update(checkpoint_every_steps=50)
-        config["cluster"].update(runtime_minutes=2, signal_lead_s=30, runtime_growth=5.0, gpus_per_node=4)
-        config["cluster"]["ranks_per_node"] = None
-
-    configfile = write_config(workdir, "slurm-timelimit.yaml", change)
-    target = "results/runs/baseline/default/summary.json"
-    run = snakemake(slurm, workdir, "--configfile", configfile, "--retries", "3", target, timeout=900)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-8000:]
-    attempts = [job for job, log in submitted(output).items() if "rule_baseline_run" in str(log)]
-    assert len(attempts) >= 2, f"the job was not retried:\n{output[-4000:]}"
-    first = slurm.job(attempts[0])
-    assert first["TimeLimit"] == "00:02:00"
-    if slurm.run("sinfo", "--noheader", "-o", "%G").stdout.strip().startswith("gpu:"):
-        assert first["TresPerNode"] == "gres:gpu:1", first  # the GPU request path, on fake GPUs
-    # Either Slurm's --signal reached the ranks first (they checkpoint and exit 75: FAILED), or the
-    # limit did (SIGTERM, the same checkpoint, then TIMEOUT).
-    assert first["JobState"] in ("TIMEOUT", "FAILED"), first["JobState"]
-    summary = json.loads((workdir / target).read_text())
-    assert summary["results"]["resumed_from_step"], summary["results"]
-    assert summary["provenance"]["slurm"]["job_id"] == attempts[-1]
-    assert slurm.job(attempts[1])["TimeLimit"] == "00:10:00"  # the retry got more time
-    log = (workdir / "results/logs/baseline/default.log").read_text()
-    assert re.search(r"resumed from \S+: epoch \d+", log), log[-3000:]
-    print(
-        f"time-limit retry: {len(attempts)} attempts, first {first['JobState']}, resumed from step "
-        f"{summary['results']['resumed_from_step']} of {steps}"
-    )
+def test_a_second_bring_up_never_stops_the_running_cluster(slurm):
+    """tests/slurm/cluster.sh takes a lock: bring-ups started together, or one of the other kind,
+    leave the running slurmctld alone."""
+    pidfile = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm")) / "run/slurmctld.pid"
+    pid = pidfile.read_text()
+    other = cluster_script("up-two-node", accounting=True, timeout=120)
+    assert other.returncode == 1 and "not replacing" in other.stderr, other.stderr
+    together = [
+        subprocess.Popen(["bash", str(CLUSTER_SH), "up-two-node"], stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for process in together:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0 and "already up" in stderr, stderr
+    assert pidfile.read_text() == pid
+    assert cluster_script("status").stdout.split() == ["up", str(slurm.nodes), "no-accounting"]
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
@@ -257,6 +336,174 @@ def test_slurm_accepts_the_real_studys_gpu_requests(slurm, world, tmp_path):
     assert shlex.split(sbatch).count(f"--gres=gpu:{per_node}") == 1
 
 
-def test_nothing_is_left_running(slurm):
-    queue = slurm.run("squeue", "--noheader", "--states=PENDING,RUNNING", "-o", "%i %j %T")
-    assert queue.returncode == 0 and not queue.stdout.strip(), queue.stdout
+# ----------------------------------------------------------------------------- with accounting
+
+
+@pytest.fixture(scope="module")
+def demo_accounting(clusters, tmp_path_factory):
+    """The same documented commands on a cluster with accounting, jobs charged to an account."""
+    slurm = clusters.get(accounting=True)
+    workdir = copy_workflow(tmp_path_factory.mktemp("slurm-demo-accounting") / "scalestudy")
+    configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm, account=ACCOUNT))
+    return workdir, configfile, run_documented_demo(slurm, workdir, configfile)
+
+
+def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
+    demo_accounting, slurm_accounting
+):
+    workdir, configfile, output = demo_accounting
+    slurm = slurm_accounting
+    assert slurm.run("sacct", "-X", "-n").returncode == 0
+    assert (workdir / "results/report.html").stat().st_size > 100_000
+    jobs = check_jobs(slurm, workdir, output, configfile)
+    check_run_records(slurm, workdir, output, account=ACCOUNT)
+    for job_id in jobs:
+        assert slurm.job(job_id)["Account"] == ACCOUNT
+    sacct = json.loads((workdir / "results/tables/sacct.json").read_text())
+    assert sacct["note"] is None and sacct["jobs"], sacct
+    rows = catalog(workdir)
+    assert set(rows["sacct.state"]) == {"COMPLETED"}, rows["sacct.state"]
+    assert "no SLURM account" not in output and "invalid option" not in output
+
+
+def test_a_changed_value_reruns_exactly_the_points_that_carry_it_through_slurm(
+    demo_accounting, slurm_accounting
+):
+    """sensitivity.epochs is carried by the sensitivity points only: they (and what reads them)
+    re-run with new outputs, no job fails, every other run is left as it was."""
+    workdir, configfile, _ = demo_accounting
+    before = summaries(workdir)
+    config = yaml.safe_load((workdir / configfile).read_text())
+    config["sensitivity"]["epochs"] += 1
+    (workdir / configfile).write_text(yaml.safe_dump(config, sort_keys=False))
+    run = snakemake(slurm_accounting, workdir, configfile, timeout=900)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-8000:]
+    assert "Error in rule" not in output and "SLURM-job failed" not in output, output[-4000:]
+    after = summaries(workdir)
+    assert set(after) == set(before)
+    changed = {point for point in after if after[point]["provenance"] != before[point]["provenance"]}
+    sensitivity = {point for point in after if point.startswith("sensitivity/")}
+    assert sensitivity and changed == sensitivity, (changed, sensitivity)
+    for point in sensitivity:
+        assert after[point]["run"]["epochs"] == config["sensitivity"]["epochs"]
+        assert after[point]["results"]["resumed_from_step"] is None  # a fresh run, not a resume
+    trained = set(re.findall(r"^rule (\w+_run):", output, re.M))
+    assert trained == {"sensitivity_run"}, trained
+
+
+def test_a_deleted_summary_is_measured_afresh_through_slurm(demo_accounting, slurm_accounting):
+    workdir, configfile, _ = demo_accounting
+    point = "scaling/strong/w2_r0"
+    old = summaries(workdir)[point]
+    target = f"results/runs/{point}/summary.json"
+    (workdir / target).unlink()
+    run = snakemake(slurm_accounting, workdir, configfile, target, timeout=600)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-8000:]
+    new = json.loads((workdir / target).read_text())
+    assert new["provenance"]["slurm"]["job_id"] != old["provenance"]["slurm"]["job_id"]
+    assert new["provenance"]["timestamp"] != old["provenance"]["timestamp"]
+    assert new["results"]["resumed_from_step"] is None, new["results"]  # measured, not resumed
+    assert new["results"]["total_time_s"] != old["results"]["total_time_s"]
+
+
+def test_an_sbatch_failure_is_reported_with_the_earlier_runs_log_named_as_such(
+    demo_accounting, slurm_accounting
+):
+    """An invalid partition: sbatch fails before the job exists. Snakemake prints the declared log
+    of the job, which is the earlier run's: its first line names that run's attempt and Slurm job."""
+    workdir, configfile, _ = demo_accounting
+    slurm = slurm_accounting
+    log = workdir / "results/logs/baseline/default.log"
+    first_line = log.read_text().splitlines()[0]
+    assert re.match(r"launch: attempt 1, Slurm job \d+, ", first_line), first_line
+
+    def change(config: dict) -> None:
+        shorter_demo(slurm, account=ACCOUNT)(config)
+        config["cluster"]["partition"] = "no-such-partition"
+        config["site_check"] = {"enabled": False}  # it would be the first job refused
+        config["baseline"]["per_gpu_batch"] += 8  # the baseline point changes, nothing before it
+
+    badconfig = write_config(workdir, "slurm-badpartition.yaml", change)
+    target = "results/runs/baseline/default/summary.json"
+    run = snakemake(slurm, workdir, badconfig, target, "--retries", "0", timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and "invalid partition" in output.lower(), output[-4000:]
+    assert len(re.findall(r"SLURM sbatch failed", output)) == 1, output[-4000:]  # --retries 0: once
+    assert "rule baseline_run:" in output and first_line in output  # the earlier run's log, named
+
+
+def steps_for(seconds: float, images_per_s: float, batch: int) -> int:
+    return max(50, math.ceil(seconds * images_per_s / batch))
+
+
+def test_a_training_job_killed_at_its_time_limit_is_retried_resumes_and_keeps_both_logs(
+    demo_accounting, slurm_accounting, tmp_path
+):
+    """Attempt 1 has 2 minutes and SIGUSR1 30 s before its end (Slurm may send it up to a minute
+    early, sbatch(1): after at least half a minute, when the trainer has its handlers); the run
+    needs longer: its length is set from the demo's speed. The retry gets 10 minutes and must resume
+    from the checkpoint. On nodes with fake GPUs the job also takes the GPU request path
+    (--gres=gpu:1 on sbatch and srun), training on the CPU."""
+    demo_dir, _, _ = demo_accounting
+    slurm = slurm_accounting
+    workdir = copy_workflow(tmp_path / "scalestudy")
+    shutil.copytree(demo_dir / "results/data", workdir / "results/data")  # no fetch/preprocess again
+    results = summaries(demo_dir)["scaling/strong/w1_r0"]["results"]  # the same loader
+    # (images_per_s is empty where the demo's short run has no steady window: the whole run's rate)
+    speed = results.get("images_per_s") or results["whole_run_images_per_s"]
+    # ~7 min of training at the demo's steady-state speed: more than attempt 1's 90 s before its
+    # signal even if this job alone runs several times faster, less than the retry's 10 minutes
+    steps = steps_for(420, speed, 64)
+
+    def change(config: dict) -> None:
+        config["baseline"].update(loader="tensor")
+        config["train"].update(epochs=math.ceil(steps / 25), max_steps_per_epoch=None, eval_max_batches=1)
+        config["train"].update(checkpoint_every_steps=50)
+        config["cluster"].update(runtime_minutes=2, signal_lead_s=30, runtime_growth=5.0, gpus_per_node=4)
+        config["cluster"]["ranks_per_node"] = None
+        config["site_check"] = {"enabled": False}  # it rightly finds no CUDA behind the fake GPUs
+
+    configfile = write_config(workdir, "slurm-timelimit.yaml", change)
+    target = "results/runs/baseline/default/summary.json"
+    run = snakemake(slurm, workdir, configfile, "--retries", "3", target, timeout=1200)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-8000:]
+    attempts = [job for job, log in submitted(output).items() if "rule_baseline_run" in str(log)]
+    assert len(attempts) >= 2, f"the job was not retried:\n{output[-4000:]}"
+    first = slurm.job(attempts[0])
+    assert first["TimeLimit"] == "00:02:00"
+    if slurm.run("sinfo", "--noheader", "-o", "%G").stdout.strip().startswith("gpu:"):
+        assert first["TresPerNode"] == "gres:gpu:1", first  # the GPU request path, on fake GPUs
+    # Either Slurm's --signal reached the ranks first (they checkpoint and exit 75: FAILED), or the
+    # limit did (SIGTERM, the same checkpoint, then TIMEOUT).
+    assert first["JobState"] in ("TIMEOUT", "FAILED"), first["JobState"]
+    summary = json.loads((workdir / target).read_text())
+    assert summary["results"]["resumed_from_step"], summary["results"]
+    assert summary["provenance"]["slurm"]["job_id"] == attempts[-1]
+    assert summary["provenance"]["attempt"] == len(attempts)
+    assert slurm.job(attempts[1])["TimeLimit"] == "00:10:00"  # the retry got more time
+    states = slurm.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(attempts)).stdout
+    assert f"{attempts[-1]}|COMPLETED" in states, states  # accounting saw every attempt
+    log = workdir / "results/logs/baseline/default.log"
+    assert re.search(r"resumed from \S+: epoch \d+", log.read_text()), log.read_text()[-3000:]
+    kept = attemptlog.attempt_logs(log)
+    assert sorted(kept) == list(range(1, len(attempts) + 1)), kept
+    first_log = kept[1].read_text()
+    assert f"launch: attempt 1, Slurm job {attempts[0]}," in first_log
+    assert re.search(r"checkpoint", first_log, re.I) and "resumed from" not in first_log, first_log[-3000:]
+    assert kept[len(attempts)].read_text() == log.read_text()
+    print(
+        f"time-limit retry: {len(attempts)} attempts, first {first['JobState']}, resumed from step "
+        f"{summary['results']['resumed_from_step']} of {steps}"
+    )
+
+
+def test_nothing_is_left_running(clusters):
+    for accounting in (True, False):
+        status = cluster_script("status").stdout.split()
+        if status[2:3] == ["accounting" if accounting else "no-accounting"]:
+            slurm = Cluster(int(status[1]), accounting)
+            queue = slurm.run("squeue", "--noheader", "--states=PENDING,RUNNING", "-o", "%i %j %T")
+            assert queue.returncode == 0 and not queue.stdout.strip(), queue.stdout

@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -125,3 +126,21 @@ def test_training_ranks_run_in_the_image_when_the_workflow_is_containerized(dry_
     containerized=CONTAINERIZED) in the training rules' params)."""
     for job in (job for job in dry_run if job["rule"] in TRAINING_RULES):
         assert launch_spec_of(job)["image"] == "containers/scalestudy.sif", job["wildcards"]
+
+
+def test_the_container_less_profile_plans_the_study_without_apptainer(tmp_path):
+    """profiles/slurm-noapptainer: no `apptainer` on PATH, no image built, ranks started bare."""
+    workdir = copy_workflow(tmp_path / "scalestudy")
+    env = snakemake_env()
+    env["PATH"] = os.pathsep.join(
+        folder for folder in env["PATH"].split(os.pathsep) if not (Path(folder) / "apptainer").exists()
+    )
+    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm-noapptainer"]
+    command += ["--configfile", "config/config.yaml"]
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    jobs = parse_jobs(result.stdout + result.stderr)
+    assert not [job for job in jobs if job["rule"] == "build_image"]
+    training = [job for job in jobs if job["rule"] in TRAINING_RULES]
+    assert training and all(launch_spec_of(job)["image"] is None for job in training)
+    assert all("apptainer exec" not in job["shell"] for job in jobs)

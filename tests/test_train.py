@@ -12,10 +12,12 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ import pandas as pd
 import pytest
 import torch
 
-from scalestudy import checkpoint, distributed, model, provenance, train
+from scalestudy import checkpoint, distributed, model, provenance, runconfig, train
 from scalestudy.data.synthetic import generate_arrays
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +45,11 @@ BASE = {
     "step_timing_every": 4,
     "monitor_interval_s": 0.5,
     "target_accuracy": 0.05,
+    "keep_checkpoints": True,  # the tests compare the finished runs' weights
+    # the measurement window: steps 4..19 of 24, across the epoch boundary at 12
+    "measure_warmup_steps": 4,
+    "measure_steps": 16,
+    "measure_intervals": 4,
 }
 STEPS_PER_EPOCH = 12
 
@@ -58,9 +65,13 @@ METRICS_DOC = _names(
 )
 STEPS_DOC = _names("epoch, step, data_s, forward_s, backward_allreduce_s, optimizer_s, step_s")
 RESULTS_DOC = _names(
-    "epochs, steps, world_size, global_batch, per_gpu_batch, images_per_s, images_per_s_per_gpu, "
-    "epoch_time_s, step_time_s, final_test_acc, best_test_acc, final_train_loss, time_to_target_s, "
-    "target_accuracy, total_time_s, resumed_from_step, device, device_name, backend"
+    "epochs, steps, world_size, global_batch, per_gpu_batch, warmup_steps, measure_steps, measured_steps, "
+    "measured_s, window_filled, images_per_s, images_per_s_per_gpu, step_time_s, images_per_s_min, "
+    "images_per_s_max, images_per_s_cv, interval_images_per_s, measure_start_step, measure_start_s, "
+    "measure_end_s, measure_attempt, first_step_s, whole_run_images_per_s, whole_run_images_per_s_per_gpu, "
+    "whole_run_step_time_s, epoch_time_s, compile_s, inductor_cache_dir, ddp_options, final_test_acc, "
+    "best_test_acc, final_train_loss, time_to_target_s, target_accuracy, total_time_s, resumed_from_step, "
+    "resumes, device, device_name, backend"
 )
 STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
 CHECKPOINT_LINE = re.compile(r"checkpoint \S*ckpt-(\d+)-")
@@ -168,7 +179,7 @@ def test_the_run_folder_holds_the_documented_files(reference):
     assert (metrics.global_batch == 16).all() and (metrics.world_size == 1).all()
     steps = pd.read_csv(out / "steps.csv")
     assert list(steps.columns) == STEPS_DOC
-    assert steps.step.tolist() == list(range(0, 2 * STEPS_PER_EPOCH, 4))  # step_timing_every 4
+    assert steps.step.tolist() == [0, 20]  # step_timing_every 4, none inside the window (4..19)
     phases = steps[["data_s", "forward_s", "backward_allreduce_s", "optimizer_s"]]
     assert (phases > 0).all().all()
     assert np.allclose(phases.sum(axis=1), steps.step_s)
@@ -184,7 +195,10 @@ def test_the_summary_has_results_and_provenance(reference):
     assert set(RESULTS_DOC) <= set(results)
     metrics = pd.read_csv(out / "metrics.csv")
     assert results["epochs"] == 2 and results["steps"] == 2 * STEPS_PER_EPOCH
-    assert results["images_per_s"] == pytest.approx(metrics.images_per_s.iloc[1])  # after the first epoch
+    assert results["epoch_time_s"] == pytest.approx(metrics.epoch_time_s.iloc[1])  # after the first epoch
+    seconds, images = metrics.epoch_time_s.sum(), (metrics.images_per_s * metrics.epoch_time_s).sum()
+    assert results["whole_run_images_per_s"] == pytest.approx(images / seconds)
+    assert results["whole_run_step_time_s"] == pytest.approx(seconds / (2 * STEPS_PER_EPOCH))
     assert results["final_test_acc"] == pytest.approx(metrics.test_acc.iloc[-1])
     assert results["best_test_acc"] == pytest.approx(metrics.test_acc.max())
     assert results["time_to_target_s"] == pytest.approx(metrics.wall_time_s.iloc[0])  # target 0.05
@@ -193,6 +207,123 @@ def test_the_summary_has_results_and_provenance(reference):
     assert summary["provenance"]["config_hash"] == provenance.config_hash(config)
     assert summary["provenance"]["world_size"] == 1
     assert summary["provenance"]["hosts"] == [socket.gethostname()]
+
+
+# --- the steady-state measurement window ----------------------------------------------------------
+
+
+def _results(out) -> dict:
+    return json.loads((out / "summary.json").read_text())["results"]
+
+
+def test_a_window_longer_than_an_epoch_measures_its_steps_across_the_epoch_boundary(reference):
+    """12 steps per epoch, a window of 16 after 4 warm-up steps: steps 4..19, epoch end included
+    (its evaluation and checkpoint paused out of the window)."""
+    out, _, _ = reference
+    r = _results(out)
+    assert r["window_filled"] is True
+    assert (r["warmup_steps"], r["measure_steps"], r["measured_steps"]) == (4, 16, 16)
+    assert r["measure_start_step"] == 4 and r["measure_attempt"] == 0
+    assert r["images_per_s"] == pytest.approx(16 * 16 / r["measured_s"])
+    assert r["images_per_s_per_gpu"] == r["images_per_s"]
+    assert r["step_time_s"] == pytest.approx(r["measured_s"] / 16)
+    assert len(r["interval_images_per_s"]) == 4
+    assert r["images_per_s_min"] <= r["images_per_s"] <= r["images_per_s_max"]
+    assert r["first_step_s"] > 0
+    assert 0 < r["measure_start_s"] < r["measure_end_s"] < r["total_time_s"] + 5
+    # the pauses (one evaluation, checkpoints at 5, 10, 12, 15, profiler output) are not in measured_s
+    assert r["measured_s"] < r["measure_end_s"] - r["measure_start_s"]
+
+
+@pytest.mark.parametrize("epochs", [2, 3])
+def test_the_trainer_synchronises_at_the_window_edges_never_per_step(runs, monkeypatch, epochs):
+    """start, after the first step, window open, 4 sub-interval ends, and the two edges of the one
+    pause inside the window (the evaluation after epoch 1): 9, however many steps the run has."""
+    calls = []
+    monkeypatch.setattr(train.Trainer, "synchronize", lambda self: calls.append(self.position.global_step))
+    out, _, config = runs(f"syncs_{epochs}", epochs=epochs, checkpoint_every_steps=0, step_timing_every=0)
+    assert _main(out, config) == 0
+    # the position's global step at each call: after a step, the index of that step (0 = the first;
+    # the window opens after step 3 and its intervals end after steps 7, 11, 15, 19); at the
+    # epoch-end pause, the 12 steps done
+    assert calls == [0, 0, 3, 7, 11, 12, 12, 15, 19]
+
+
+def test_a_run_too_short_to_fill_its_window_says_so(runs, capsys):
+    out, _, config = runs("short_window", epochs=1, max_steps_per_epoch=6, eval_max_batches=1)
+    assert _main(out, config) == 0
+    r = _results(out)
+    assert r["window_filled"] is False and r["measured_steps"] == 2  # steps 4 and 5
+    assert r["images_per_s"] is None and r["images_per_s_per_gpu"] is None and r["step_time_s"] is None
+    assert r["whole_run_images_per_s"] > 0 and r["whole_run_step_time_s"] > 0
+    assert "measurement window not filled: 2 of 16 steps" in capsys.readouterr().err
+
+
+def test_the_analysis_marks_a_run_that_did_not_fill_its_window(runs, tmp_path, monkeypatch):
+    """Two real one-rank runs of 6 steps: weak fills a window of 4, strong cannot fill one of 16.
+    runs.csv -> scaling.csv mark the strong point, and the throughput figure draws it hollow."""
+    from scalestudy.analysis import aggregate, metrics, settings
+    from scalestudy.plots import scaling, style
+
+    short = {"epochs": 1, "max_steps_per_epoch": 6, "eval_max_batches": 1, "precision": "fp32"}
+    short["stage"] = "scaling"
+    summaries = []
+    for mode, steps in (("weak", 4), ("strong", 16)):
+        window = {"measure_warmup_steps": 1, "measure_steps": steps, "measure_intervals": 2}
+        out, _, config = runs(f"analysis_{mode}", **short, **window, mode=mode, point=f"{mode}/w1_r0")
+        assert _main(out, config) == 0
+        summaries.append(out / "summary.json")
+    catalog = aggregate.build_catalog(summaries)
+    catalog.to_csv(tmp_path / "runs.csv", index=False)
+    stored = pd.read_csv(tmp_path / "runs.csv").set_index("config.mode")
+    assert stored.loc["weak", "window_filled"] and not stored.loc["strong", "window_filled"]
+    assert np.isnan(stored.loc["strong", "images_per_s"]) and stored.loc["strong", "measured_steps"] == 5
+    analysis = settings.resolved({})
+    table = metrics.scaling_table(metrics.run_metrics(pd.read_csv(tmp_path / "runs.csv"), analysis), analysis)
+    table = table.set_index("mode")
+    assert not table.loc["strong", "window_filled"] and "window not filled" in table.loc["strong", "note"]
+    assert table.loc["weak", "window_filled"] and table.loc["strong", "images_per_s_mean"] > 0  # whole run
+    drawn = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: drawn.append(fig))
+    scaling.throughput(table.reset_index(), tmp_path / "throughput.png")
+    hollow = [line for line in drawn[0].axes[0].get_lines() if line.get_markerfacecolor() == "white"]
+    assert [list(line.get_xdata()) for line in hollow] == [[1], []]  # the point, its legend entry
+    assert scaling.UNFILLED_LABEL in [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()]
+
+
+WINDOW_RESUME = {"measure_warmup_steps": 2, "measure_steps": 8, "measure_intervals": 2}
+
+
+def test_the_window_restarts_after_a_fresh_warm_up_when_a_run_resumes_inside_it(runs, reference):
+    """Attempt 0 is stopped at step 6, inside its window (2..9): the window is discarded. Attempt 1
+    (from step 6) warms up again and measures steps 8..15. Attempt 2 (from 20) has 4 steps, too
+    few: the run reports attempt 1's window, kept in the checkpoints, without monitor times."""
+    out, ckpt, config = runs("window_resume", **WINDOW_RESUME)
+    with _SignalAtStep(signal.SIGTERM, 6):
+        assert _main(out, config) == train.EXIT_RESUMABLE
+    assert _final(ckpt)["history"]["steady_window"] is None
+    with _SignalAtStep(signal.SIGTERM, 20):
+        assert _main(out, config) == train.EXIT_RESUMABLE
+    kept = _final(ckpt)["history"]["steady_window"]
+    assert (kept["measure_attempt"], kept["measure_start_step"], kept["window_filled"]) == (1, 8, True)
+    assert kept["measure_start_s"] is not None
+    assert _main(out, config) == 0
+    r = _results(out)
+    assert r["resumes"] == [6, 20] and r["window_filled"] is True and r["measured_steps"] == 8
+    assert (r["measure_attempt"], r["measure_start_step"]) == (1, 8)
+    assert r["measure_start_s"] is None and r["measure_end_s"] is None
+    assert r["images_per_s"] == pytest.approx(kept["images_per_s"])
+    _assert_same_weights(_final(ckpt)["model"], _final(reference[1])["model"])  # the window changes nothing
+
+
+def test_a_resumed_attempt_that_fills_its_window_reports_it_with_its_times(runs):
+    out, ckpt, config = runs("window_resume_last", **WINDOW_RESUME)
+    with _SignalAtStep(signal.SIGUSR1, 3):
+        assert _main(out, config) == train.EXIT_RESUMABLE
+    assert _main(out, config) == 0
+    r = _results(out)
+    assert (r["measure_attempt"], r["measure_start_step"], r["measured_steps"]) == (1, 5, 8)
+    assert r["window_filled"] and 0 < r["measure_start_s"] < r["measure_end_s"]
 
 
 def test_the_profile_window_covers_exactly_its_steps(reference):
@@ -213,9 +344,10 @@ def test_the_profile_window_covers_exactly_its_steps(reference):
 
 
 def test_two_checkpoints_are_kept_and_the_last_one_is_the_end(reference):
+    """keep_checkpoints: the last two stay, marked finished (never to be resumed)."""
     _, ckpt, _ = reference
     files = sorted(p.name for p in ckpt.iterdir())
-    assert [name[:14] for name in files] == ["ckpt-000000020", "ckpt-000000024"]
+    assert [name[:14] for name in files] == ["ckpt-000000020", "ckpt-000000024", checkpoint.FINISHED]
     assert _final(ckpt)["position"] == {"epoch": 2, "step": 0, "global_step": 24}
 
 
@@ -405,12 +537,48 @@ def test_sigkill_between_checkpoints_then_resume(runs, reference):
     assert json.loads((out / "summary.json").read_text())["results"]["resumed_from_step"] == saved
 
 
-def test_a_checkpoint_of_another_run_config_is_not_resumed(runs, reference, capsys):
-    _, ckpt, config = reference
-    out = ckpt.parent / "other"
-    assert _main(out, {**config, "lr": 0.1}) == train.EXIT_BAD_CONFIG
-    assert "lr: 0.05 -> 0.1" in capsys.readouterr().err
-    assert not out.exists()
+def test_a_checkpoint_of_another_run_config_is_removed_not_resumed(runs, reference, capsys):
+    """An older version of the output must not block the new one: a warning names the checkpoint
+    and both config hashes, the run starts from scratch, and, finished, retires its checkpoints."""
+    _, reference_ckpt, config = reference
+    out, ckpt, _ = runs("other_config")
+    shutil.copytree(reference_ckpt, ckpt)
+    old_name = max(p.name for p in ckpt.glob("ckpt-*.pt"))
+    changed = {**config, "lr": 0.1, "checkpoint_dir": str(ckpt), "keep_checkpoints": False, "profile": None}
+    assert _main(out, changed) == 0
+    err = capsys.readouterr().err
+    hashes = [provenance.config_hash({**runconfig.DEFAULTS, **run}) for run in (config, changed)]
+    assert all(text in err for text in (old_name, *hashes, "lr: 0.05 -> 0.1")), err
+    assert json.loads((out / "summary.json").read_text())["results"]["resumed_from_step"] is None
+    assert not ckpt.exists()  # finished: nothing left to resume
+
+
+def test_a_finished_run_asked_for_again_measures_anew(runs):
+    """Its summary.json deleted, the run is trained again: not resumed from its last checkpoint."""
+    out, ckpt, config = runs("again", epochs=1, max_steps_per_epoch=3, eval_max_batches=1)
+    assert _main(out, config) == 0
+    first = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()
+    time.sleep(1.1)  # provenance's timestamp counts seconds
+    assert _main(out, config) == 0
+    second = json.loads((out / "summary.json").read_text())
+    assert second["results"]["resumed_from_step"] is None and second["results"]["resumes"] == []
+    assert second["provenance"]["timestamp"] != first["provenance"]["timestamp"]
+
+
+def test_a_run_killed_before_writing_its_outputs_resumes_to_write_them(runs):
+    """The last epoch's checkpoint is written, then the job dies before its run folder is: the retry
+    resumes at the end (training nothing again) and writes the outputs of the measured run."""
+    out, ckpt, config = runs("unwritten", epochs=1, max_steps_per_epoch=3, eval_max_batches=1)
+    assert _main(out, config) == 0
+    first = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()
+    (ckpt / checkpoint.FINISHED).unlink()  # as if the job had died before finish()
+    assert _main(out, config) == 0
+    second = json.loads((out / "summary.json").read_text())["results"]
+    assert second["resumed_from_step"] == first["results"]["steps"] == 3
+    assert second["final_test_acc"] == first["results"]["final_test_acc"]
+    assert second["epochs"] == 1
 
 
 # --- DDP with real processes --------------------------------------------------------------------------
@@ -503,3 +671,42 @@ def test_srun_style_ranks_stop_together_on_a_signal_to_one_and_resume_exactly(ru
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"]["resumed_from_step"] == stopped_at
     assert summary["provenance"]["launcher"] == "srun"
+
+
+@pytest.fixture(scope="module")
+def torchrun_batchnorm_run(runs):
+    """Two ranks with plain BatchNorm (statistics per rank), uninterrupted."""
+    out, ckpt, config = runs("torchrun_bn", **{**DDP, "norm": "batch"})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
+    env = {**_launch_free_environ(), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return out, ckpt, config
+
+
+def test_two_ranks_stopped_after_an_epochs_last_step_resume_to_the_same_metrics_bit_for_bit(
+    runs, torchrun_batchnorm_run, tmp_path
+):
+    """The ranks' BatchNorm statistics differ while training (no buffer broadcast); a resume hands
+    every rank rank 0's. Evaluation takes rank 0's on every rank, so the test metrics (and the
+    carried float64 train totals) are the same whether or not the run stopped at the epoch end."""
+    out, ckpt, config = runs("srun_epoch_end", **{**DDP, "norm": "batch"})
+    job_id = _free_slurm_job_id()
+    rank0, rank1 = _srun_style_ranks(out, config, job_id, tmp_path / "rank1.log")
+    # signalled while step 10 (the epoch's last) runs or rank 0 waits for step 9's agreement: the
+    # ranks stop after step 10, before the epoch's evaluation or right after it
+    log = _signal_at_step(rank0, DDP_STEPS_PER_EPOCH - 1, signal.SIGTERM, target_pid=rank1.pid)
+    rank1.wait(timeout=120)
+    assert (rank0.returncode, rank1.returncode) == (train.EXIT_RESUMABLE,) * 2, log
+    assert _final(ckpt)["position"]["global_step"] == DDP_STEPS_PER_EPOCH
+    ranks = _srun_style_ranks(out, config, job_id, tmp_path / "rank1.log")
+    log = ranks[0].communicate(timeout=300)[1]
+    ranks[1].wait(timeout=60)
+    assert [rank.returncode for rank in ranks] == [0, 0], log[-3000:] + (tmp_path / "rank1.log").read_text()
+    reference_out, reference_ckpt, _ = torchrun_batchnorm_run
+    pd.testing.assert_frame_equal(_learning_columns(out), _learning_columns(reference_out), check_exact=True)
+    _assert_same_weights(_final(ckpt)["model"], _final(reference_ckpt)["model"])
+    ddp = _results(out)["ddp_options"]
+    assert ddp["static_graph"] is True and ddp["batched_grad_copy"] is True
+    assert ddp.get("forward_sync_buffers", ddp.get("broadcast_buffers")) is False

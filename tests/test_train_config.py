@@ -107,3 +107,125 @@ def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
         given, config = runconfig.load_run_config(args)
     assert "lerning_rate" in caplog.text
     assert given["global_batch"] == 128 and config["precision"] == "fp32"
+
+
+# --- bad values, each named (JSON's true/false are not numbers) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"per_gpu_batch": True, "global_batch": 4}, "per_gpu_batch=True must be an integer >= 1"),
+        ({"epochs": True}, "epochs=True must be an integer >= 1"),
+        ({"world_size": 4.0}, "world_size=4.0 must be an integer"),
+        ({"lr": True}, "lr=True must be a number > 0"),
+        ({"lr": "fast"}, "lr='fast' must be a number > 0"),
+        ({"lr": float("nan")}, "lr=nan must be a number"),
+        ({"lr": float("inf")}, "lr=inf must be a number"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 must be a number >= 0"),
+        ({"seed": -1}, "seed=-1 must be an integer >= 0"),
+        ({"seed": 2**32}, "seed=4294967296 must be an integer >= 0 and <= 4294967295"),
+        ({"max_steps_per_epoch": 0}, "max_steps_per_epoch=0 must be an integer >= 1 or null"),
+        ({"max_steps_per_epoch": -3}, "max_steps_per_epoch=-3"),
+        ({"eval_max_batches": 0}, "eval_max_batches=0 must be an integer >= 1 or null"),
+        ({"nesterov": "yes"}, "nesterov='yes' must be true or false"),
+        ({"deterministic": 1}, "deterministic=1 must be true or false"),
+        ({"momentum": 1.5}, "momentum=1.5 must be a number >= 0 and <= 1"),
+        ({"label_smoothing": -0.1}, "label_smoothing=-0.1"),
+        ({"pg_timeout_s": 0}, "pg_timeout_s=0 must be a number > 0"),
+        ({"num_workers": -1}, "num_workers=-1 must be an integer >= 0"),
+        ({"target_accuracy": 0}, "target_accuracy=0 must be a number > 0 and <= 1"),
+        ({"data_dir": ""}, "data_dir='' must be a non-empty string"),
+        ({"checkpoint_dir": 3}, "checkpoint_dir=3 must be a non-empty string"),
+        ({"device": "tpu"}, "device='tpu' must be one of auto, cuda, cpu"),
+        ({"profile": "torch"}, "profile='torch' must be a JSON object or null"),
+        ({"profile": {"tool": "torch", "start_step": True, "steps": 2}}, "profile.start_step=True"),
+    ],
+)
+def test_values_of_the_wrong_type_or_range_are_named(changes, message):
+    with pytest.raises(runconfig.RunConfigError, match=message):
+        _validated(**changes)
+
+
+def test_every_key_has_a_rule_and_every_default_passes_it():
+    assert set(runconfig.RULES) == set(runconfig.DEFAULTS) | set(runconfig.REQUIRED)
+    for key, value in runconfig.DEFAULTS.items():
+        assert runconfig.RULES[key].accepts(value), key
+
+
+def test_several_bad_keys_are_named_in_one_message():
+    with pytest.raises(runconfig.RunConfigError) as error:
+        _validated(epochs=True, lr="fast", seed=-1)
+    assert all(key in str(error.value) for key in ("epochs=True", "lr='fast'", "seed=-1"))
+
+
+# --- the command line: files and folders, checked before anything starts ------------------------------
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _one_rank(tmp_path, **changes):
+    data = tmp_path / "packed"
+    data.mkdir(exist_ok=True)
+    config = {**VALID, "world_size": 1, "global_batch": 128, "data_dir": str(data)}
+    return {**config, "checkpoint_dir": str(tmp_path / "ckpt"), **changes}
+
+
+def _refused(capsys, argv, *expected):
+    code = train.main(argv)
+    err = capsys.readouterr().err
+    assert code == train.EXIT_BAD_CONFIG, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert all(text in err for text in expected), err
+    return err
+
+
+def test_a_missing_run_config_file_is_named(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    _refused(capsys, ["--run-config", str(missing), "--out-dir", str(tmp_path / "run")], str(missing))
+
+
+def test_a_run_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_bytes(json.dumps(_one_rank(tmp_path, point="caf\u00e9"), ensure_ascii=False).encode("latin-1"))
+    _refused(capsys, ["--run-config", str(path), "--out-dir", str(tmp_path / "run")], str(path), "UTF-8")
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused_before_training(tmp_path, capsys, single_process):
+    (tmp_path / "ckpt").write_text("a file")
+    config = _one_rank(tmp_path)
+    out = tmp_path / "run"
+    _refused(
+        capsys, ["--run-config-json", json.dumps(config), "--out-dir", str(out)], "checkpoint_dir", "file"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["run", "run/inside"])
+def test_an_out_dir_that_is_or_lies_under_a_file_is_refused_before_training(
+    tmp_path, capsys, single_process, where
+):
+    (tmp_path / "run").write_text("a file")
+    argv = ["--run-config-json", json.dumps(_one_rank(tmp_path)), "--out-dir", str(tmp_path / where)]
+    _refused(capsys, argv, "--out-dir", "is a file")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_missing_data_dir_is_refused(tmp_path, capsys, single_process):
+    config = _one_rank(tmp_path, data_dir=str(tmp_path / "absent"))
+    _refused(
+        capsys, ["--run-config-json", json.dumps(config), "--out-dir", str(tmp_path / "run")], "data_dir"
+    )
+
+
+def test_garbage_data_arrays_are_named_with_exit_2(tmp_path, capsys, single_process):
+    config = _one_rank(tmp_path, per_gpu_batch=4, global_batch=4, width=4)
+    for name in ("train_images", "train_labels", "test_images", "test_labels"):
+        (tmp_path / "packed" / f"{name}.npy").write_bytes(b"\x93NUMPY garbage " * 10)
+    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(tmp_path / "run")]
+    _refused(capsys, argv, "train_images.npy", "not a .npy array")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ckpt").exists()

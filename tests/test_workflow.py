@@ -89,6 +89,58 @@ def test_every_run_records_its_provenance(demo_run):
         assert provenance["seed"] is not None and provenance["host"]
 
 
+def test_the_machine_is_described_and_checked_before_any_training_job(demo_run):
+    import socket
+
+    import pandas as pd
+
+    system = pd.read_csv(demo_run / "results/tables/system.csv")
+    assert socket.gethostname() in set(system["host"])
+    assert len(pd.read_csv(demo_run / "results/tables/smoke.csv")) >= 2
+    busbw = pd.read_csv(demo_run / "results/comm/busbw.csv")
+    assert {"all_reduce", "all_gather", "reduce_scatter"} <= set(busbw["collective"])
+    assert (busbw["busbw_gb_s"] > 0).all()
+    first_training = min(path.stat().st_mtime for path in (demo_run / "results/runs").rglob("summary.json"))
+    gates = [*(demo_run / "results/site").glob("*.json"), demo_run / "results/smoke/all.passed"]
+    gates.append(demo_run / "results/gates/training.ok")
+    assert all(gate.is_file() for gate in gates)
+    assert all(gate.stat().st_mtime < first_training for gate in gates)
+
+
+def test_a_title_change_rewrites_only_the_paper(demo_run):
+    config = yaml.safe_load((demo_run / "config/demo.yaml").read_text())
+    config["study"]["title"] = "Another title"
+    path = demo_run / "config/demo-title.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+    paper = {"paper_numbers", "paper_draft"} | ({"paper_pdf"} if shutil.which("latexmk") else set())
+    assert set(plan) - {"all"} == paper
+
+
+def _plan_with(demo_run: Path, name: str, change) -> dict[str, int]:
+    config = yaml.safe_load((demo_run / "config/demo.yaml").read_text())
+    change(config)
+    path = demo_run / f"config/demo-{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+
+
+TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
+
+
+def test_a_smoke_test_run_again_re_runs_no_training_job(demo_run):
+    plan = _plan_with(demo_run, "smoke", lambda c: c["smoke"].update(loader_batches=11))
+    assert "smoke_io" in plan and not TRAINING_RULES & set(plan), plan
+
+
+def test_a_training_setting_re_runs_every_training_job_even_when_the_smoke_tests_re_run(demo_run):
+    """The smoke tests carry the training settings too: they re-run, and must not hide the training
+    jobs' own change (an ancient() gate input would: Snakemake skips the jobs below one that re-runs)."""
+    plan = _plan_with(demo_run, "lr", lambda c: c["train"].update(lr=0.04))
+    assert "smoke_step" in plan
+    assert plan.get("scaling_run") == 4 and plan.get("baseline_run") == 1, plan
+
+
 def changed_sensitivity_config(workdir: Path) -> tuple[Path, float, float]:
     config = yaml.safe_load((workdir / "config/demo.yaml").read_text())
     old, new = config["sensitivity"]["bucket_cap_mb"][-1], 50

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli
-from scalestudy.analysis.tableio import read_csv
+from scalestudy.analysis import cli, gpumonitor
+from scalestudy.analysis.metrics import window_filled
+from scalestudy.analysis.tableio import read_csv, read_json
 
 log = logging.getLogger("scalestudy.analysis.acceptance")
 
@@ -66,9 +67,26 @@ def _absent(world: int, measured: pd.Series) -> str:
     return f"{NOT_MEASURED} (N={world} is not in the grid)"
 
 
+def _unfilled_worlds(table: pd.DataFrame, worlds) -> list[int]:
+    """The world sizes among `worlds` where a run did not fill its measurement window."""
+    rows = table[table["world_size"].isin(list(worlds))]
+    return sorted(int(w) for w in rows.loc[~window_filled(rows), "world_size"])
+
+
+def _unfilled_row(name, target, world, value, worlds: list[int]) -> dict:
+    note = (
+        f"no verdict: the measurement window was not filled at N={', '.join(map(str, worlds))} (whole-run "
+        "throughput, one-off costs included); give those runs more epochs or a shorter train.measure"
+    )
+    return _row(name, target, world, value, f"{NOT_MEASURED} (window not filled)", note)
+
+
 def _strong_row(name, target, strong, world, minimum, informative):
     r = strong[strong["world_size"] == world].iloc[0]
     value = float(r["efficiency_mean"])
+    unfilled = _unfilled_worlds(strong, (1, world))
+    if unfilled:
+        return _unfilled_row(name, target, world, value, unfilled)
     ci = (float(r["efficiency_ci_low"]), float(r["efficiency_ci_high"]))
     note = _ci_note(value, ci, minimum, int(r["repeats"]), higher_is_better=True)
     if informative:
@@ -108,6 +126,9 @@ def _weak_row(name, target, weak, world, maximum, informative):
     variation = within / reference - 1.0
     worst_n = int(variation.idxmax())
     value = float(variation.max())
+    unfilled = _unfilled_worlds(weak, within.index)
+    if unfilled:
+        return _unfilled_row(name, target, worst_n, value, unfilled)
     note = f"worst at N={worst_n}: {within.loc[worst_n]:.4g} s vs {reference:.4g} s per step at N=1"
     if informative:
         note = ("meets" if value <= maximum else "exceeds") + f" the limit; {note}"
@@ -120,6 +141,12 @@ def optimisation_gain(sensitivity: pd.DataFrame, minimum: float) -> list[dict]:
     usable = sensitivity.dropna(subset=["gain_vs_baseline"]) if len(sensitivity) else sensitivity
     if usable.empty:
         return [_row(name, target, math.nan, note="needs the baseline and at least one sensitivity run")]
+    baseline_filled = bool(usable.get("baseline_window_filled", pd.Series([True])).all())
+    usable = usable[window_filled(usable)]
+    if usable.empty or not baseline_filled:
+        which = "the baseline" if not baseline_filled else "any sensitivity run"
+        note = f"no verdict: the measurement window was not filled in {which} (whole-run throughput)"
+        return [_row(name, target, math.nan, status=f"{NOT_MEASURED} (window not filled)", note=note)]
     best = usable.loc[usable["images_per_s_per_gpu"].idxmax()]
     value = float(best["gain_vs_baseline"])
     note = (
@@ -130,13 +157,108 @@ def optimisation_gain(sensitivity: pd.DataFrame, minimum: float) -> list[dict]:
     return [_row(name, target, int(best["world_size"]), value, _verdict(value >= minimum, False), note)]
 
 
-def evaluate(scaling: pd.DataFrame, sensitivity: pd.DataFrame, criteria: dict) -> pd.DataFrame:
+def gpu_health(gpus: pd.DataFrame | None, thresholds: dict, reasons: Sequence[str] = ()) -> list[dict]:
+    """The GPU monitor's criteria on each GPU's mean over the measurement window (gpumonitor.per_gpu)."""
+    sm_min, watts_min = thresholds["sm_active_pct_min"], thresholds["power_w_min"]
+    fraction_min, pcie_max = thresholds["power_fraction_min"], thresholds["pcie_gb_s_max"]
+    least = "of the least loaded GPU"
+    specs = [
+        ("sm_active_pct", "SM activity (NVML GPM) " + least, f">= {sm_min:g}%", sm_min / 100, 0.01),
+        ("power_fraction", "power draw / power limit " + least, f">= {fraction_min:.0%}", fraction_min, 1),
+    ]
+    if watts_min is not None:
+        specs.append(("power_w", "power draw " + least, f">= {watts_min:g} W", watts_min, 1))
+    rows = [_gpu_row(gpus, *spec, reasons) for spec in specs]
+    pcie = ("pcie_gb_s", "PCIe traffic (rx + tx) of the busiest GPU", f"<= {pcie_max:g} GB/s", pcie_max, 1)
+    return [*rows, _gpu_row(gpus, *pcie, reasons, higher_is_better=False)]
+
+
+def _gpu_row(gpus, column, name, target, threshold, scale, reasons, higher_is_better=True) -> dict:
+    if gpus is None or gpus.empty:
+        why = "; ".join(reasons) or "no gpu_monitor.csv given"
+        return _row(name, target, math.nan, note=f"no GPU monitor samples: {why}")
+    measured = gpus.dropna(subset=[column])
+    if measured.empty:
+        names = ", ".join(sorted(set(gpus["gpu_name"].astype(str))))
+        note = f"{names}: not reported by NVML"
+        if column == "sm_active_pct":
+            low, high = gpus["kernel_active_pct"].min(), gpus["kernel_active_pct"].max()
+            note = f"{names}: no NVML GPM (Hopper or newer)"
+            if pd.notna(low):
+                note += f"; NVML utilization (time any kernel ran, not SM activity) was {low:.0f}-{high:.0f}%"
+        return _row(name, target, math.nan, status=f"{NOT_MEASURED} ({column} unsupported)", note=note)
+    worst = measured.loc[measured[column].idxmin() if higher_is_better else measured[column].idxmax()]
+    value = float(worst[column]) * scale
+    ok = value >= threshold if higher_is_better else value <= threshold
+    span = "measurement window" if measured["windowed"].all() else "whole run where no window was recorded"
+    note = (
+        f"worst: {worst['gpu_uuid']} on {worst['host']} in {worst['run']}; mean over the {span}; "
+        f"{len(measured)} GPU(s) in {measured['run'].nunique()} run(s)"
+    )
+    if len(measured) < len(gpus):
+        note += f"; {len(gpus) - len(measured)} GPU(s) without this metric not counted"
+    return _row(name, target, int(worst["world_size"]), value, _verdict(ok, False), note)
+
+
+def evaluate(
+    scaling: pd.DataFrame,
+    sensitivity: pd.DataFrame,
+    criteria: dict,
+    gpus: pd.DataFrame | None = None,
+    monitor: dict | None = None,
+    monitor_reasons: Sequence[str] = (),
+) -> pd.DataFrame:
     rows = [
         *strong_efficiency(scaling, criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]),
         *weak_variation(scaling, criteria["weak_variation_max"], criteria["weak_variation_world"]),
         *optimisation_gain(sensitivity, criteria["optimisation_gain_min"]),
     ]
+    if monitor is not None:
+        rows += gpu_health(gpus, monitor, monitor_reasons)
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+BUSBW_COLUMNS = ("collective", "world_size", "placement", "bytes", "time_s", "busbw_gb_s")
+
+
+def busbw_rows(busbw: pd.DataFrame | None, minimum: float | None) -> list[dict]:
+    """All-reduce bus bandwidth at the largest benchmarked message, per world size and placement
+    (scalestudy.commbench), against analysis.acceptance.busbw_min_gb_s (informative when null)."""
+    name = "all-reduce bus bandwidth at the largest message (comm_bench)"
+    target = f">= {minimum:g} GB/s" if minimum is not None else "no link rate configured, GB/s"
+    measured = None
+    if busbw is not None:
+        measured = busbw[(busbw["collective"] == "all_reduce") & busbw["time_s"].notna()]
+    if measured is None or measured.empty:
+        return [_row(name, target, math.nan, note="no all-reduce measured (comm_bench runs world sizes > 1)")]
+    rows = []
+    for (world, placement), group in measured.groupby(["world_size", "placement"]):
+        largest = group.loc[group["bytes"].idxmax()]
+        value = float(largest["busbw_gb_s"])
+        note = f"{int(largest['bytes']):,} B, {largest['backend']}, mean of {int(largest['repeats'])} calls"
+        status = _verdict(value >= minimum, False) if minimum is not None else INFORMATIVE
+        rows.append(_row(f"{name}, {placement}", target, int(world), value, status, note))
+    return rows
+
+
+def loader_rows(smoke_io: dict | None, scaling: pd.DataFrame) -> list[dict]:
+    """The loader alone (smoke test) against the training throughput per rank it must feed."""
+    name = "data loader alone / training throughput per rank"
+    target = ">= 100%"
+    if smoke_io is None:
+        return [_row(name, target, math.nan, note="no smoke test result given")]
+    column = "images_per_s_per_gpu_mean"
+    if column not in scaling or scaling[column].dropna().empty:
+        return [_row(name, target, math.nan, note="no scaling runs to compare with")]
+    fastest = scaling.loc[scaling[column].idxmax()]
+    loader_result = smoke_io["loader"]
+    value = loader_result["images_per_s"] / float(fastest[column])
+    note = (
+        f"{loader_result['loader']} loader {loader_result['images_per_s']:.4g} images/s per rank on "
+        f"{loader_result['device']} vs {float(fastest[column]):.4g} trained ({fastest['mode']}, "
+        f"N={int(fastest['world_size'])}, the fastest per rank)"
+    )
+    return [_row(name, target, int(fastest["world_size"]), value, _verdict(value >= 1.0, False), note)]
 
 
 STATUS_COLOURS = {PASS: "#d4edda", FAIL: "#f8d7da", INFORMATIVE: "#e2e3e5"}
@@ -148,7 +270,7 @@ def to_html(table: pd.DataFrame) -> str:
     body = []
     for _, row in table.iterrows():
         colour = STATUS_COLOURS.get(str(row["status"]).split(" (")[0], "#fff3cd")
-        cells = "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in table.columns)
+        cells = "".join(f"<td>{html.escape(_cell(row[c], c, row['target']))}</td>" for c in table.columns)
         body.append(f'<tr style="background:{colour}">{cells}</tr>')
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Acceptance</title>"
@@ -158,12 +280,21 @@ def to_html(table: pd.DataFrame) -> str:
     )
 
 
-def _cell(value, column: str) -> str:
+ABSOLUTE_UNITS = (" GB/s", " W")  # a target ending in one: its measured value is in that unit, not a ratio
+
+
+def format_measured(value: float, target: str) -> str:
+    """A measured value as its criterion states it: 0.93 -> '93.0%', 12.3 for '<= 20 GB/s' -> '12.3 GB/s'."""
+    unit = next((u for u in ABSOLUTE_UNITS if str(target).endswith(u)), None)
+    return f"{value:.3g}{unit}" if unit else f"{value:.1%}"
+
+
+def _cell(value, column: str, target: str = "") -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
         if column in ("measured", "ci_low", "ci_high"):
-            return f"{value:.1%}"
+            return format_measured(value, target)
         return f"{value:g}"
     return str(value)
 
@@ -174,16 +305,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sensitivity", required=True, help="sensitivity.csv (from analysis.metrics).")
     parser.add_argument("--out", required=True, help="Acceptance CSV to write.")
     parser.add_argument("--html", help="Also write the table as HTML (for the report).")
+    parser.add_argument("--monitor", nargs="*", help="gpu_monitor.csv of the scaling runs (GPU health rows).")
+    parser.add_argument("--busbw", help="results/comm/busbw.csv (collective benchmark rows).")
+    parser.add_argument("--loader-smoke", help="results/smoke/io.json (the loader smoke test).")
     args = parser.parse_args(argv)
     settings = cli.start(args)
     scaling = read_csv(args.scaling, ["mode", "world_size", "efficiency_mean", "time_per_step_s_mean"])
     sensitivity = read_csv(args.sensitivity, ["gain_vs_baseline", "images_per_s_per_gpu"])
-    table = evaluate(scaling, sensitivity, settings["acceptance"])
+    samples, reasons = gpumonitor.load(args.monitor or [])
+    gpus = gpumonitor.per_gpu(samples) if args.monitor is not None else None
+    table = evaluate(scaling, sensitivity, settings["acceptance"], gpus, settings["monitor"], reasons)
+    if args.busbw or args.loader_smoke:
+        busbw = read_csv(args.busbw, BUSBW_COLUMNS) if args.busbw else None
+        smoke_io = read_json(args.loader_smoke) if args.loader_smoke else None
+        extra = busbw_rows(busbw, settings["acceptance"]["busbw_min_gb_s"]) + loader_rows(smoke_io, scaling)
+        table = pd.concat([table, pd.DataFrame(extra, columns=list(COLUMNS))], ignore_index=True)
     atomic.write_csv(args.out, table)
     if args.html:
         atomic.write_text(args.html, to_html(table))
     for _, row in table.iterrows():
-        log.info("%s: %s (%s)", row["criterion"], row["status"], _cell(row["measured"], "measured"))
+        measured = _cell(row["measured"], "measured", row["target"])
+        log.info("%s: %s (%s)", row["criterion"], row["status"], measured)
     return 0
 
 

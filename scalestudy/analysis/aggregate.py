@@ -1,8 +1,12 @@
 """The run catalog: every run's summary.json -> one row of results/tables/runs.csv.
 
-A row holds the grid point (stage, point), the run's results (unprefixed: images_per_s, ...), its
-run config (`config.<key>`), its provenance flattened (`provenance.<key>`, Slurm job id and hosts
-included) and, where Slurm accounting answers, `sacct.elapsed_s`, `sacct.state`, `sacct.max_rss_mb`.
+A row holds the grid point (stage, point), the run's results (unprefixed: images_per_s, ...; the
+steady-state window's window_filled, measured_steps, measured_s, images_per_s_min/max/cv,
+measure_start_s/end_s, and the whole_run_* rates; nested ones dotted: ddp_options.static_graph),
+its run config (`config.<key>`), its provenance flattened (`provenance.<key>`, Slurm job id and
+hosts included) and, where Slurm accounting answers, `sacct.elapsed_s`, `sacct.state`,
+`sacct.max_rss_mb`. A run that did not fill its window keeps its row (images_per_s empty) and is
+named in the log; scalestudy.analysis.metrics marks it.
 Where it does not (no sacct, no job id, no record), those columns are present and empty and
 `sacct.note` says why. The accounting itself is queried by scalestudy.analysis.accounting (on the
 submit host, outside the container) and passed in as JSON.
@@ -55,6 +59,8 @@ def summary_row(path: str | Path) -> dict[str, Any]:
         "point": run["point"],
         "run_dir": str(Path(path).parent),
         "status": "completed" if resumed is None else "completed (resumed)",
+        # The Snakemake attempt that made it; every attempt's log is kept (scalestudy.attemptlog).
+        "attempts": (summary.get("provenance") or {}).get("attempt"),
         "hosts": _hosts(summary.get("provenance") or {}),
         "job_id": accounting.job_id(summary),
     }
@@ -123,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     accounting = read_json(args.accounting) if args.accounting else None
     catalog = build_catalog(args.summaries, accounting)
     atomic.write_csv(args.out, catalog)
+    if "window_filled" in catalog:
+        for _, row in catalog[catalog["window_filled"].eq(False)].iterrows():
+            log.warning("%s/%s: measurement window not filled (whole-run rates)", row["stage"], row["point"])
     log.info("run catalog: %d runs, %d columns -> %s", len(catalog), len(catalog.columns), args.out)
     return 0
 

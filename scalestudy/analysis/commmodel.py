@@ -26,9 +26,18 @@ interconnect, with the fitted/assumed phi. The ring latency term 2(N-1) alpha gr
 NCCL switches to tree algorithms at scale, so predictions far beyond the measurements are a
 pessimistic bound.
 
+Where the collective benchmark ran (results/tables/comm_bench_fit.csv, scalestudy.commbench), its
+measured all-reduce alpha and bus bandwidth give one more curve, MEASURED_CURVE: the intra-node fit
+up to gpus_per_node, the inter-node fit beyond (the intra-node one, said in the curve's name, when no
+inter-node size was measured); the same bandwidth derives phi when measured_bandwidth_gb_s is null.
+The fit table then also lists the measured alpha and bandwidth, and, where the profile measured it
+(results/profile/overlap.csv), the gradient all-reduce time per step beside what the benchmark
+predicts for it.
+
     python -m scalestudy.analysis.commmodel --runs results/tables/runs.csv \
         --fit-out results/tables/comm_model_fit.csv --residuals-out results/tables/comm_model_residuals.csv \
-        --prediction-out results/tables/comm_model_prediction.csv [--analysis-json JSON | --config FILE]
+        --prediction-out results/tables/comm_model_prediction.csv [--bench-fit comm_bench_fit.csv] \
+        [--profile-overlap results/profile/overlap.csv] [--analysis-json JSON | --config FILE]
 """
 
 from __future__ import annotations
@@ -62,6 +71,10 @@ RESIDUAL_COLUMNS = (
     "residual_s",
 )
 FIT_CURVE = "fit (as measured)"
+MEASURED_CURVE = "measured collectives (comm_bench)"
+INTRA, INTER = "intra-node", "inter-node"  # scalestudy.commbench's placements
+BENCH_FIT_COLUMNS = ("collective", "world_size", "nodes", "placement", "link_alpha_s", "bandwidth_gb_s", "r2")
+OVERLAP_COLUMNS = ("world_size", "tool", "communication_s", "exposed_communication_s", "steps")
 PREDICTION_COLUMNS = ("mode", "curve", "world_size", "compute_s", "exposed_comm_s", "step_s", "efficiency")
 
 
@@ -253,15 +266,19 @@ def world_grid(max_world: int, measured: Sequence[int]) -> list[int]:
     return sorted(set(powers) | {int(n) for n in measured if n <= max_world})
 
 
-def predict(f: Fit, points: pd.DataFrame, model: dict, phi: float) -> pd.DataFrame:
-    """Efficiency vs N for each mode: the fitted (as-measured) curve and one per interconnect."""
+def predict(f: Fit, points: pd.DataFrame, model: dict, phi: float, links: dict | None = None) -> pd.DataFrame:
+    """Efficiency vs N for each mode: the fitted (as-measured) curve, one per configured interconnect
+    and, with `links` (measured_links), the measured collectives."""
     rows = []
     for mode, group in points.groupby("mode"):
         worlds = world_grid(model["max_world"], group["world_size"].unique())
         compute_of = _compute_per_gpu(mode, group, f.compute_s_per_image[mode])
         grad, buckets = float(group["grad_bytes"].iloc[0]), int(group["buckets"].iloc[0])
-        links = model["interconnects"]
-        curves = {link["name"]: _link_curve(link, model, grad, buckets, phi) for link in links}
+        configured = model["interconnects"]
+        curves = {link["name"]: _link_curve(link, model, grad, buckets, phi) for link in configured}
+        if links:
+            name, comm = _measured_curve(links, model, grad, buckets, phi)
+            curves[name] = comm
         if math.isfinite(f.alpha_s):
             curves = {FIT_CURVE: _fit_curve(f, grad, buckets), **curves}
         for name, comm in curves.items():
@@ -294,23 +311,126 @@ def _link_curve(link: dict, model: dict, grad: float, buckets: int, phi: float):
     return comm
 
 
+def measured_links(bench_fit: pd.DataFrame | None) -> dict[str, pd.Series]:
+    """{placement: the all-reduce fit of the largest world size measured there} from comm_bench."""
+    if bench_fit is None or bench_fit.empty:
+        return {}
+    usable = bench_fit[
+        (bench_fit["collective"] == "all_reduce")
+        & np.isfinite(bench_fit["bandwidth_gb_s"].astype(float))
+        & np.isfinite(bench_fit["link_alpha_s"].astype(float))
+    ]
+    return {
+        placement: group.sort_values("world_size").iloc[-1]
+        for placement, group in usable.groupby("placement")
+        if placement in (INTRA, INTER)
+    }
+
+
+def _link_of(links: dict, n: int, gpus_per_node: int) -> pd.Series:
+    wanted = INTRA if n <= gpus_per_node else INTER
+    return links.get(wanted, links.get(INTRA if wanted == INTER else INTER))
+
+
+def _measured_curve(links: dict, model: dict, grad: float, buckets: int, phi: float):
+    name = MEASURED_CURVE if INTER in links else f"{MEASURED_CURVE}, {next(iter(links))} link only"
+
+    def comm(n: int) -> float:
+        link = _link_of(links, n, model["gpus_per_node"])
+        beta = 1.0 / (float(link["bandwidth_gb_s"]) * GB)
+        return (1.0 - phi) * float(ring_allreduce_s(n, grad, buckets, float(link["link_alpha_s"]), beta))
+
+    return name, comm
+
+
+def bench_rows(links: dict, points: pd.DataFrame, overlap_table: pd.DataFrame | None, gpn: int) -> list:
+    """Fit-table rows: the measured link parameters and, per profiled world size, the gradient
+    all-reduce time per step the profile measured beside the one the benchmark predicts."""
+    rows = []
+    for placement, link in sorted(links.items()):
+        where = f"comm_bench all_reduce at N={int(link['world_size'])} ({int(link['nodes'])} node(s))"
+        rows.append((f"measured_alpha[{placement}]", float(link["link_alpha_s"]) / US, "us", where))
+        rows.append(
+            (
+                f"measured_bandwidth[{placement}]",
+                float(link["bandwidth_gb_s"]),
+                "GB/s",
+                f"{where}; bus bandwidth of the fitted slope; r2 {float(link['r2']):.3f}",
+            )
+        )
+    if overlap_table is None or overlap_table.empty or points.empty:
+        return rows
+    grad, buckets = float(points["grad_bytes"].iloc[0]), int(points["buckets"].iloc[0])
+    for world, group in overlap_table.groupby("world_size"):
+        world = int(world)
+        if world < 2:
+            continue
+        steps = group["steps"].astype(float).clip(lower=1)
+        comm = float((group["communication_s"] / steps).mean())
+        exposed = float((group["exposed_communication_s"] / steps).mean())
+        tool = ", ".join(sorted(map(str, group["tool"].unique())))
+        rows.append((f"profile_allreduce_per_step[N={world}]", comm * 1e3, "ms", f"{tool}, mean over ranks"))
+        rows.append((f"profile_exposed_per_step[N={world}]", exposed * 1e3, "ms", f"{tool}, not hidden"))
+        if links:
+            link = _link_of(links, world, gpn)
+            predicted = ring_allreduce_s(
+                world, grad, buckets, float(link["link_alpha_s"]), 1.0 / (float(link["bandwidth_gb_s"]) * GB)
+            )
+            note = (
+                f"ring model with the measured {link['placement']} alpha and bandwidth, {buckets} bucket(s)"
+            )
+            rows.append((f"bench_allreduce_per_step[N={world}]", float(predicted) * 1e3, "ms", note))
+    return rows
+
+
+def _bench_overlap_model(model: dict, links: dict, points: pd.DataFrame, result: Fit) -> tuple[dict, str]:
+    """The model settings with measured_bandwidth_gb_s from comm_bench when the config leaves it null:
+    the link of the largest multi-GPU scaling world size. Not where the training fit's beta_eff is 0
+    (clipped): 1 - 0 x bandwidth would claim a fully hidden all-reduce."""
+    if model["measured_bandwidth_gb_s"] is not None or not links or points.empty:
+        return model, ""
+    if not (math.isfinite(result.beta_s_per_byte) and result.beta_s_per_byte > 0):
+        return model, " (not derived from comm_bench: the training fit's beta_eff is 0 or not fitted)"
+    largest = int(points["world_size"].max())
+    if largest < 2:
+        return model, ""
+    link = _link_of(links, largest, model["gpus_per_node"])
+    note = f" (bandwidth from comm_bench, {link['placement']} N={int(link['world_size'])})"
+    return {**model, "measured_bandwidth_gb_s": float(link["bandwidth_gb_s"])}, note
+
+
 def _prediction_row(mode, curve, n, compute_s, comm_s):
     step = compute_s + comm_s
     return (mode, curve, n, compute_s, comm_s, step, compute_s / step if step > 0 else math.nan)
 
 
-def analyse(runs: pd.DataFrame, settings: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(fit table, residuals, predictions) from the run catalog."""
+def analyse(
+    runs: pd.DataFrame,
+    settings: dict,
+    bench_fit: pd.DataFrame | None = None,
+    profile_overlap: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(fit table, residuals, predictions) from the run catalog (and the collective benchmark's fit
+    and the profile's overlap table, where they exist)."""
     model = settings["comm_model"]
     points, compute = fit_points(runs)
     result = fit(points, compute, model["fit_alpha_us"] * US)
-    phi, phi_note = overlap(result, model)
+    links = measured_links(bench_fit)
+    overlap_model, bench_note = _bench_overlap_model(model, links, points[points["world_size"] > 1], result)
+    phi, phi_note = overlap(result, overlap_model)
+    phi_note += bench_note
     residuals = (
         result.residuals if result.residuals is not None else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
     )
     prediction = (
-        predict(result, points, model, phi) if compute else pd.DataFrame(columns=list(PREDICTION_COLUMNS))
+        predict(result, points, model, phi, links)
+        if compute
+        else pd.DataFrame(columns=list(PREDICTION_COLUMNS))
     )
+    extra = bench_rows(links, points, profile_overlap, model["gpus_per_node"])
+    table = fit_table(result, phi, phi_note)
+    if extra:
+        table = pd.concat([table, pd.DataFrame(extra, columns=list(table.columns))], ignore_index=True)
     log.info(
         "comm model: %s; alpha_eff %.3g us, bandwidth_eff %.3g GB/s, dof %d",
         result.method,
@@ -318,7 +438,7 @@ def analyse(runs: pd.DataFrame, settings: dict) -> tuple[pd.DataFrame, pd.DataFr
         result.bandwidth_gb_s,
         result.dof,
     )
-    return fit_table(result, phi, phi_note), residuals, prediction
+    return table, residuals, prediction
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,9 +449,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--prediction-out", required=True, help="Predicted efficiency per mode, interconnect, N."
     )
+    parser.add_argument("--bench-fit", help="comm_bench_fit.csv (scalestudy.commbench), optional.")
+    parser.add_argument("--profile-overlap", help="results/profile/overlap.csv, optional.")
     args = parser.parse_args(argv)
     settings = cli.start(args)
-    table, residuals, prediction = analyse(read_csv(args.runs), settings)
+    bench = read_csv(args.bench_fit, BENCH_FIT_COLUMNS) if args.bench_fit else None
+    overlap_table = read_csv(args.profile_overlap, OVERLAP_COLUMNS) if args.profile_overlap else None
+    table, residuals, prediction = analyse(read_csv(args.runs), settings, bench, overlap_table)
     atomic.write_csv(args.fit_out, table)
     atomic.write_csv(args.residuals_out, residuals)
     atomic.write_csv(args.prediction_out, prediction)

@@ -1,6 +1,12 @@
 """Scaling metrics from the run catalog: throughput, speedup, efficiency, MFU, time to target.
 
-Definitions (X = global images/s, x = images/s per GPU, both medians over epochs after the first):
+Definitions (X = global images/s, x = images/s per GPU, both from the run's steady-state window,
+summary.json's images_per_s; scalestudy/steady.py):
+
+* a run whose window was not filled (window_filled false) keeps its place in the tables with its
+  whole-run rates (whole_run_images_per_s: every epoch, one-off costs included), marked:
+  window_filled false, throughput_source "whole run", a note; the scaling table counts such repeats
+  (windows_unfilled), the figures draw them hollow, and acceptance gives no verdict from them;
 
 * speedup S(N) = X(N) / X(1), X(1) the mean over the mode's 1-GPU repeats (so the intervals of
   speedup and efficiency carry the spread of the N-GPU repeats, not that of the reference);
@@ -56,7 +62,22 @@ STAT_COLUMNS = (
     "mfu",
     "final_test_acc",
     "time_to_target_s",
+    "images_per_s_cv",
 )
+# Filled with NaN where the catalog lacks them (synthetic studies, runs before the window existed).
+OPTIONAL_RUN_COLUMNS = (
+    "device_name",
+    "device",
+    "config.mode",
+    "final_test_acc",
+    "time_to_target_s",
+    "images_per_s_cv",
+    "measured_steps",
+    "whole_run_images_per_s",
+    "whole_run_images_per_s_per_gpu",
+)
+WINDOW_SOURCE, WHOLE_RUN_SOURCE = "window", "whole run"
+UNFILLED_NOTE = "window not filled: whole-run throughput (one-off costs included)"
 
 
 def find_peak_tflops(
@@ -100,15 +121,41 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
     require_columns(runs, RUN_COLUMNS, where)
     runs = runs.copy()
     runs["nodes"] = run_nodes(runs, settings["comm_model"]["gpus_per_node"])
-    for column in ("device_name", "device", "config.mode", "final_test_acc", "time_to_target_s"):
+    for column in OPTIONAL_RUN_COLUMNS:
         if column not in runs:
             runs[column] = math.nan
+    runs = steady_or_whole_run(runs)
     runs["time_per_step_s"] = runs["per_gpu_batch"] / runs["images_per_s_per_gpu"]
     runs["precision"] = effective_precision(runs)
     runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
     _warn_missing_peaks(runs)
     _check_flops(runs)
     return _add_speedup(runs)
+
+
+def window_filled(runs: pd.DataFrame) -> pd.Series:
+    """True where the run filled its measurement window; a run recorded before windows existed
+    (no window_filled) counts as filled."""
+    if "window_filled" not in runs:
+        return pd.Series(True, index=runs.index)
+    recorded = runs["window_filled"].map({True: True, False: False, "True": True, "False": False})
+    return recorded.fillna(True).astype(bool)
+
+
+def steady_or_whole_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """The window's rates; the whole-run rates where the window was not filled, marked."""
+    runs = runs.copy()
+    runs["window_filled"] = window_filled(runs)
+    unfilled = ~runs["window_filled"]
+    for column in ("images_per_s", "images_per_s_per_gpu"):
+        runs[column] = runs[column].astype(float).where(~unfilled, runs[f"whole_run_{column}"])
+    runs["throughput_source"] = WINDOW_SOURCE
+    runs.loc[unfilled, "throughput_source"] = WHOLE_RUN_SOURCE
+    runs["note"] = ""
+    runs.loc[unfilled, "note"] = UNFILLED_NOTE
+    for _, r in runs[unfilled].iterrows():
+        log.warning("%s/%s: %s", r["stage"], r["point"], UNFILLED_NOTE)
+    return runs
 
 
 def _mfu_of(r: pd.Series, settings: dict) -> float:
@@ -176,12 +223,21 @@ def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
             "precision": _first(group, "precision"),
             "repeats": len(group),
             "target_reached": int(group["time_to_target_s"].notna().sum()),
+            "measured_steps": _first(group, "measured_steps"),
+            **_window_marks(group),
         }
         for column in STAT_COLUMNS:
             stats = repeat_stats(group[column], settings["confidence"])
             row.update({f"{column}_{key}": value for key, value in stats.items() if key != "n"})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _window_marks(group: pd.DataFrame) -> dict:
+    """window_filled (every repeat filled its window), how many did not, and a note saying so."""
+    unfilled = int((~group["window_filled"]).sum())
+    note = f"{unfilled} of {len(group)} repeat(s): {UNFILLED_NOTE}" if unfilled else ""
+    return {"window_filled": unfilled == 0, "windows_unfilled": unfilled, "note": note}
 
 
 def _first(group: pd.DataFrame, column: str):
@@ -201,6 +257,11 @@ SENSITIVITY_COLUMNS = {
     "epoch_time_s": "epoch_time_s",
     "mfu": "mfu",
     "final_test_acc": "final_test_acc",
+    "measured_steps": "measured_steps",
+    "images_per_s_cv": "images_per_s_cv",
+    "window_filled": "window_filled",
+    "throughput_source": "throughput_source",
+    "note": "note",
 }
 
 
@@ -209,10 +270,13 @@ def sensitivity_table(runs: pd.DataFrame) -> pd.DataFrame:
     sweep = runs[runs["stage"] == "sensitivity"]
     require_columns(sweep, ["config.bucket_cap_mb"], "sensitivity runs")
     table = sweep[list(SENSITIVITY_COLUMNS)].rename(columns=SENSITIVITY_COLUMNS)
-    baseline = runs.loc[runs["stage"] == "baseline", "images_per_s_per_gpu"].mean()
+    baselines = runs[runs["stage"] == "baseline"]
+    baseline = baselines["images_per_s_per_gpu"].mean()
     table["baseline_images_per_s_per_gpu"] = baseline
+    table["baseline_window_filled"] = bool(baselines["window_filled"].all())
     table["gain_vs_baseline"] = table["images_per_s_per_gpu"] / baseline - 1.0
-    table["best"] = table["images_per_s_per_gpu"] == table["images_per_s_per_gpu"].max()
+    judged = table[table["window_filled"]] if table["window_filled"].any() else table  # filled windows first
+    table["best"] = table["images_per_s_per_gpu"] == judged["images_per_s_per_gpu"].max()
     return table.sort_values(["precision", "per_gpu_batch", "bucket_cap_mb"]).reset_index(drop=True)
 
 

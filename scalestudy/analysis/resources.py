@@ -7,7 +7,9 @@ Three kinds of rows (column `scope`):
 * `full training`: analysis.resources.full_training_epochs epochs of train_images images at each
   measured (mode, N), at the measured mean throughput;
 * `model`: the same at analysis.resources.model_world_sizes, at the throughput the communication
-  model predicts on the first configured interconnect (an estimate, not a measurement).
+  model predicts from the measured collectives (comm_bench's alpha and bandwidth) where the
+  benchmark ran, else on the first configured interconnect (an estimate, not a measurement; the
+  `source` column says which).
 
 `requested_gpu_hours` multiplies by overhead_factor (failures, restarts, queueing): the number a
 compute-time proposal asks for.
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, metrics
+from scalestudy.analysis import cli, commmodel, metrics
 from scalestudy.analysis.tableio import read_csv
 
 log = logging.getLogger("scalestudy.analysis.resources")
@@ -155,11 +157,21 @@ def full_training_rows(scaling: pd.DataFrame, settings: dict) -> list[dict]:
     ]
 
 
+def model_curve(prediction: pd.DataFrame, settings: dict) -> tuple[str, str]:
+    """(curve, source): the measured collectives' prediction if there is one, else the first
+    configured interconnect's."""
+    measured = [c for c in prediction["curve"].unique() if str(c).startswith(commmodel.MEASURED_CURVE)]
+    if measured:
+        return measured[0], f"model: {measured[0]}"
+    link = settings["comm_model"]["interconnects"][0]["name"]
+    return link, f"model: {link} (configured; no collective benchmark)"
+
+
 def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) -> list[dict]:
-    """Unmeasured sizes at the predicted throughput of the first interconnect."""
+    """Unmeasured sizes at the throughput the model predicts (see model_curve)."""
     if prediction.empty:
         return []
-    link = settings["comm_model"]["interconnects"][0]["name"]
+    link, source = model_curve(prediction, settings)
     gpn = settings["comm_model"]["gpus_per_node"]
     measured = set(zip(scaling["mode"], scaling["world_size"], strict=True))
     rows = []
@@ -171,9 +183,7 @@ def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) 
                 continue
             images_per_s = batch(world) / float(hit["step_s"].iloc[0])
             rows.append(
-                training_row(
-                    "model", mode, world, _nodes(world, gpn), images_per_s, settings, f"model: {link}"
-                )
+                training_row("model", mode, world, _nodes(world, gpn), images_per_s, settings, source)
             )
     return rows
 

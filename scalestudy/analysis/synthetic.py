@@ -22,6 +22,8 @@ from scalestudy import atomic, grid
 from scalestudy.analysis import commmodel, modelsize, settings
 from scalestudy.runfiles import MONITOR_COLUMNS
 
+STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
+
 
 @dataclass(frozen=True)
 class Truth:
@@ -35,6 +37,7 @@ class Truth:
     train_images: int = 50_000
     gpu: bool = True
     gpu_name: str = "NVIDIA H800"
+    power_limit_w: float = 700.0  # H800 SXM
     gpus_per_node: int = 8
     seed: int = 0
 
@@ -102,7 +105,10 @@ def results_of(run: dict, metrics: pd.DataFrame, step_s: float, truth: Truth) ->
         "final_train_loss": float(metrics["train_loss"].iloc[-1]),
         "time_to_target_s": float(reached["wall_time_s"].iloc[0]) if len(reached) else None,
         "target_accuracy": run["target_accuracy"],
-        "total_time_s": float(metrics["wall_time_s"].iloc[-1]) + 5.0,
+        "total_time_s": float(metrics["wall_time_s"].iloc[-1]) + STARTUP_S + 2.0,
+        # the steady-state window on the monitor's clock (t0 = job start): after the first epoch
+        "measure_start_s": STARTUP_S + float(metrics["wall_time_s"].iloc[0] if len(metrics) > 1 else 0.0),
+        "measure_end_s": STARTUP_S + float(metrics["wall_time_s"].iloc[-1]),
         "resumed_from_step": None,
         "device": "cuda" if truth.gpu else "cpu",
         "device_name": truth.gpu_name if truth.gpu else "x86_64",
@@ -110,15 +116,19 @@ def results_of(run: dict, metrics: pd.DataFrame, step_s: float, truth: Truth) ->
     }
 
 
-def monitor_frame(run: dict, total_s: float, truth: Truth, rng: np.random.Generator) -> pd.DataFrame:
-    """NVML-like samples, one row per GPU and sample; busier (higher SM, power) when compute dominates."""
-    times = np.linspace(0.0, total_s, 80)
+def monitor_frame(run: dict, results: dict, truth: Truth, rng: np.random.Generator) -> pd.DataFrame:
+    """NVML-like samples, one row per GPU and sample; busier (higher SM, power) when compute dominates,
+    idle during start-up and after training. SM activity (GPM) sits below kernel activity, as on a real
+    GPU where kernels do not fill every SM."""
+    times = np.linspace(0.0, results["total_time_s"], 80)
+    training = (times >= STARTUP_S) & (times <= results["measure_end_s"])
     comm_share = 1.0 - 1.0 / (1.0 + 0.08 * math.log2(run["world_size"]))
     frames = []
     for rank in range(run["world_size"]):
         host, gpu = f"gpu{rank // truth.gpus_per_node + 1:03d}", rank % truth.gpus_per_node
         busy = np.clip(97 * (1 - comm_share) + rng.normal(0, 1.5, times.size), 0, 100)
-        busy[(times < 3) | (np.arange(times.size) % 20 == 19)] *= 0.3  # start-up and evaluation dips
+        busy[~training | (np.arange(times.size) % 20 == 19)] *= 0.3  # start-up, evaluation, the end
+        power_w = 90 + 5.0 * busy
         frames.append(
             pd.DataFrame(
                 {
@@ -127,9 +137,13 @@ def monitor_frame(run: dict, total_s: float, truth: Truth, rng: np.random.Genera
                     "gpu_index": gpu,
                     "gpu_uuid": f"GPU-{rank:08x}",
                     "gpu_name": truth.gpu_name,
-                    "sm_util_pct": busy,
+                    "rank": rank,
+                    "sm_active_pct": 0.9 * busy,
+                    "kernel_active_pct": np.minimum(busy + 3.0, 100.0),
                     "mem_util_pct": busy * 0.6,
-                    "power_w": 90 + 5.0 * busy,
+                    "power_w": power_w,
+                    "power_limit_w": truth.power_limit_w,
+                    "power_fraction": power_w / truth.power_limit_w,
                     "pcie_rx_mb_s": 900 + rng.normal(0, 80, times.size),
                     "pcie_tx_mb_s": 300 + rng.normal(0, 30, times.size),
                     "mem_used_mb": 20_000.0,
@@ -137,7 +151,7 @@ def monitor_frame(run: dict, total_s: float, truth: Truth, rng: np.random.Genera
                 }
             )
         )
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True)[list(MONITOR_COLUMNS)]
 
 
 def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np.random.Generator) -> Path:
@@ -160,7 +174,7 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
     atomic.write_json(out / "summary.json", {"run": run, "results": results, "provenance": prov})
     atomic.write_csv(out / "metrics.csv", metrics)
     if truth.gpu:
-        atomic.write_csv(out / "gpu_monitor.csv", monitor_frame(run, results["total_time_s"], truth, rng))
+        atomic.write_csv(out / "gpu_monitor.csv", monitor_frame(run, results, truth, rng))
     else:
         atomic.write_csv(out / "gpu_monitor.csv", pd.DataFrame(columns=list(MONITOR_COLUMNS)))
         atomic.write_json(

@@ -4,8 +4,8 @@ Each spawn reads the trainer's stderr as it comes and notes when marker lines ar
 the spawn): the model built (its first log line: imports, data and model done), the training
 loop entered (optimizer, resume), and the first step logged. A run config with max_steps_per_epoch=1 logs
 step 1 (the epoch's last step is always logged), so process start -> first step is the job's
-fixed cost. Throughput is the trainer's own images_per_s from summary.json (median over the
-epochs after the first).
+fixed cost. Throughput is the trainer's own images_per_s from summary.json: its steady-state
+window (scalestudy.steady), which the benchmark's run config makes the epochs after the first.
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ class TrainerRun:
 
     @property
     def images_per_s(self) -> float:
-        return float(self.summary["results"]["images_per_s"])
+        """The trainer's steady-state window rate; an error if the run did not fill its window."""
+        results = self.summary["results"]
+        if not results.get("window_filled", True):
+            raise RuntimeError(
+                f"the trainer's measurement window was not filled ({results['measured_steps']} of "
+                f"{results['measure_steps']} steps after {results['warmup_steps']}): no steady-state rate"
+            )
+        return float(results["images_per_s"])
 
 
 def run_config(config: dict, data_dir: str | Path, checkpoint_dir: str | Path, **overrides: Any) -> dict:

@@ -60,7 +60,7 @@ class Settings:
     batch: int
     repeats: int
     steps: int  # training steps per epoch (project) and per sample (reference)
-    epochs: int  # project runs: the first is warm-up, images_per_s is the median of the rest
+    epochs: int  # project runs: the first is the warm-up, the rest the measurement window
     pipeline_batches: int  # per DataLoader sample; the TensorLoader, ~10x faster, gets TENSOR_FACTOR x
     variants: tuple[Variant, ...]
     matmul_dtype: torch.dtype
@@ -140,6 +140,7 @@ def training_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> l
 def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> list[Row]:
     """Process start -> each marker of the first variant's trainer, on a one-step run."""
     overrides = {**dict(s.variants[0].overrides), "epochs": 1, "max_steps_per_epoch": 1}
+    overrides |= {"measure_warmup_steps": 0, "measure_steps": 1, "measure_intervals": 1}
     run = _project_run(s, config, data_dir, **overrides)
     samples = interleave(
         {"imports": import_seconds, "trainer": lambda: project.spawn_fresh(run, workdir)}, s.repeats, warmup=0
@@ -179,12 +180,24 @@ def _project_run(s: Settings, config: dict, data_dir: Path, **overrides) -> dict
         "max_steps_per_epoch": s.steps,
         "device": s.device.type,
         "num_workers": s.workers,
-        # Periodic mid-epoch checkpoints fall inside the timed epoch; the end-of-epoch one does not.
+        # The window pauses for checkpoints, but each pause costs two device synchronisations.
         "checkpoint_every_steps": 10**9,
+        **window_settings(s),
     }
     return project.run_config(config, data_dir, "unused", **{**settings, **overrides})
 
 
+def window_settings(s: Settings) -> dict:
+    """The trainer's steady-state window: after the first epoch (warm-up), the other epochs'
+    steps, counted across the epoch boundaries (their evaluation and checkpoint paused out)."""
+    return {
+        "measure_warmup_steps": s.steps,
+        "measure_steps": (s.epochs - 1) * s.steps,
+        "measure_intervals": min(4, (s.epochs - 1) * s.steps),
+    }
+
+
 def _describe(run: dict) -> str:
     keys = ("precision", "loader", "channels_last", "compile", "epochs", "max_steps_per_epoch")
-    return ", ".join(f"{key}={run[key]}" for key in keys)
+    window = f"window {run['measure_steps']} steps after {run['measure_warmup_steps']}"
+    return ", ".join([*(f"{key}={run[key]}" for key in keys), window])

@@ -4,7 +4,8 @@
         [--mirror /shared/datasets/cifar-10-python.tar.gz ...]
 
 A source is a local path (a file, or a folder holding a file named like the output), a file:// URL
-or an http(s) URL. Local copies are hard-linked (or copied) without touching the network. HTTP
+or an http(s) URL. Local copies are copied (never linked: the output is this run's file, with the
+umask's mode and a fresh mtime, and the source stays exactly as it was) without the network. HTTP
 downloads stream into `<out>.part`, resume it with a Range request after an interruption, and retry
 with exponential backoff. Every result is checked against the expected size and md5/sha256 before
 it is renamed onto the output, so the output exists only if it is complete and verified.
@@ -17,7 +18,6 @@ import http.client
 import logging
 import os
 import re
-import shutil
 import sys
 import time
 import urllib.error
@@ -165,27 +165,27 @@ def local_path(source: str) -> Path | None:
 
 
 def copy_local(source: Path, out: Path, expected: Expected) -> None:
-    """Hard-link (or, across file systems, copy) a local file to `out`, verified, atomically."""
+    """Copy a local file to `out`, verified, atomically; the source is only read.
+
+    Not a hard link: the output's mode (atomic_path sets the umask's) and any later change to it
+    (Snakemake's --touch, a rerun replacing it) would be the user's mirror's too.
+    """
     if not source.is_file():
         raise FetchError("no such file" if not source.exists() else "not a regular file")
     with atomic_path(out) as tmp:
-        tmp.unlink()
-        try:
-            os.link(source, tmp)
-            log.info("hard-linked %s -> %s", source, out)
-        except OSError:
-            _copy_with_progress(source, tmp)
-            log.info("copied %s -> %s", source, out)
+        _copy_with_progress(source, tmp)
+        log.info("copied %s -> %s", source, out)
         verify(tmp, expected, str(source))
 
 
 def _copy_with_progress(source: Path, target: Path) -> None:
+    """The bytes only: not the source's mode (0444 would make the output read-only) nor its mtime
+    (an output older than its inputs would be planned again)."""
     progress = Progress(f"copy {source.name}", source.stat().st_size, unit="B", logger=log)
     with open(source, "rb") as reader, open(target, "wb") as writer:
         while chunk := reader.read(CHUNK_BYTES):
             writer.write(chunk)
             progress.advance(len(chunk))
-    shutil.copystat(source, target)
 
 
 def part_path(out: Path) -> Path:

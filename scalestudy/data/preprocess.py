@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import json
 import logging
+import math
 import os
 import sys
 import tarfile
@@ -243,18 +245,74 @@ def _file_record(path: Path, array: np.ndarray) -> dict[str, Any]:
     }
 
 
+class PackedDataError(ValueError):
+    """A packed array is missing, cut short, not a plain array or not what manifest.json records."""
+
+
 def load_packed(directory: str | os.PathLike, split: str, mmap: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 [N, 32, 32, 3], labels int64 [N]) of a split, memory-mapped read-only by default."""
+    """(images uint8 [N, 32, 32, 3], labels int64 [N]) of a split, memory-mapped read-only by default.
+
+    Each file is checked before it is mapped: its .npy header, its size against the header, and,
+    where the folder has a manifest.json (the preprocess rule writes one), its shape, dtype and size
+    against the manifest. Any fault is a PackedDataError naming the file.
+    """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    mode = "r" if mmap else None
-    images, labels = (np.load(Path(directory) / name, mmap_mode=mode) for name in output_names(split))
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PackedDataError(f"{directory}: the packed data folder does not exist")
+    recorded = _manifest_files(directory)
+    images, labels = (_load_array(directory / name, recorded.get(name), mmap) for name in output_names(split))
     if images.dtype != np.uint8 or images.shape[1:] != fmt.IMAGE_HWC or labels.shape != images.shape[:1]:
-        raise ValueError(
+        raise PackedDataError(
             f"{directory}: {split} arrays do not fit together"
             f" (images {images.dtype} {images.shape}, labels {labels.shape})"
         )
     return images, labels
+
+
+def _manifest_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """manifest.json's record of each file ({} without a manifest: arrays packed by hand)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        files = json.loads(path.read_text())["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise PackedDataError(f"{path}: unreadable manifest ({type(error).__name__}: {error})") from None
+    return files
+
+
+def _load_array(path: Path, recorded: dict[str, Any] | None, mmap: bool) -> np.ndarray:
+    if not path.is_file():
+        raise PackedDataError(f"{path}: missing (the preprocess rule writes it)")
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0
+            if version != (1, 0):
+                read_header = np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(handle)
+            offset = handle.tell()
+    except (OSError, ValueError, EOFError, SyntaxError) as error:
+        raise PackedDataError(f"{path}: not a .npy array ({error})") from None
+    if dtype.hasobject:
+        raise PackedDataError(f"{path}: holds pickled Python objects ({dtype}), not a packed array")
+    expected = offset + math.prod(shape) * dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise PackedDataError(
+            f"{path}: {size} bytes, but its header ({dtype} {shape}) needs {expected} (cut short or damaged)"
+        )
+    if recorded is not None:
+        found = {"shape": list(shape), "dtype": str(dtype), "bytes": size}
+        differs = {key: value for key, value in found.items() if recorded.get(key) != value}
+        if differs:
+            wanted = {key: recorded.get(key) for key in differs}
+            raise PackedDataError(f"{path}: {differs} but {path.parent / MANIFEST} records {wanted}")
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Figures: throughput, efficiency, epoch-time (from scaling.csv), sensitivity (sensitivity.csv),
 accuracy (the scaling runs' metrics.csv), monitor (their gpu_monitor.csv), comm-model
-(comm_model_prediction.csv + scaling.csv). Thresholds come from the analysis settings.
+(comm_model_prediction.csv + scaling.csv), comm-busbw (results/comm/busbw.csv). Thresholds come
+from the analysis settings.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def _comm_model(args, settings):
     model.model_vs_measurement(prediction, read_csv(args.scaling, SCALING_COLUMNS), args.png, args.pdf, fit)
 
 
+def _comm_busbw(args, settings):
+    from scalestudy.plots import commbench
+
+    busbw = read_csv(args.busbw, ["collective", "world_size", "placement", "bytes", "time_s", "busbw_gb_s"])
+    commbench.busbw_figure(busbw, args.png, args.pdf, args.bucket_mb)
+
+
 FIGURES = {
     "throughput": (_throughput, ("scaling",)),
     "efficiency": (_efficiency, ("scaling",)),
@@ -85,6 +93,7 @@ FIGURES = {
     "accuracy": (_accuracy, ("metrics", "target_accuracy")),
     "monitor": (_monitor, ("monitor",)),
     "comm-model": (_comm_model, ("prediction", "scaling", "fit")),
+    "comm-busbw": (_comm_busbw, ("busbw", "bucket_mb")),
 }
 INPUTS = {
     "scaling": {"help": "scaling.csv (scalestudy.analysis.metrics)."},
@@ -94,6 +103,8 @@ INPUTS = {
     "metrics": {"nargs": "*", "default": [], "help": "metrics.csv of the scaling runs."},
     "monitor": {"nargs": "*", "default": [], "help": "gpu_monitor.csv of the scaling runs."},
     "target_accuracy": {"type": float, "help": "Draw the target test accuracy."},
+    "busbw": {"help": "results/comm/busbw.csv (scalestudy.commbench)."},
+    "bucket_mb": {"type": float, "nargs": "*", "default": [], "help": "DDP bucket sizes (MiB) to mark."},
 }
 
 

@@ -1,19 +1,28 @@
-"""Scaling figures from results/tables/scaling.csv: throughput, efficiency, time per epoch."""
+"""Scaling figures from results/tables/scaling.csv: throughput, efficiency, time per epoch.
+
+A point where some repeat did not fill its measurement window (scaling.csv's window_filled false:
+its throughput is the whole run's) is drawn hollow, with a legend entry "window not filled".
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from scalestudy.analysis.metrics import window_filled
 from scalestudy.plots import style
+
+UNFILLED_LABEL = "window not filled"
 
 
 def _modes(scaling: pd.DataFrame):
     yield from scaling.sort_values("world_size").groupby("mode", sort=True)
 
 
-def _stat(ax, group, stem):
-    """Mean and interval over repeats of `stem`, in the mode's colour and marker."""
+def _stat(ax, group, stem, windowed: bool = True):
+    """Mean and interval over repeats of `stem`, in the mode's colour and marker; `windowed`: the
+    quantity comes from the measurement window, so points without a filled one are drawn hollow."""
     s = style.mode_style(group["mode"].iloc[0])
+    filled = window_filled(group) if windowed else pd.Series(True, index=group.index)
     style.errorbar(
         ax,
         group["world_size"],
@@ -23,13 +32,24 @@ def _stat(ax, group, stem):
         color=s["color"],
         marker=s["marker"],
         label=s["label"],
+        markevery=filled.tolist(),
     )
+    if not filled.all():
+        _hollow(ax, group.loc[~filled, "world_size"], group.loc[~filled, f"{stem}_mean"], s)
 
 
-def _with_ideal(ax, scaling: pd.DataFrame, stem: str, ideal) -> None:
+def _hollow(ax, x, y, s) -> None:
+    """Points without a filled window, and (once per axes) their legend entry."""
+    hollow = {"linestyle": "none", "markerfacecolor": "white", "markeredgewidth": 1.2, "zorder": 3}
+    ax.plot(x, y, marker=s["marker"], markeredgecolor=s["color"], markersize=style.MARKER_SIZE + 1, **hollow)
+    if UNFILLED_LABEL not in ax.get_legend_handles_labels()[1]:
+        ax.plot([], [], marker="o", markeredgecolor="0.35", label=UNFILLED_LABEL, **hollow)
+
+
+def _with_ideal(ax, scaling: pd.DataFrame, stem: str, ideal, windowed: bool = True) -> None:
     """Each mode's measurements and, dashed in its colour, its ideal `ideal(value at 1 GPU, N)`."""
     for mode, group in _modes(scaling):
-        _stat(ax, group, stem)
+        _stat(ax, group, stem, windowed)
         one = group.loc[group["world_size"] == 1, f"{stem}_mean"]
         if len(one):
             s = style.mode_style(mode)
@@ -76,7 +96,7 @@ def epoch_time(scaling: pd.DataFrame, png, pdf=None) -> None:
     """Measured time per epoch vs GPUs with the ideal T(1)/N (both modes split a fixed data set)."""
     fig, axes = style.new_figure()
     ax = axes[0, 0]
-    _with_ideal(ax, scaling, "epoch_time_s", lambda one, n: one / n)
+    _with_ideal(ax, scaling, "epoch_time_s", lambda one, n: one / n, windowed=False)
     style.log_y_axis(ax)
     style.world_axis(ax, scaling["world_size"])
     ax.set_ylabel("Time per epoch (s)")

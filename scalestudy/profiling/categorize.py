@@ -7,7 +7,8 @@ names (`aten::convolution`, `gloo:all_reduce`). Rules are tried in order; the fi
 1. communication: NCCL / gloo / c10d collectives;
 2. memory copy: memcpy / memset operations and the copying torch ops (`aten::copy_`, `aten::to`);
 3. normalisation kernels whose names also mention cudnn (`cudnn::bn_fw_tr_...`);
-4. convolution/GEMM: cuDNN / cuBLAS / CUTLASS kernels, `aten::convolution`, mkldnn, `addmm`, `mm`;
+4. convolution/GEMM: cuDNN / cuBLAS / CUTLASS kernels (cuBLASLt's Hopper GEMMs are `nvjet_*`),
+   `aten::convolution`, mkldnn, `addmm`, `mm`;
 5. normalisation+elementwise: norm, elementwise, reduction, pooling, loss and optimizer kernels;
 6. any other `aten::` op that computes (not a view, allocation or metadata op) counts as
    normalisation+elementwise; everything else (runtime API rows, Python wrappers, unknown
@@ -31,7 +32,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (NORM_ELEMENTWISE, r"batch_?norm|\bbn_(fw|bw)|bn_fw_|bn_bw_"),
         (
             CONV_GEMM,
-            r"conv|cudnn|gemm|xmma|cutlass|wgrad|dgrad|fprop|winograd|mkldnn|onednn|cublas|"
+            r"conv|cudnn|gemm|xmma|cutlass|nvjet|wgrad|dgrad|fprop|winograd|mkldnn|onednn|cublas|"
             r"nchwtonhwc|nhwctonchw|^aten::(addmm|mm|bmm|matmul|linear|baddbmm)$",
         ),
         (

@@ -1,14 +1,28 @@
-"""Nsight Compute on a one-GPU profile run: top kernels of training steps, achieved % of peak.
+"""Nsight Compute on a one-GPU profile run: the top kernels of steady-state steps, achieved % of peak.
 
     python -m scalestudy.profiling.ncu run --launch-json J --run-config-json R --work-dir W \
-        --kernel-regex 'regex:.*' --launch-skip 200 --launch-count 40 \
-        --status S.json --kernels K.csv --raw RAW.csv
+        [--kernel-regex 'regex:...'] [--nsys-stats results/profile/w1/nsys_stats] --top-kernels 10 \
+        --launch-count 40 --status S.json --kernels K.csv --raw RAW.csv
     python -m scalestudy.profiling.ncu parse --raw RAW.csv --kernels K.csv
 
-`run` profiles the kernels after `launch_skip` launches (past the warm-up steps), at most
-`launch_count` of them, with `--set full --clock-control none` (the GPU keeps its own clocks, as in
-training), through `scalestudy.launch.build_command`'s per-rank prefix; then exports the report
-with `ncu --import R --csv --page raw --print-units base` and parses it (`parse_raw`).
+Which kernels `run` profiles:
+
+- *when*: only inside the profile point's window of steady-state steps. The trainer opens it at
+  `profile.start_step` (past cudnn autotuning, compilation and the first epoch's one-off work) with
+  cudaProfilerStart and closes it after `profile.steps` steps (`scalestudy.ranges.ProfileWindow`);
+  ncu runs with `--profile-from-start off`, so nothing before the window counts, and with
+  `--nvtx --nvtx-include step/` only kernels inside the trainer's NVTX `step` ranges (not evaluation,
+  logging or checkpoints) are candidates;
+- *which*: a configured `--kernel-regex`, else the `--top-kernels` kernels with the most GPU time in
+  the nsys summary of the same one-GPU profile point (`<nsys-stats>/r0_cuda_gpu_kern_sum.csv`) when
+  that run used nsys, matched by function name (`--kernel-name-base function`), else every kernel;
+- at most `--launch-count` launches, each replayed with `--set full --clock-control none` (the GPU
+  keeps its own clocks, as in training).
+
+The ncu prefix goes inside the one rank (`scalestudy.launch.build_command`'s rank prefix); the
+report is exported with `ncu --import R --csv --page raw --print-units base` and parsed
+(`parse_raw`). Counting launches from the process start (the former `launch_skip`) landed on
+whatever kernel came N-th (cudnn.benchmark's trial launches count too) and is refused.
 
 Without a GPU, without ncu, or when the counters are not accessible (ERR_NVGPUCTRPERM: counters
 restricted to admin users; a DCGM exporter profiling the same GPU also blocks them), the outputs
@@ -25,15 +39,25 @@ import io
 import json
 import logging
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from scalestudy import grid
 from scalestudy.atomic import write_json, write_text
+from scalestudy.profiling import nsys
 from scalestudy.profiling.categorize import category
-from scalestudy.profiling.run import clear_checkpoints, launch_argv, run_streaming, with_profile_tool
-from scalestudy.profiling.schema import NCU_COLUMNS
+from scalestudy.profiling.run import (
+    JOB_TMPDIR,
+    clear_checkpoints,
+    launch_argv,
+    run_streaming,
+    with_job_tmpdir,
+    with_profile_tool,
+)
+from scalestudy.profiling.schema import NCU_COLUMNS, STEP_RANGE
 from scalestudy.profiling.tool import find_binary, find_gpu, image_command
 from scalestudy.progress import setup_logging
 
@@ -72,18 +96,21 @@ class NcuTableError(ValueError):
 # --- commands ------------------------------------------------------------------------------------
 
 
-def profile_prefix(
-    report: str | Path, kernel_regex: str, launch_skip: int, launch_count: int, ncu: str = "ncu"
-) -> list[str]:
-    """The `ncu ...` words put in front of the one rank's trainer command."""
+def profile_prefix(report: str | Path, kernel_regex: str, launch_count: int, ncu: str = "ncu") -> list[str]:
+    """The `ncu ...` words put in front of the one rank's trainer command (see the module doc)."""
     return [
         ncu,
         "--target-processes",
         "all",
+        "--profile-from-start",
+        "off",
+        "--nvtx",
+        "--nvtx-include",
+        f"{STEP_RANGE}/",
+        "--kernel-name-base",
+        "function",
         "--kernel-name",
         kernel_regex,
-        "--launch-skip",
-        str(launch_skip),
         "--launch-count",
         str(launch_count),
         "--set",
@@ -94,6 +121,89 @@ def profile_prefix(
         str(report),
         "--force-overwrite",
     ]
+
+
+# --- which kernels ---------------------------------------------------------------------------------
+
+ALL_KERNELS = "regex:.*"
+REMOVED_SETTINGS = {
+    "launch_skip": (
+        "counted launches from the process start and landed on whatever kernel came N-th; ncu now "
+        "profiles kernels inside the trainer's NVTX 'step' ranges of the steady-state window "
+        "(profiling.start_step, profiling.steps): remove it"
+    ),
+}
+
+
+def check_settings(settings: dict) -> None:
+    """Refuse settings of profiling.ncu that no longer exist, saying what replaced them."""
+    for key, why in REMOVED_SETTINGS.items():
+        if key in settings:
+            raise ValueError(f"profiling.ncu.{key} ({settings[key]!r}) is no longer used: it {why}")
+
+
+def function_name(kernel: str) -> str:
+    """A kernel's function name as ncu's --kernel-name-base function sees it: no return type,
+    namespace, template arguments or parameters ('void at::native::f<4, T>(int, T)' -> 'f')."""
+    text = _without_trailing_group(kernel.strip(), "(", ")")
+    text = _without_trailing_group(text, "<", ">")
+    text = text.rsplit("::", 1)[-1]
+    words = text.split()
+    return words[-1] if words else text
+
+
+def _without_trailing_group(text: str, opening: str, closing: str) -> str:
+    """`text` without a balanced (...) or <...> group at its end."""
+    if not text.endswith(closing):
+        return text
+    depth = 0
+    for index in range(len(text) - 1, -1, -1):
+        depth += {closing: 1, opening: -1}.get(text[index], 0)
+        if depth == 0:
+            return text[:index].rstrip()
+    return text  # unbalanced: leave it as it is
+
+
+def top_kernel_names(kern_sum_csv: str, top: int, source: str = "<nsys cuda_gpu_kern_sum>") -> list[str]:
+    """The function names of the `top` kernels with the most total GPU time (nsys cuda_gpu_kern_sum)."""
+    rows = list(csv.DictReader(io.StringIO(kern_sum_csv)))
+    if rows and not {"Total Time (ns)", "Name"} <= set(rows[0]):
+        raise NcuTableError(
+            f"{source}: no 'Total Time (ns)' and 'Name' columns (not nsys cuda_gpu_kern_sum?)"
+        )
+    totals: dict[str, float] = {}
+    for row in rows:
+        name = function_name(row["Name"])
+        totals[name] = totals.get(name, 0.0) + float(row["Total Time (ns)"].replace(",", "") or 0)
+    return sorted(totals, key=lambda name: -totals[name])[:top]
+
+
+def names_regex(names: list[str]) -> str:
+    """An ncu --kernel-name value matching exactly these function names."""
+    return "regex:^(" + "|".join(re.escape(name) for name in names) + ")$"
+
+
+def selection_args(settings: dict, nsys_stats: str | list) -> list[str]:
+    """`run`'s kernel-choice options from the config's profiling.ncu (rule profile_ncu's params)."""
+    args = ["--top-kernels", settings["top_kernels"], "--launch-count", settings["launch_count"]]
+    if settings["kernel_regex"]:
+        args += ["--kernel-regex", settings["kernel_regex"]]
+    stats = [nsys_stats] if isinstance(nsys_stats, str) else list(nsys_stats)  # one path, or none
+    if stats:
+        args += ["--nsys-stats", stats[0]]
+    return [str(arg) for arg in args]
+
+
+def kernel_selection(kernel_regex: str | None, nsys_stats: Path | None, top: int) -> tuple[str, str]:
+    """(the --kernel-name value, where it came from): the config's regex, the nsys top kernels, or all."""
+    if kernel_regex:
+        return kernel_regex, "profiling.ncu.kernel_regex"
+    summary = nsys.stats_csv(nsys_stats, 0, nsys.KERNELS) if nsys_stats else None
+    if summary is not None and summary.is_file():
+        names = top_kernel_names(summary.read_text(), top, str(summary))
+        if names:
+            return names_regex(names), f"the top {len(names)} kernels of {summary}"
+    return ALL_KERNELS, "every kernel (no kernel_regex and no nsys summary of the one-GPU profile run)"
 
 
 def export_command(report: str | Path, ncu: str = "ncu") -> list[str]:
@@ -200,9 +310,10 @@ def counter_problem(lines: list[str]) -> str | None:
 
 
 def ncu_run_config(run: dict) -> dict:
-    """The profile point's run config for ncu: no nsys/torch window, its own checkpoints."""
+    """The profile point's run config for ncu: its window opened and closed with cudaProfilerStart/
+    Stop (what ProfileWindow's "nsys" tool does), its own checkpoints."""
     return {
-        **with_profile_tool(run, "none"),
+        **with_profile_tool(run, "nsys"),
         "checkpoint_dir": f"{grid.CHECKPOINTS_DIR}/profile/ncu_w{run['world_size']}",
     }
 
@@ -214,25 +325,33 @@ def profile(
     reason = availability(run, spec, options.ncu)
     if reason is not None:
         return 0, not_run(reason), [], ""
+    kernel_regex, chosen_by = kernel_selection(options.kernel_regex, options.nsys_stats, options.top_kernels)
+    log.info("ncu profiles %s: %s", chosen_by, kernel_regex)
     run = ncu_run_config(run)
     clear_checkpoints(run)
     report = work_dir / REPORT_NAME
     report_file = report.with_suffix(".ncu-rep")
     report_file.unlink(missing_ok=True)
-    prefix = profile_prefix(
-        report, options.kernel_regex, options.launch_skip, options.launch_count, options.ncu
+    prefix = profile_prefix(report, kernel_regex, options.launch_count, options.ncu)
+    code, tail = run_streaming(
+        launch_argv(with_job_tmpdir(spec, work_dir / JOB_TMPDIR), run, work_dir / "run", prefix)
     )
-    code, tail = run_streaming(launch_argv(spec, run, work_dir / "run", prefix))
+    shutil.rmtree(work_dir / JOB_TMPDIR, ignore_errors=True)
     problem = counter_problem(tail)
     if problem is None and code != 0:
         log.error("the training run under ncu exited with %d", code)
         return code, {}, [], ""
     if problem is not None:
         return 0, not_run(problem), [], ""
+    window = (
+        f"steps {run['profile']['start_step']}..{run['profile']['start_step'] + run['profile']['steps'] - 1}"
+    )
     if not report_file.is_file():
-        reason = f"no report: no kernel matched {options.kernel_regex!r} after {options.launch_skip} launches"
+        reason = (
+            f"no report: no kernel matched {kernel_regex!r} inside the NVTX '{STEP_RANGE}' ranges of {window}"
+        )
         log.warning("ncu ran but profiled no kernels: %s", reason)
-        return 0, {"ran": True, "reason": reason, "kernels": 0}, [], ""
+        return 0, {"ran": True, "reason": reason, "kernels": 0, "selection": chosen_by}, [], ""
     raw = subprocess.run(
         image_command(spec.get("image"), export_command(report_file, options.ncu)),
         check=True,
@@ -246,6 +365,8 @@ def profile(
         "kernels": len(rows),
         "report": str(report_file),
         "command": prefix,
+        "selection": chosen_by,
+        "window": window,
     }
     return 0, status, rows, raw
 
@@ -281,8 +402,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--launch-json", required=True)
     run.add_argument("--run-config-json", required=True)
     run.add_argument("--work-dir", required=True, type=Path, help="scratch: the run folder and the .ncu-rep")
-    run.add_argument("--kernel-regex", default="regex:.*")
-    run.add_argument("--launch-skip", type=int, default=200)
+    run.add_argument("--kernel-regex", default=None, help="ncu --kernel-name (default: the nsys top kernels)")
+    run.add_argument("--nsys-stats", type=Path, default=None, help="nsys stats folder of the one-GPU run")
+    run.add_argument("--top-kernels", type=int, default=10, help="kernels taken from the nsys summary")
     run.add_argument("--launch-count", type=int, default=40)
     run.add_argument("--ncu", default="ncu", help="the ncu binary")
     for name in ("status", "kernels", "raw"):

@@ -4,7 +4,9 @@
 srun ...` would trace only the launcher. The prefix goes through `scalestudy.launch.build_command`'s
 `rank_prefix`, and every rank writes its own report, `<dir>/<job>_r<rank>.nsys-rep`. The capture
 is the trainer's profiling window (cudaProfilerStart/Stop, `--capture-range=cudaProfilerApi`);
-`--capture-range-end=stop` lets the run finish and write its results after the window.
+`--capture-range-end=stop` lets the run finish and write its results after the window. No CPU
+sampling (`--sample=none --cpuctxsw=none`), and every job gets its own TMPDIR (`run.with_job_tmpdir`):
+nsys and ncu keep session files under $TMPDIR/nvidia, which another user's job on the node may own.
 
     python -m scalestudy.profiling.nsys export --record RUN/profile_tool.json --out-dir DIR
 
@@ -50,6 +52,10 @@ def profile_prefix(
         "profile",
         "--trace",
         trace,
+        # No CPU sampling or context-switch tracing: they add overhead and need perf_event access,
+        # which many clusters restrict (perf_event_paranoid), and the breakdown does not use them.
+        "--sample=none",
+        "--cpuctxsw=none",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
         "--force-overwrite=true",

@@ -60,8 +60,15 @@ def launcher_kind(spec: dict) -> str:
     return launch.resolve_launcher(launch.check_spec(spec), os.environ)
 
 
-def launch_argv(spec: dict, run: dict, out_dir: str | Path, rank_prefix: list[str] | tuple = ()) -> list[str]:
-    """`python -m scalestudy.launch` with the per-rank prefix (launch.build_command's rank_prefix)."""
+def launch_argv(
+    spec: dict,
+    run: dict,
+    out_dir: str | Path,
+    rank_prefix: list[str] | tuple = (),
+    launch_options: list[str] | tuple = (),
+) -> list[str]:
+    """`python -m scalestudy.launch` with the per-rank prefix (launch.build_command's rank_prefix)
+    and the launcher's own options (`--log L --attempt N`: every attempt's log is kept)."""
     return [
         sys.executable,
         "-m",
@@ -70,9 +77,22 @@ def launch_argv(spec: dict, run: dict, out_dir: str | Path, rank_prefix: list[st
         json.dumps(spec, sort_keys=True),
         "--rank-prefix-json",
         json.dumps(list(rank_prefix)),
+        *launch_options,
         "--",
         *train_args(run, out_dir),
     ]
+
+
+JOB_TMPDIR = "tmp"
+
+
+def with_job_tmpdir(spec: dict, folder: str | Path) -> dict:
+    """The launch spec with TMPDIR set to `folder` (created; absolute, so every node and the image see
+    it): nsys and ncu keep their session files under $TMPDIR/nvidia, and a /tmp/nvidia left by another
+    user's job on the same node makes them fail with "permission denied"."""
+    folder = Path(folder).absolute()
+    folder.mkdir(parents=True, exist_ok=True)
+    return {**spec, "env": {**spec.get("env", {}), "TMPDIR": str(folder)}}
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -143,7 +163,9 @@ def resolve_for(run: dict, spec: dict, nsys_binary: str) -> Resolution:
     )
 
 
-def profile_run(spec: dict, run: dict, out_dir: Path, nsys_binary: str = "nsys") -> tuple[int, dict | None]:
+def profile_run(
+    spec: dict, run: dict, out_dir: Path, nsys_binary: str = "nsys", launch_options: list[str] | tuple = ()
+) -> tuple[int, dict | None]:
     """Resolve the tool, train, check the evidence; (exit code, record or None on failure)."""
     resolution = resolve_for(run, spec, nsys_binary)
     log.info(
@@ -158,7 +180,9 @@ def profile_run(spec: dict, run: dict, out_dir: Path, nsys_binary: str = "nsys")
         prefix = nsys.profile_prefix(
             out_dir / NSYS_DIR, nsys.rank_variable(launcher_kind(spec)), nsys=nsys_binary
         )
-    code, _ = run_streaming(launch_argv(spec, run, out_dir, prefix))
+        spec = with_job_tmpdir(spec, out_dir / NSYS_DIR / JOB_TMPDIR)
+    code, _ = run_streaming(launch_argv(spec, run, out_dir, prefix, launch_options))
+    shutil.rmtree(out_dir / NSYS_DIR / JOB_TMPDIR, ignore_errors=True)
     if code != 0:
         log.error("the profiled training run exited with %d", code)
         return code, None
@@ -182,11 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", required=True, type=Path, help="the run folder")
     parser.add_argument("--record", required=True, type=Path, help="where to record the tool used")
     parser.add_argument("--nsys", default="nsys", help="the nsys binary")
+    parser.add_argument("--log", help="the rule's log, passed to the launcher (every attempt's is kept)")
+    parser.add_argument("--attempt", type=int, help="Snakemake's attempt, passed to the launcher")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper()))
+    launch_options = ["--log", args.log, "--attempt", str(args.attempt)] if args.log and args.attempt else []
     code, record = profile_run(
-        json.loads(args.launch_json), json.loads(args.run_config_json), args.out_dir, args.nsys
+        json.loads(args.launch_json),
+        json.loads(args.run_config_json),
+        args.out_dir,
+        args.nsys,
+        launch_options,
     )
     if record is not None:
         write_json(args.record, record)

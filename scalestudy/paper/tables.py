@@ -1,8 +1,8 @@
 """LaTeX tables (booktabs) for the paper, from the analysis tables.
 
 Each table is a complete `table` float (caption, label, tabular with top/mid/bottom rules) to
-`\\input{}`; the paper needs `\\usepackage{booktabs}`. Missing values print as "n/a" (e.g. the
-confidence interval of a single repeat), never as a made-up number.
+`\\input{}`; the paper needs `\\usepackage{booktabs}` and `\\usepackage{array}`. Missing values
+print as "n/a" (e.g. the confidence interval of a single repeat), never as a made-up number.
 
     python -m scalestudy.paper --scaling results/tables/scaling.csv \
         --sensitivity results/tables/sensitivity.csv --acceptance results/tables/acceptance.csv \
@@ -40,11 +40,13 @@ _SPECIAL = {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "\\": r"\textbackslash{}",
+    "<": r"\textless{}",  # OT1 fonts print < and > as inverted ! and ?
+    ">": r"\textgreater{}",
 }
 
 
 def escape(text: Any) -> str:
-    return re.sub(r"[&%$#_{}~^\\]", lambda m: _SPECIAL[m.group()], str(text))
+    return re.sub(r"[&%$#_{}~^\\<>]", lambda m: _SPECIAL[m.group()], str(text))
 
 
 def _missing(value: Any) -> bool:
@@ -87,13 +89,19 @@ def relation(value: Any) -> str:
     """'>= 70%' -> '$\\geq$ 70\\,\\%' (targets of the acceptance table)."""
     if _missing(value):
         return NA
-    out = escape(value).replace(r"\%", r"\,\%")
-    return out.replace(">=", r"$\geq$").replace("<=", r"$\leq$")
+    symbols = {">=": r"$\geq$", "<=": r"$\leq$"}
+    parts = re.split(r"(>=|<=)", str(value))
+    return "".join(symbols.get(part) or escape(part).replace(r"\%", r"\,\%") for part in parts)
 
 
 def blank(value: Any) -> str:
     """Empty for not-applicable cells (e.g. GPUs of a whole stage)."""
     return "" if _missing(value) or value == "" else integer(value)
+
+
+def ragged(width: float) -> str:
+    """A wrapping, left-aligned column of `width` times the line width (needs the array package)."""
+    return rf">{{\raggedright\arraybackslash}}p{{{width}\linewidth}}"
 
 
 @dataclass(frozen=True)
@@ -138,13 +146,13 @@ def interval(frame: pd.DataFrame, stem: str, fmt: Callable[[Any], str]) -> pd.Se
     return frame.apply(one, axis=1) if len(frame) else pd.Series(dtype=object)
 
 
-def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95) -> str:
+def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str = "GPU") -> str:
     frame = scaling.sort_values(["mode", "world_size"]).copy()
     frame["efficiency_ci"] = interval(frame, "efficiency", percent())
     columns = [
         Column("mode", "Mode", align="l"),
-        Column("world_size", "GPUs", integer),
-        Column("per_gpu_batch", "Batch/GPU", integer),
+        Column("world_size", f"{unit[:1].upper()}{unit[1:]}s", integer),
+        Column("per_gpu_batch", f"Batch/{unit}", integer),
         Column("images_per_s_mean", "Images/s", number(4)),
         Column("speedup_mean", "Speedup", fixed(2)),
         Column("efficiency_mean", "Efficiency", percent()),
@@ -162,7 +170,7 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95) -> str:
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 
-def sensitivity_table(sensitivity: pd.DataFrame) -> str:
+def sensitivity_table(sensitivity: pd.DataFrame, unit: str = "GPU") -> str:
     frame = sensitivity.assign(_order=sensitivity["precision"].map(PRECISION_ORDER).fillna(9))
     frame = frame.sort_values(["_order", "per_gpu_batch", "bucket_cap_mb"])
     best = (
@@ -174,9 +182,9 @@ def sensitivity_table(sensitivity: pd.DataFrame) -> str:
     ]
     columns = [
         Column("precision", "Precision", align="l"),
-        Column("per_gpu_batch", "Batch/GPU", integer),
+        Column("per_gpu_batch", f"Batch/{unit}", integer),
         Column("bucket_cap_mb", "Bucket (MB)", number(3)),
-        Column("throughput", "Images/s/GPU", str),
+        Column("throughput", f"Images/s/{unit}", str),
         Column("gain_vs_baseline", "vs.\\ baseline", percent()),
         Column("mfu", "MFU", percent()),
     ]
@@ -184,19 +192,19 @@ def sensitivity_table(sensitivity: pd.DataFrame) -> str:
     return booktabs(
         frame,
         columns,
-        f"Sensitivity sweep at {world} GPUs (best point in bold).",
+        f"Sensitivity sweep at {world} {unit}s (best point in bold).",
         "sensitivity",
-        "Gain: throughput per GPU over the 1-GPU baseline; one run per point.",
+        f"Gain: throughput per {unit} over the one-{unit} baseline; one run per point.",
     )
 
 
-def acceptance_table(acceptance: pd.DataFrame) -> str:
+def acceptance_table(acceptance: pd.DataFrame, unit: str = "GPU") -> str:
     columns = [
-        Column("criterion", "Criterion", align="l"),
-        Column("target", "Target", relation),
-        Column("world_size", "GPUs", integer),
+        Column("criterion", "Criterion", relation, align=ragged(0.34)),
+        Column("target", "Target", relation, align=ragged(0.13)),
+        Column("world_size", "$N$", integer),
         Column("measured", "Measured", percent()),
-        Column("status", "Status", align="l"),
+        Column("status", "Status", align=ragged(0.17)),
     ]
     return booktabs(
         acceptance,
@@ -208,25 +216,25 @@ def acceptance_table(acceptance: pd.DataFrame) -> str:
     )
 
 
-def resource_table(resources: pd.DataFrame) -> str:
+def resource_table(resources: pd.DataFrame, unit: str = "GPU") -> str:
     columns = [
         Column("scope", "Scope", align="l"),
         Column("what", "What", align="l"),
         Column("mode", "Mode", align="l"),
-        Column("world_size", "GPUs", blank),
+        Column("world_size", f"{unit[:1].upper()}{unit[1:]}s", blank),
         Column("nodes", "Nodes", blank),
         Column("runs", "Runs", blank),
         Column("wall_hours", "Wall (h)", number(3)),
-        Column("gpu_hours", "GPU-h", number(3)),
+        Column("gpu_hours", f"{unit}-h", number(3)),
         Column("node_hours", "Node-h", number(3)),
-        Column("requested_gpu_hours", "Request GPU-h", number(3)),
+        Column("requested_gpu_hours", f"Request {unit}-h", number(3)),
     ]
     return booktabs(
         resources.fillna({"mode": ""}),
         columns,
         "Resource estimate.",
         "resources",
-        "Request: GPU-hours times the configured overhead factor; ``model'' rows are predictions of "
+        f"Request: {unit}-hours times the configured overhead factor; ``model'' rows are predictions of "
         "the communication model, not measurements.",
     )
 
@@ -241,19 +249,24 @@ QUANTITY_LABELS = {
 UNIT_LABELS = {"us": r"$\mu$s"}
 
 
-def comm_model_table(fit: pd.DataFrame) -> str:
-    frame = fit.copy()
-    frame["shown"] = [text(v) if not _is_number(v) else number(4)(float(v)) for v in frame["value"]]
+def comm_model_table(fit: pd.DataFrame, unit: str = "GPU") -> str:
+    frame = fit.fillna({"unit": "", "note": ""})
+    # a value that is text (the fit method) goes to the wide note column: the value column stays narrow
+    frame["note"] = [
+        escape(note) if _is_number(v) else "; ".join(filter(None, [text(v), escape(note)]))
+        for v, note in zip(frame["value"], frame["note"], strict=True)
+    ]
+    frame["shown"] = [number(4)(float(v)) if _is_number(v) else "" for v in frame["value"]]
     frame["label"] = [QUANTITY_LABELS.get(q, escape(q).replace(r"\_", " ")) for q in frame["quantity"]]
     frame["unit"] = [UNIT_LABELS.get(u, escape(u)) if not _missing(u) else "" for u in frame["unit"]]
     columns = [
         Column("label", "Quantity", str, align="l"),
         Column("shown", "Value", str),
         Column("unit", "Unit", str, align="l"),
-        Column("note", "Note", align="p{0.45\\linewidth}"),
+        Column("note", "Note", str, align=ragged(0.4)),
     ]
     return booktabs(
-        frame.fillna({"unit": "", "note": ""}),
+        frame,
         columns,
         "Alpha-beta ring all-reduce model fitted to the measured step times.",
         "comm-model",
@@ -283,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in TABLES:
         parser.add_argument(f"--{name.replace('_', '-')}", help=f"{name} CSV (from scalestudy.analysis).")
     parser.add_argument("--out-dir", required=True, help="Folder for the .tex files.")
+    parser.add_argument("--unit", default="GPU", help="What one rank drives, in the headers: GPU or rank.")
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
     from scalestudy.analysis.tableio import read_csv
@@ -292,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if source is None:
             continue
         out = Path(args.out_dir) / filename
-        atomic.write_text(out, render(read_csv(source)))
+        atomic.write_text(out, render(read_csv(source), unit=args.unit))
         log.info("%s -> %s", source, out)
     return 0
 

@@ -1,0 +1,19 @@
+# gate: the checks before the grid (site check, smoke tests) collected in one checkpoint. Training
+# rules take it through after_training_gate (common.smk): they wait for it the first time, and are
+# not re-run when a check runs again later. Its inputs are ancient(): a check run again (new
+# settings, a larger world size) does not re-run the gate; a new set of checks does (the site check
+# switched on or off, another partition: other hardware), and with it every training job.
+
+
+checkpoint training_gate:
+    input:
+        [ancient(path) for path in TRAINING_GATES],
+    output:
+        "results/gates/training.ok",
+    log:
+        "results/logs/gates/training.log",
+    localrule: True
+    conda: SOFTWARE_ENV
+    # The checks that passed, one path a line: all there is to record (each check wrote its own result).
+    shell:
+        "printf '%s\\n' {input:q} > {output:q} 2> {log:q}"

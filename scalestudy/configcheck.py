@@ -1,0 +1,109 @@
+"""The checks of a config that JSON Schema validation lets through, run before any job is planned.
+
+The Snakefile calls `check(config, "config/schema.yaml")` right after snakemake.utils.validate.
+It walks the config along the schema, so a key added to the schema later is covered without a
+change here, and refuses, in one line naming every offending key:
+
+- an integer key holding a float or a boolean: JSON Schema counts 2.0 as an integer, and a world
+  size of 2.0 would otherwise surface as a MissingInputException on `w2.0` that names no key;
+- a string that does not match its key's `pattern`. The patterns below keep values that reach a
+  shell unquoted to characters no shell treats specially: Snakemake puts the container image path
+  as it is into its `apptainer exec` command line, and a path with braces would be taken for a
+  wildcard. Values the project quotes (`{params.x:q}`, shlex.quote) or passes as one argv item need
+  no pattern: they may hold any character (data.url, cluster.sbatch_extra, study.title, ...).
+
+Pure standard library apart from PyYAML, read only when a schema is given as a path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+# A local path or command name: nothing a shell expands or splits, no wildcard braces, no leading
+# "-" (an option) and no ":" (an image URL such as docker://). The image path goes unquoted into
+# Snakemake's apptainer command (container.sif, container.prebuilt).
+SAFE_PATH = r"^[A-Za-z0-9_.+@%,=/][A-Za-z0-9_.+@%,=/-]*$"
+# A Slurm partition, account, QOS or GRES type.
+SLURM_NAME = r"^[A-Za-z0-9_.+-]+$"
+# A Slurm feature expression (sbatch -C 'a100&ib'); the executor plugin quotes it.
+SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|!*\[\]():,-]+$"
+# An environment value of the ranks (nccl:). It passes through apptainer's environment setup, which
+# runs in a shell interpreter, so it carries no shell syntax (a conservative choice, not checked
+# against a real Apptainer here). Covers NCCL's list and exclusion syntax: '^docker0,lo',
+# '=mlx5_0:1,mlx5_1:1', '/tmp/nccl.%h.%p.log'.
+ENV_VALUE = r"^[A-Za-z0-9_.,:=^/%@+-]*$"
+
+PATTERN_MEANINGS = {
+    SAFE_PATH: "a local path of letters, digits and _ . + @ % , = / - (no whitespace, quotes, braces, "
+    "':' or other shell syntax; not starting with -)",
+    SLURM_NAME: "a Slurm name of letters, digits and _ . + -",
+    SLURM_CONSTRAINT: "a Slurm feature expression of letters, digits and _ . & | ! * [ ] ( ) : , -",
+    ENV_VALUE: "an environment value of letters, digits and _ . , : = ^ / % @ + - (no whitespace, "
+    "quotes or shell syntax)",
+}
+
+
+class ConfigError(ValueError):
+    """A config value the workflow must not start with; the message names each key."""
+
+
+def check(config: Mapping[str, Any], schema: Mapping[str, Any] | str | os.PathLike) -> None:
+    """Raise ConfigError naming every key whose value the schema's types or patterns refuse."""
+    if not isinstance(schema, Mapping):
+        schema = load_schema(schema)
+    problems = list(problems_of(config, schema))
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def load_schema(path: str | os.PathLike) -> dict:
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def problems_of(
+    value: Any, node: Mapping[str, Any], root: Mapping | None = None, key: str = ""
+) -> Iterator[str]:
+    """One line per value under `node` that is not what the schema means (walks the config)."""
+    root = node if root is None else root
+    node = resolve(node, root)
+    for part in node.get("allOf", []):
+        yield from problems_of(value, part, root, key)
+    yield from _leaf_problems(value, node, key)
+    if isinstance(value, Mapping):
+        properties, extra = node.get("properties", {}), node.get("additionalProperties")
+        for name, item in value.items():
+            sub = properties.get(name, extra if isinstance(extra, Mapping) else None)
+            if sub is not None:
+                yield from problems_of(item, sub, root, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        for index, item in enumerate(value):
+            yield from problems_of(item, node["items"], root, f"{key}[{index}]")
+
+
+def resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Follow a local $ref ("#/$defs/positive_int"); other nodes as they are."""
+    while "$ref" in node:
+        target: Any = root
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def _leaf_problems(value: Any, node: Mapping[str, Any], key: str) -> Iterator[str]:
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    if "integer" in types and "number" not in types:
+        wrong_kind = isinstance(value, bool) and "boolean" not in types
+        if wrong_kind or isinstance(value, float):
+            yield f"{key} must be an integer, got {value!r}"
+    pattern = node.get("pattern")
+    if pattern and isinstance(value, str) and not re.search(pattern, value):
+        meaning = PATTERN_MEANINGS.get(pattern, f"a string matching {pattern}")
+        yield f"{key} = {value!r} is not allowed: it must be {meaning}"

@@ -1,0 +1,3 @@
+from scalestudy.paper.tables import main
+
+raise SystemExit(main())

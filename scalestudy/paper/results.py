@@ -1,0 +1,429 @@
+"""The macros of the results sections: scaling, acceptance, profiling, sensitivity, the communication
+model, the resource estimate and the threats to validity (see scalestudy.paper.sections)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from scalestudy.paper.numbers import NOT_MEASURED, Numbers
+from scalestudy.paper.sections import (
+    IMAGES_PER_S,
+    Data,
+    distinct,
+    first_value,
+    formatted,
+    is_missing,
+    join,
+    seconds,
+)
+from scalestudy.paper.spell import spell
+from scalestudy.paper.tables import escape, fixed, integer, number, percent, relation
+
+
+def scaling(numbers: Numbers, data: Data) -> None:
+    table = data.table("scaling")
+    for mode in ("strong", "weak"):
+        Mode = mode.capitalize()
+        rows = table[table["mode"] == mode].sort_values("world_size") if table is not None else pd.DataFrame()
+        if rows.empty:
+            numbers.add(f"{Mode}LargestWorld", NOT_MEASURED, f"scaling.csv: no {mode} rows")
+            for name in _POINT_MACROS:
+                for at in ("Largest", "Reference"):
+                    numbers.add(f"{Mode}{name}At{at}", NOT_MEASURED, f"scaling.csv: no {mode} rows")
+            continue
+        points = [(spell(int(row["world_size"])), row, "") for _, row in rows.iterrows()]
+        points += [("Largest", rows.iloc[-1], " (largest)"), ("Reference", rows.iloc[0], " (reference)")]
+        for at, row, role in points:
+            world = int(row["world_size"])
+            runs = data.run_ids("scaling", **{"config.mode": mode, "world_size": world})
+            source = f"scaling.csv mode={mode} world_size={world}{role}; {runs}"
+            if at == "Largest":
+                numbers.add(f"{Mode}LargestWorld", str(world), source)
+            _scaling_point(numbers, Mode, at, row, source)
+
+
+_POINT_MACROS = ("Eff", "EffInterval", "Speedup", "Throughput", "StepTime", "Nodes")
+
+
+def _scaling_point(numbers: Numbers, Mode: str, at: str, row: pd.Series, source: str) -> None:
+    numbers.add(
+        f"{Mode}EffAt{at}", formatted(row["efficiency_mean"], percent()), source + "; efficiency_mean"
+    )
+    low, high = row.get("efficiency_ci_low"), row.get("efficiency_ci_high")
+    interval = (
+        f"no interval ({int(row['repeats'])} repeat)"
+        if is_missing(low) or is_missing(high)
+        else f"[{percent()(low)}, {percent()(high)}]"
+    )
+    numbers.add(f"{Mode}EffIntervalAt{at}", interval, source + "; efficiency_ci_low/high")
+    numbers.add(f"{Mode}SpeedupAt{at}", formatted(row["speedup_mean"], fixed(2)), source + "; speedup_mean")
+    numbers.add(
+        f"{Mode}ThroughputAt{at}",
+        formatted(row["images_per_s_mean"], number(4), IMAGES_PER_S),
+        source + "; images_per_s_mean",
+    )
+    numbers.add(
+        f"{Mode}StepTimeAt{at}", seconds(row["time_per_step_s_mean"]), source + "; time_per_step_s_mean"
+    )
+    numbers.add(f"{Mode}NodesAt{at}", formatted(row.get("nodes"), integer), source + "; nodes")
+
+
+ACCEPTANCE_ROLES = {
+    "Strong": "strong-scaling efficiency at",
+    "Weak": "weak-scaling step-time variation over N <=",
+    "Gain": "throughput gain",
+}
+
+
+def acceptance(numbers: Numbers, data: Data) -> None:
+    table = data.table("acceptance")
+    rows = table[table["status"] != "informative"] if table is not None else pd.DataFrame(columns=["status"])
+    status = rows["status"].astype(str)
+    counts = {
+        "Count": len(rows),
+        "Passed": int((status == "pass").sum()),
+        "Failed": int((status == "fail").sum()),
+        "NotMeasured": int(status.str.startswith(NOT_MEASURED).sum()),
+    }
+    for name, count in counts.items():
+        numbers.add(
+            f"Acceptance{name}",
+            str(count) if table is not None else NOT_MEASURED,
+            "acceptance.csv status (criteria, not informative rows)",
+        )
+    items = [_criterion_sentence(row) for _, row in rows.iterrows()]
+    numbers.add(
+        "AcceptanceList",
+        r"\begin{itemize}" + "".join(rf"\item {item}" for item in items) + r"\end{itemize}"
+        if items
+        else "no acceptance criteria were evaluated.",
+        "acceptance.csv (every criterion; the informative rows are in the table)",
+    )
+    for role, prefix in ACCEPTANCE_ROLES.items():
+        row = next((r for _, r in rows.iterrows() if str(r["criterion"]).startswith(prefix)), None)
+        source = f"acceptance.csv criterion '{prefix}...'"
+        if row is None:
+            numbers.add(f"Accept{role}Verdict", NOT_MEASURED, source + " (absent)")
+            numbers.add(f"Accept{role}World", NOT_MEASURED, source + " (absent)")
+            continue
+        numbers.add(f"Accept{role}Verdict", escape(row["status"]), source + " status")
+        numbers.add(f"Accept{role}World", formatted(row["world_size"], integer), source + " world_size")
+        if role in ("Strong", "Weak") and not is_missing(row["world_size"]):
+            # the acceptance size as a per-point macro (e.g. \StrongEffAtEight) where the grid lacks it
+            name = f"{role}EffAt{spell(int(row['world_size']))}"
+            numbers.missing(name, source + f" ({row['status']})")
+
+
+def _criterion_sentence(row: pd.Series) -> str:
+    measured = NOT_MEASURED if is_missing(row["measured"]) else percent()(row["measured"])
+    note = f"; {relation(row['note'])}" if not is_missing(row.get("note")) and str(row.get("note")) else ""
+    criterion, target, status = relation(row["criterion"]), relation(row["target"]), escape(row["status"])
+    return f"{criterion} (target {target}): {measured}, \\emph{{{status}}}{note}."
+
+
+PROFILE_CATEGORIES = {
+    "Compute": ("conv_gemm", "norm_elementwise"),
+    "Comm": ("communication",),
+    "Data": ("data_loading",),
+    "Copy": ("memory_copy",),
+    "Idle": ("idle_other",),
+}
+PROFILE_TOOLS = {"torch": r"torch.profiler (the CPU fallback)", "nsys": r"Nsight Systems~\cite{nsys}"}
+
+
+def profiling(numbers: Numbers, data: Data) -> None:
+    breakdown = data.table("profile_breakdown")
+    overlap = data.table("profile_overlap")
+    if breakdown is None:
+        for name in (
+            "ProfileTool",
+            "ProfileWorldSizes",
+            "ProfileLargestWorld",
+            "ProfileStepTimeAtLargest",
+            "ProfileOverlapAtLargest",
+        ):
+            numbers.add(name, NOT_MEASURED, "profile breakdown.csv not given")
+        for name in PROFILE_CATEGORIES:
+            numbers.add(f"Profile{name}ShareAtLargest", NOT_MEASURED, "profile breakdown.csv not given")
+        return
+    tools = distinct(breakdown, "tool")
+    numbers.add(
+        "ProfileTool", join([PROFILE_TOOLS.get(t, escape(t)) for t in tools]), "profile breakdown.csv tool"
+    )
+    worlds = sorted({int(w) for w in breakdown["world_size"]})
+    numbers.add("ProfileWorldSizes", join([str(w) for w in worlds]), "profile breakdown.csv world_size")
+    numbers.add("ProfileLargestWorld", str(worlds[-1]), "profile breakdown.csv world_size (largest)")
+    for world in worlds:
+        rows = breakdown[breakdown["world_size"] == world]
+        # per rank, then the mean over ranks (every rank profiles the same window)
+        per_rank = rows.groupby("rank")
+        source = f"profile breakdown.csv world_size={world} (mean over ranks); " + data.run_ids(
+            "profile", world_size=world
+        )
+        for at in [spell(world)] + (["Largest"] if world == worlds[-1] else []):
+            step = per_rank["time_per_step_s"].sum().mean()
+            numbers.add(f"ProfileStepTimeAt{at}", seconds(step), source + "; sum of time_per_step_s")
+            for name, categories in PROFILE_CATEGORIES.items():
+                share = (
+                    rows[rows["category"].isin(categories)]
+                    .groupby("rank")["fraction"]
+                    .sum()
+                    .reindex(per_rank.size().index, fill_value=0)
+                    .mean()
+                )
+                numbers.add(
+                    f"Profile{name}ShareAt{at}",
+                    percent()(share),
+                    source + f"; fraction of {'+'.join(categories)}",
+                )
+            value = None
+            if overlap is not None:
+                value = overlap[overlap["world_size"] == world]["overlap_fraction"].mean()
+            numbers.add(
+                f"ProfileOverlapAt{at}",
+                "no communication to overlap" if world == 1 else formatted(value, percent()),
+                f"profile overlap.csv world_size={world} overlap_fraction",
+            )
+
+
+def sensitivity(numbers: Numbers, data: Data) -> None:
+    table = data.table("sensitivity")
+    names = (
+        "World",
+        "Points",
+        "BestPrecision",
+        "BestBatch",
+        "BestBucket",
+        "BestThroughput",
+        "BestGain",
+        "WorstGain",
+        "BaselineThroughput",
+    )
+    if table is None:
+        for name in names:
+            numbers.add(f"Sensitivity{name}", NOT_MEASURED, "sensitivity.csv not given")
+        return
+    numbers.add(
+        "SensitivityWorld", formatted(table["world_size"].iloc[0], integer), "sensitivity.csv world_size"
+    )
+    numbers.add("SensitivityPoints", str(len(table)), f"sensitivity.csv rows; {data.run_ids('sensitivity')}")
+    best_mask = (
+        table["best"].astype(str).str.lower() == "true"
+        if "best" in table
+        else table["images_per_s_per_gpu"] == table["images_per_s_per_gpu"].max()
+    )
+    best = table[best_mask].iloc[0] if best_mask.any() else table.sort_values("images_per_s_per_gpu").iloc[-1]
+    source = (
+        f"sensitivity.csv best row precision={best['precision']} per_gpu_batch={int(best['per_gpu_batch'])} "
+        f"bucket_cap_mb={best['bucket_cap_mb']:g}; "
+        + data.run_ids(
+            "sensitivity",
+            **{
+                "config.precision": best["precision"],
+                "per_gpu_batch": int(best["per_gpu_batch"]),
+                "config.bucket_cap_mb": float(best["bucket_cap_mb"]),
+            },
+        )
+    )
+    numbers.add("SensitivityBestPrecision", escape(best["precision"]), source)
+    numbers.add("SensitivityBestBatch", integer(best["per_gpu_batch"]), source)
+    numbers.add("SensitivityBestBucket", f"{number(3)(best['bucket_cap_mb'])}~MB", source)
+    numbers.add(
+        "SensitivityBestThroughput",
+        number(4)(best["images_per_s_per_gpu"]) + r"~images/s per " + data.unit,
+        source,
+    )
+    numbers.add(
+        "SensitivityBestGain", formatted(best["gain_vs_baseline"], percent()), source + "; gain_vs_baseline"
+    )
+    numbers.add(
+        "SensitivityWorstGain",
+        formatted(table["gain_vs_baseline"].min(), percent()),
+        "sensitivity.csv min gain_vs_baseline",
+    )
+    numbers.add(
+        "SensitivityBaselineThroughput",
+        formatted(best.get("baseline_images_per_s_per_gpu"), number(4), IMAGES_PER_S + " per " + data.unit),
+        "sensitivity.csv baseline_images_per_s_per_gpu; " + data.run_ids("baseline"),
+    )
+
+
+COMM_FIT = {
+    "CommFitMethod": ("method", lambda v, u: escape(v)),
+    "CommFitPoints": ("points", lambda v, u: integer(float(v))),
+    "CommFitDof": ("degrees_of_freedom", lambda v, u: integer(float(v))),
+    "CommAlpha": ("alpha_eff", lambda v, u: f"{number(3)(float(v))}~{_unit(u)}"),
+    "CommBandwidth": (
+        "bandwidth_eff",
+        lambda v, u: (r"$\infty$" if float(v) == math.inf else number(3)(float(v))) + f"~{_unit(u)}",
+    ),
+    "CommResidual": ("rms_residual", lambda v, u: f"{number(3)(float(v))}~{_unit(u)}"),
+    "CommOverlap": ("overlap_fraction", lambda v, u: percent()(float(v))),
+}
+
+
+def _unit(unit: Any) -> str:
+    return {"us": r"$\mu$s"}.get(str(unit), escape(unit)) if not is_missing(unit) else ""
+
+
+def _quantities(table: pd.DataFrame | None) -> dict[str, tuple[Any, Any]]:
+    if table is None or "quantity" not in table:
+        return {}
+    return {str(r["quantity"]): (r["value"], r.get("unit")) for _, r in table.iterrows()}
+
+
+def comm_model(numbers: Numbers, data: Data) -> None:
+    fit = _quantities(data.table("comm_fit"))
+    for macro, (quantity, formatter) in COMM_FIT.items():
+        value, unit = fit.get(quantity, (None, None))
+        numbers.add(
+            macro,
+            NOT_MEASURED if is_missing(value) else formatter(value, unit),
+            f"comm_model_fit.csv quantity={quantity}",
+        )
+    prediction = data.table("comm_prediction")
+    for mode in ("strong", "weak"):
+        Mode = mode.capitalize()
+        rows = prediction[prediction["mode"] == mode] if prediction is not None else pd.DataFrame()
+        if rows.empty:
+            for name in ("ExtrapolationWorld", "PredictedEffFit", "PredictedEffByNetwork"):
+                numbers.add(f"{Mode}{name}", NOT_MEASURED, f"comm_model_prediction.csv: no {mode} rows")
+            continue
+        world = int(rows["world_size"].max())
+        at_world = rows[rows["world_size"] == world]
+        source = f"comm_model_prediction.csv mode={mode} world_size={world}"
+        numbers.add(f"{Mode}ExtrapolationWorld", str(world), source)
+        fitted = at_world[at_world["curve"].astype(str).str.startswith("fit")]
+        numbers.add(
+            f"{Mode}PredictedEffFit",
+            formatted(first_value(fitted, "efficiency"), percent()),
+            source + " curve=fit",
+        )
+        others = [
+            f"{escape(r['curve'])}: {percent()(r['efficiency'])}"
+            for _, r in at_world.iterrows()
+            if not str(r["curve"]).startswith("fit")
+        ]
+        numbers.add(
+            f"{Mode}PredictedEffByNetwork",
+            join(others) if others else NOT_MEASURED,
+            source + " network curves",
+        )
+    _bench(numbers, data)
+
+
+def _bench(numbers: Numbers, data: Data) -> None:
+    """The measured all-reduce's alpha and bandwidth (comm_bench_fit.csv, scalestudy.commbench) at the
+    largest world size benchmarked."""
+    bench = data.table("comm_bench_fit")
+    rows = bench[bench["collective"] == "all_reduce"] if bench is not None and "collective" in bench else None
+    rows = (
+        rows.dropna(subset=["alpha_s", "bandwidth_gb_s"]) if rows is not None and "alpha_s" in rows else None
+    )
+    if rows is None or rows.empty:
+        why = "not given" if bench is None else "has no fitted all_reduce row"
+        for macro in ("BenchAlpha", "BenchBandwidth", "BenchWorld", "BenchPlacement"):
+            numbers.add(macro, NOT_MEASURED, f"comm_bench_fit.csv {why}")
+        numbers.add("BenchSummary", "The collective benchmark was not measured.", f"comm_bench_fit.csv {why}")
+        return
+    row = rows.sort_values("world_size").iloc[-1]
+    world = int(row["world_size"])
+    source = f"comm_bench_fit.csv collective=all_reduce world_size={world} placement={row.get('placement')}"
+    numbers.add("BenchAlpha", f"{number(3)(float(row['alpha_s']) * 1e6)}~$\\mu$s", source + " alpha_s")
+    numbers.add(
+        "BenchBandwidth", f"{number(3)(float(row['bandwidth_gb_s']))}~GB/s", source + " bandwidth_gb_s"
+    )
+    numbers.add("BenchWorld", integer(row["world_size"]), source)
+    numbers.add("BenchPlacement", escape(row.get("placement", NOT_MEASURED)), source)
+    numbers.add(
+        "BenchSummary",
+        f"The collective benchmark measured, for all-reduce at {world} {data.units}"
+        f" ({escape(row.get('placement'))}),"
+        f" a latency of {numbers.macros['BenchAlpha'].value} and a bus bandwidth of"
+        f" {numbers.macros['BenchBandwidth'].value}.",
+        source,
+    )
+
+
+def resources(numbers: Numbers, data: Data) -> None:
+    table = data.table("resources")
+    hours = data.unit.replace(" ", "-") + "-hours"
+    whole = table[table["what"] == "whole grid"] if table is not None else None
+    row = whole.iloc[0] if whole is not None and len(whole) else None
+    for macro, column, formatter in (
+        ("GridRuns", "runs", integer),
+        ("GridWallHours", "wall_hours", lambda v: number(3)(v) + "~h"),
+        ("GridUnitHours", "gpu_hours", lambda v: number(3)(v) + "~" + hours),
+        ("GridRequestHours", "requested_gpu_hours", lambda v: number(3)(v) + "~" + hours),
+    ):
+        numbers.add(
+            macro,
+            NOT_MEASURED if row is None else formatted(row[column], formatter),
+            f"resource_estimate.csv what='whole grid' {column}",
+        )
+    for scope, prefix in (("full training", "Full"), ("model", "Model")):
+        rows = (
+            table[(table["scope"] == scope) & (table["mode"] == "strong")]
+            if table is not None
+            else pd.DataFrame()
+        )
+        if rows.empty:
+            for name in ("World", "Epochs", "UnitHours", "WallHours"):
+                numbers.add(f"{prefix}{name}", NOT_MEASURED, f"resource_estimate.csv: no {scope} strong rows")
+            continue
+        largest = rows.sort_values("world_size").iloc[-1]
+        world = int(largest["world_size"])
+        source = f"resource_estimate.csv scope='{scope}' mode=strong world_size={world} ({largest['source']})"
+        numbers.add(f"{prefix}World", integer(largest["world_size"]), source)
+        numbers.add(f"{prefix}Epochs", integer(largest["epochs"]), source)
+        numbers.add(f"{prefix}UnitHours", number(3)(largest["gpu_hours"]) + "~" + hours, source)
+        numbers.add(f"{prefix}WallHours", number(3)(largest["wall_hours"]) + "~h", source)
+
+
+def threats(numbers: Numbers, data: Data) -> None:
+    runs = data.table("runs")
+    dirty = distinct(runs, "provenance.git_dirty")
+    commits = distinct(runs, "provenance.git_commit")
+    numbers.add(
+        "GitCommit",
+        escape(", ".join(c[:12] for c in commits)) if commits else NOT_MEASURED,
+        "runs.csv provenance.git_commit",
+    )
+    numbers.add(
+        "TreeState",
+        NOT_MEASURED
+        if not dirty
+        else ("with uncommitted changes" if "True" in dirty else "from a clean tree"),
+        "runs.csv provenance.git_dirty",
+    )
+    numbers.add("RunCount", str(len(runs)) if runs is not None else NOT_MEASURED, "runs.csv rows")
+    window = runs["window_filled"] if runs is not None and "window_filled" in runs else None
+    numbers.add(
+        "WindowFilled",
+        NOT_MEASURED
+        if window is None
+        else f"{int(window.astype(str).str.lower().eq('true').sum())} of {len(window)}",
+        "runs.csv window_filled" + ("" if window is not None else " (column absent)"),
+    )
+    active = next((c for c in (runs.columns if runs is not None else []) if "sm_active_pct" in c), None)
+    numbers.add(
+        "SmActive",
+        NOT_MEASURED
+        if active is None or runs[active].dropna().empty
+        else f"{number(3)(runs[active].mean())}\\,\\%",
+        f"runs.csv {active or 'sm_active_pct (column absent)'} (mean over runs)",
+    )
+
+
+SECTIONS = (
+    scaling,
+    acceptance,
+    profiling,
+    sensitivity,
+    comm_model,
+    resources,
+    threats,
+)

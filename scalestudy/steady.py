@@ -1,0 +1,197 @@
+"""The steady-state measurement window of one training attempt (throughput, step time, MFU).
+
+A window is `steps` optimizer steps after `warmup_steps` steps of the attempt, counted across epoch
+boundaries. The warm-up absorbs the one-off costs of a fresh process (torch.compile, cudnn
+autotuning, allocator growth, first touches of the data). Time spent in `paused()` (evaluation,
+checkpoint writing, profiler output) is left out of the window. The window is split into
+`intervals` sub-intervals of (nearly) equal step counts; their rates give the spread.
+
+The device is synchronised only at the window's edges, at sub-interval edges and at the edges of a
+pause that falls inside the window (an epoch end or a checkpoint: rare), never per step; plus once
+after the attempt's first step (outside the window), to time it.
+
+A window belongs to one attempt (one process): a resumed attempt starts a fresh warm-up, because its
+compile, autotuning and caches start cold again; a window that an interruption cut short is
+discarded (see Trainer.steady_results for which window a resumed run reports).
+
+Times: `measure_start_s` / `measure_end_s` are seconds since `t0` on the wall clock (time.time()),
+the time base of gpu_monitor.csv's time_s; durations use the monotonic perf_counter. The window's
+unpaused stretches are `measure_segments_s` ([start, end] pairs on the same clock): the GPU monitor's
+summary keeps only the samples inside them, so evaluation and checkpoint writing at the epoch ends
+inside a window (many at large N, where an epoch is a few steps) do not dilute SM activity or power.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP, MEASURING, DONE = "warmup", "measuring", "done"
+
+
+def interval_sizes(steps: int, intervals: int) -> list[int]:
+    """`steps` split into `intervals` counts that differ by at most one, larger ones first."""
+    intervals = max(1, min(intervals, steps))
+    base, extra = divmod(steps, intervals)
+    return [base + (1 if i < extra else 0) for i in range(intervals)]
+
+
+@dataclass
+class Interval:
+    steps: int = 0
+    images: int = 0
+    seconds: float = 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else math.nan
+
+
+@dataclass
+class SteadyWindow:
+    """Call start(global_step) before the attempt's first step, step_done(images) after every
+    optimizer step (images: over all ranks), and wrap non-training work in paused()."""
+
+    warmup_steps: int
+    steps: int
+    intervals: int
+    synchronize: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = time.perf_counter
+    wall: Callable[[], float] = time.time
+    t0: float = 0.0
+    phase: str = WARMUP
+    seen: int = 0  # steps of this attempt so far
+    start_step: int | None = None  # the global step the window starts at
+    first_step_s: float | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    done: list[Interval] = field(default_factory=list)
+    segments: list[list[float]] = field(default_factory=list)  # unpaused [start, end], since t0
+    _sizes: list[int] = field(default_factory=list)
+    _current: Interval = field(default_factory=Interval)
+    _segment_start: float | None = None  # perf_counter of the running (unpaused) segment
+    _segment_wall: float | None = None  # its start on the wall clock, since t0
+    _attempt_start: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.steps < 1 or self.intervals < 1:
+            raise ValueError(
+                f"measure window needs warmup_steps >= 0, steps >= 1, intervals >= 1, got "
+                f"{self.warmup_steps}, {self.steps}, {self.intervals}"
+            )
+        self._sizes = interval_sizes(self.steps, self.intervals)
+
+    @property
+    def measuring(self) -> bool:
+        return self.phase == MEASURING
+
+    @property
+    def filled(self) -> bool:
+        return self.phase == DONE
+
+    @property
+    def measured_steps(self) -> int:
+        return sum(i.steps for i in self.done) + self._current.steps
+
+    def start(self, global_step: int) -> None:
+        self.synchronize()
+        self._attempt_start = self.clock()
+        self.start_step = global_step + self.warmup_steps
+        if self.warmup_steps == 0:
+            self._open()
+
+    def step_done(self, images: int) -> None:
+        self.seen += 1
+        if self.phase == WARMUP:
+            if self.seen == 1:
+                self.synchronize()
+                self.first_step_s = self.clock() - self._attempt_start
+            if self.seen >= self.warmup_steps:
+                self._open()
+        elif self.phase == MEASURING:
+            self._current.steps += 1
+            self._current.images += images
+            if self._current.steps == self._sizes[len(self.done)]:
+                self._close_interval()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Leave the enclosed work out of the window (a no-op outside it)."""
+        if not self.measuring:
+            yield
+            return
+        self._end_segment()
+        self._end_wall_segment()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self._segment_start = self.clock()
+            self._segment_wall = self.wall() - self.t0
+
+    def _open(self) -> None:
+        self.synchronize()
+        self.start_s = self._segment_wall = self.wall() - self.t0
+        self._segment_start = self.clock()
+        self.phase = MEASURING
+
+    def _end_segment(self) -> None:
+        self.synchronize()
+        self._current.seconds += self.clock() - self._segment_start
+        self._segment_start = None
+
+    def _end_wall_segment(self) -> None:
+        self.segments.append([self._segment_wall, self.wall() - self.t0])
+        self._segment_wall = None
+
+    def _close_interval(self) -> None:
+        self._end_segment()
+        self.done.append(self._current)
+        self._current = Interval()
+        if len(self.done) == len(self._sizes):
+            self._end_wall_segment()
+            self.end_s = self.segments[-1][1]
+            self.phase = DONE
+        else:
+            self._segment_start = self.clock()
+
+    def result(self, world_size: int) -> dict[str, Any]:
+        """The window's summary.json keys; rates are None unless the window was filled."""
+        measured_s = sum(i.seconds for i in self.done) + self._current.seconds
+        out: dict[str, Any] = {
+            "warmup_steps": self.warmup_steps,
+            "measure_steps": self.steps,
+            "measured_steps": self.measured_steps,
+            "measured_s": measured_s,
+            "window_filled": self.filled,
+            "measure_start_step": self.start_step,
+            "measure_start_s": self.start_s,
+            "measure_end_s": self.end_s,
+            "measure_segments_s": [list(segment) for segment in self.segments],
+            "first_step_s": self.first_step_s,
+            "images_per_s": None,
+            "images_per_s_per_gpu": None,
+            "step_time_s": None,
+            "images_per_s_min": None,
+            "images_per_s_max": None,
+            "images_per_s_cv": None,
+            "interval_images_per_s": [i.images_per_s for i in self.done],
+        }
+        if not self.filled:
+            return out
+        rates = [i.images_per_s for i in self.done]
+        images = sum(i.images for i in self.done)
+        out.update(
+            images_per_s=images / measured_s,
+            images_per_s_per_gpu=images / measured_s / world_size,
+            step_time_s=measured_s / self.measured_steps,
+            images_per_s_min=min(rates),
+            images_per_s_max=max(rates),
+            images_per_s_cv=statistics.stdev(rates) / statistics.fmean(rates) if len(rates) > 1 else None,
+        )
+        return out

@@ -1,0 +1,427 @@
+"""The paper draft: numbers.tex from the tables, paper.tex from the template (no typed numbers, no
+undefined macro), and the PDF (compiled where TeX is installed, or installed by tests/tex/install.sh
+when the tests run as root with apt-get)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from scalestudy.analysis import acceptance, commmodel, metrics, resources, settings
+from scalestudy.analysis.synthetic import run_row
+from scalestudy.paper import build, draft, numbers, tables
+from scalestudy.paper.numbers import NOT_MEASURED, Numbers, defined_names
+from scalestudy.paper.spell import spell
+from tests.conftest import REPO, snakemake_env
+
+SETTINGS = settings.resolved({})
+TEMPLATE = REPO / "report" / "paper" / "template.tex"
+BIB = REPO / "report" / "paper" / "references.bib"
+CONTEXT = {"title": "A test study", "data_source": "cifar10", "device": "cuda", "confidence": 0.95}
+
+
+# --------------------------------------------------------------------------- a constructed study
+def strong_step(world: int) -> float:
+    """Strong scaling at 80 % efficiency beyond one GPU: a known answer."""
+    return 0.2 if world == 1 else 0.2 / (0.8 * world)
+
+
+@pytest.fixture(scope="module")
+def study_tables() -> dict[str, pd.DataFrame]:
+    """The analysis tables of a small constructed GPU study (strong to 4 GPUs, weak to 2)."""
+    rows = [run_row("baseline", 1, 128, 0.16, **{"config.width": 64})]
+    rows += [run_row("scaling", n, 1024 // n, strong_step(n), mode="strong") for n in (1, 2, 4)]
+    rows += [
+        run_row("scaling", n, 256, 0.1 * (1 + 0.01 * r) * (1 if n == 1 else 1.1), mode="weak", repeat=r)
+        for n in (1, 2)
+        for r in range(2)
+    ]
+    rows += [
+        run_row("sensitivity", 2, b, b / ips, **{"config.precision": p, "config.bucket_cap_mb": 25})
+        for p, b, ips in (("fp32", 64, 800.0), ("bf16", 128, 1500.0))
+    ]
+    runs = pd.DataFrame(rows)
+    runs.loc[runs["stage"] == "sensitivity", "point"] = ["fp32/bs64_bucket25", "bf16/bs128_bucket25"]
+    runs["hosts"] = "gpu01"
+    runs["backend"] = "nccl"
+    per_run = metrics.run_metrics(runs, SETTINGS)
+    scaling = metrics.scaling_table(per_run, SETTINGS)
+    sweep = metrics.sensitivity_table(per_run)
+    fit, _, prediction = commmodel.analyse(runs, SETTINGS)
+    return {
+        "runs": runs,
+        "scaling": scaling,
+        "sensitivity": sweep,
+        "acceptance": acceptance.evaluate(scaling, sweep, SETTINGS["acceptance"]),
+        "resources": resources.estimate(runs, scaling, prediction, SETTINGS),
+        "comm_fit": fit,
+        "comm_prediction": prediction,
+        "profile_breakdown": pd.DataFrame(
+            [
+                {
+                    "world_size": 2,
+                    "rank": r,
+                    "tool": "nsys",
+                    "category": c,
+                    "fraction": f,
+                    "time_per_step_s": f * 0.1,
+                }
+                for r in (0, 1)
+                for c, f in (
+                    ("conv_gemm", 0.6),
+                    ("communication", 0.25),
+                    ("data_loading", 0.05),
+                    ("idle_other", 0.1),
+                )
+            ]
+        ),
+        "profile_overlap": pd.DataFrame([{"world_size": 2, "rank": 0, "overlap_fraction": 0.5}]),
+    }
+
+
+@pytest.fixture(scope="module")
+def study_numbers(study_tables) -> Numbers:
+    return numbers.build(study_tables, CONTEXT)
+
+
+def value(numbers_: Numbers, name: str) -> str:
+    return numbers_.macros[name].value
+
+
+# --------------------------------------------------------------------------- macro names
+@pytest.mark.parametrize(
+    "n, words",
+    [
+        (1, "One"),
+        (8, "Eight"),
+        (16, "Sixteen"),
+        (21, "TwentyOne"),
+        (100, "OneHundred"),
+        (1024, "OneThousandTwentyFour"),
+        (2_000_512, "TwoMillionFiveHundredTwelve"),
+    ],
+)
+def test_spell(n, words):
+    assert spell(n) == words
+
+
+def test_macro_names_hold_no_digit_and_are_defined_once():
+    table = Numbers()
+    table.add("StrongEffAtEight", "80", "here")
+    with pytest.raises(ValueError, match="letters only"):
+        table.add("StrongEffAt8", "80", "here")
+    with pytest.raises(ValueError, match="letters only"):
+        table.add("strongEff", "80", "here")  # lower-case first: the draft could not tell it from LaTeX's
+    with pytest.raises(ValueError, match="defined twice"):
+        table.add("StrongEffAtEight", "81", "there")
+    assert table.render().splitlines()[-1] == r"\newcommand{\StrongEffAtEight}{80}% here"
+
+
+# --------------------------------------------------------------------------- numbers from the tables
+def test_numbers_are_the_tables_numbers_with_their_sources(study_numbers, study_tables):
+    assert value(study_numbers, "StrongEffAtFour") == r"80.0\,\%"
+    assert value(study_numbers, "StrongEffAtLargest") == r"80.0\,\%"
+    assert value(study_numbers, "StrongLargestWorld") == "4"
+    assert "scaling.csv mode=strong world_size=4" in study_numbers.macros["StrongEffAtFour"].source
+    assert "runs: scaling/strong/w4_r0" in study_numbers.macros["StrongEffAtFour"].source
+    weak = study_tables["scaling"].set_index(["mode", "world_size"]).loc[("weak", 2)]
+    assert value(study_numbers, "WeakEffAtTwo") == f"{100 * weak['efficiency_mean']:.1f}\\,\\%"
+    low, high = 100 * weak["efficiency_ci_low"], 100 * weak["efficiency_ci_high"]
+    assert value(study_numbers, "WeakEffIntervalAtTwo") == f"[{low:.1f}\\,\\%, {high:.1f}\\,\\%]"
+    assert value(study_numbers, "StrongEffIntervalAtFour") == "no interval (1 repeat)"
+    assert value(study_numbers, "SensitivityBestPrecision") == "bf16"
+    assert "sensitivity/bf16/bs128_bucket25" in study_numbers.macros["SensitivityBestPrecision"].source
+    assert value(study_numbers, "ProfileCommShareAtTwo") == r"25.0\,\%"
+    assert value(study_numbers, "ProfileOverlapAtLargest") == r"50.0\,\%"
+
+
+def test_a_point_the_grid_does_not_reach_is_not_measured(study_numbers):
+    # the acceptance criterion is set at 8 GPUs; the grid stops at 4
+    assert value(study_numbers, "StrongEffAtEight") == NOT_MEASURED
+    assert value(study_numbers, "AcceptStrongVerdict") == "not measured (largest N=4)"
+    assert value(study_numbers, "AcceptanceNotMeasured") == "2"
+    for name in ("SystemCPU", "SystemNetwork", "BenchAlpha", "WindowFilled", "SmActive"):
+        assert value(study_numbers, name) == NOT_MEASURED  # tables/columns not given
+
+
+def test_wording_follows_the_data(study_tables):
+    gpu = numbers.build(study_tables, CONTEXT)
+    assert value(gpu, "Unit") == "GPU" and value(gpu, "UnitHours") == "GPU-hours"
+    assert (
+        value(gpu, "DataSource") == r"CIFAR-10~\cite{krizhevsky2009cifar}" and value(gpu, "DataCaveat") == ""
+    )
+    cpu_runs = study_tables["runs"].assign(device="cpu")
+    demo = numbers.build({**study_tables, "runs": cpu_runs}, {**CONTEXT, "data_source": "synthetic"})
+    assert value(demo, "Unit") == "CPU rank" and value(demo, "Units") == "CPU ranks"
+    assert value(demo, "DataSource").startswith("synthetic images") and "or GPUs" in value(demo, "DataCaveat")
+    assert value(demo, "SensitivityBestThroughput").endswith("images/s per CPU rank")
+
+
+def test_optional_tables_of_other_stages_are_used_when_given(study_tables):
+    system = pd.DataFrame(
+        [
+            {
+                "host": "gpu01",
+                "cpu_model": "EPYC 9654",
+                "cores": 96,
+                "gpus": 8,
+                "gpu_model": "H100",
+                "infiniband": "mlx5_0 400 Gb/s",
+                "network": "eth0",
+            }
+        ]
+    )
+    bench = pd.DataFrame(
+        [
+            {
+                "collective": "all_reduce",
+                "world_size": w,
+                "placement": "intra-node",
+                "alpha_s": 1e-5 * w,
+                "bandwidth_gb_s": 100.0 + w,
+            }
+            for w in (2, 8)
+        ]
+    )
+    runs = study_tables["runs"].assign(window_filled=[True] * (len(study_tables["runs"]) - 1) + [False])
+    built = numbers.build({**study_tables, "system": system, "comm_bench_fit": bench, "runs": runs}, CONTEXT)
+    assert value(built, "SystemCPU") == "EPYC 9654 (96 cores)"
+    assert value(built, "SystemGPU") == "8x H100"
+    assert value(built, "SystemNetwork") == "InfiniBand mlx5\\_0 400 Gb/s, network eth0"
+    assert value(built, "SystemOS") == NOT_MEASURED  # a column it needs is absent
+    assert value(built, "BenchAlpha") == r"80~$\mu$s" and value(built, "BenchBandwidth") == "108~GB/s"
+    assert "all-reduce at 8 GPUs (intra-node)" in value(built, "BenchSummary")
+    assert value(built, "WindowFilled") == f"{len(runs) - 1} of {len(runs)}"
+
+
+def test_no_tables_at_all_gives_a_complete_set_of_not_measured_macros():
+    empty = numbers.build({}, CONTEXT)
+    used = set(re.findall(r"\\([A-Z][A-Za-z]*)", draft.strip_comments(TEMPLATE.read_text())))
+    assert not draft.undefined_macros(TEMPLATE.read_text(), set(empty.macros))
+    assert value(empty, "StrongEffAtLargest") == NOT_MEASURED and "StrongEffAtLargest" in used
+
+
+# --------------------------------------------------------------------------- the template's rules
+def test_every_macro_the_template_uses_is_defined_from_the_data(study_numbers):
+    assert draft.undefined_macros(TEMPLATE.read_text(), set(study_numbers.macros)) == {}
+
+
+def test_the_template_types_no_number():
+    assert draft.hand_typed_numbers(TEMPLATE.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "line, typed",
+    [
+        (r"We used 8 GPUs.", True),
+        (r"$X_1$ is the reference.", True),
+        (r"at \StrongLargestWorld{} GPUs", False),
+        (r"see Table~\ref{tab:fig2} and \cite{he2016resnet}", False),
+        (r"\includegraphics[width=0.5\linewidth]{figures/a1.pdf}", False),
+        (r"costs $\const{2}(N-\const{1})$ steps", False),
+        (r"text % a comment with 8 in it", False),
+        (r"a 50\% share", True),
+    ],
+)
+def test_hand_typed_numbers(line, typed):
+    tex = "\\documentclass{article}\n\\begin{document}\n" + line + "\n\\end{document}\n"
+    assert bool(draft.hand_typed_numbers(tex)) is typed
+
+
+def test_preamble_numbers_are_layout_not_text():
+    tex = "\\usepackage[margin=2.5cm]{geometry}\n\\begin{document}\nno digits\n\\end{document}\n"
+    assert draft.hand_typed_numbers(tex) == []
+
+
+def write_numbers(folder: Path, built: Numbers) -> Path:
+    path = folder / "numbers.tex"
+    path.write_text(built.render())
+    return path
+
+
+def test_draft_refuses_a_typed_number_or_an_undefined_macro_and_writes_nothing(tmp_path, study_numbers):
+    numbers_tex = write_numbers(tmp_path, study_numbers)
+    bad = tmp_path / "template.tex"
+    bad.write_text("\\begin{document}\nWe used 8 GPUs and \\StrongEffAtSixtyFour.\n\\end{document}\n")
+    out = tmp_path / "paper" / "paper.tex"
+    args = ["--template", str(bad), "--bib", str(BIB), "--numbers", str(numbers_tex), "--out", str(out)]
+    with pytest.raises(SystemExit) as error:
+        draft.main(args)
+    message = str(error.value)
+    assert f"{bad}:2: macro \\StrongEffAtSixtyFour is not defined" in message
+    assert f"{bad}:2: a number typed by hand" in message
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- command lines
+def test_numbers_cli_rejects_an_unknown_table(tmp_path):
+    with pytest.raises(SystemExit, match="--table nonsense: unknown table"):
+        numbers.main(["--table", f"nonsense={tmp_path}", "--out", str(tmp_path / "n.tex")])
+
+
+def test_numbers_cli_writes_one_macro_per_line(tmp_path, study_tables):
+    args = []
+    for name in ("runs", "scaling"):
+        study_tables[name].to_csv(tmp_path / f"{name}.csv", index=False)
+        args.append(f"{name}={tmp_path / f'{name}.csv'}")
+    out = tmp_path / "numbers.tex"
+    assert (
+        numbers.main(["--table", *args, "--context-json", '{"data_source": "cifar10"}', "--out", str(out)])
+        == 0
+    )
+    text = out.read_text()
+    assert r"\newcommand{\StrongEffAtFour}{80.0\,\%}% scaling.csv mode=strong world_size=4" in text
+    assert r"\newcommand{\SensitivityBestGain}{not measured}% sensitivity.csv not given" in text
+    assert {"StrongEffAtFour", "SensitivityBestGain"} <= defined_names(text)
+
+
+@pytest.mark.parametrize(
+    "log_line, is_problem",
+    [
+        ("LaTeX Warning: Reference `fig:x' on page 2 undefined on input line 80.", True),
+        ("Package natbib Warning: Citation `pytorch' on page 1 undefined on input line 31.", True),
+        ("LaTeX Warning: There were undefined references.", True),
+        ("! Undefined control sequence.", True),
+        ("./paper.tex:77: Missing $ inserted.", True),
+        ("Overfull \\hbox (2.1pt too wide) in paragraph at lines 40--41", False),
+        ("LaTeX Font Info:    External font `cmex10' loaded for size", False),
+    ],
+)
+def test_latex_log_problems(log_line, is_problem):
+    assert bool(build.problems(f"This is pdfTeX\n{log_line}\nOutput written")) is is_problem
+
+
+def test_build_without_latexmk_says_what_to_install(tmp_path):
+    (tmp_path / "paper.tex").write_text("x")
+    assert (
+        build.main(
+            [
+                "--tex",
+                str(tmp_path / "paper.tex"),
+                "--pdf",
+                str(tmp_path / "p.pdf"),
+                "--latexmk",
+                "no-such-latexmk",
+            ]
+        )
+        == 2
+    )
+    assert not (tmp_path / "p.pdf").exists()
+
+
+# --------------------------------------------------------------------------- the PDF (needs TeX)
+@pytest.fixture(scope="session")
+def tex() -> str:
+    """latexmk on PATH: present, or installed by tests/tex/install.sh where the tests run as root with apt."""
+    if not build.latexmk_available():
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            pytest.skip(
+                "TeX (latexmk) not installed, and installing it needs root and apt-get (tests/tex/install.sh)"
+            )
+        result = subprocess.run(
+            ["sh", str(REPO / "tests" / "tex" / "install.sh")], capture_output=True, text=True, timeout=1200
+        )
+        if result.returncode != 0 or not build.latexmk_available():
+            pytest.skip(f"tests/tex/install.sh could not install TeX: {result.stderr[-500:]}")
+    return shutil.which("latexmk")
+
+
+def paper_folder(folder: Path, study_tables, study_numbers) -> Path:
+    """results/paper/ as the workflow lays it out, with the figures as small vector PDFs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True)
+    for name, (filename, render) in tables.TABLES.items():
+        (folder / filename).write_text(render(study_tables[name]))
+    write_numbers(folder, study_numbers)
+    for name in re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{([^}]*)\}", TEMPLATE.read_text()):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        figure, axes = plt.subplots(figsize=(4, 3))
+        axes.plot([1, 2, 4], [1.0, 0.9, 0.8])
+        figure.savefig(folder / name)
+        plt.close(figure)
+    return folder
+
+
+def test_the_paper_compiles_without_errors_or_undefined_references(
+    tex, tmp_path, study_tables, study_numbers
+):
+    folder = paper_folder(tmp_path / "paper", study_tables, study_numbers)
+    args = ["--template", str(TEMPLATE), "--bib", str(BIB), "--numbers", str(folder / "numbers.tex")]
+    assert draft.main([*args, "--out", str(folder / "paper.tex")]) == 0
+    assert (
+        build.main(["--tex", str(folder / "paper.tex"), "--pdf", str(folder / "paper.pdf"), "--latexmk", tex])
+        == 0
+    )
+    assert (folder / "paper.pdf").read_bytes().startswith(b"%PDF")
+    assert not list(folder.glob(".latexmk-*"))  # the auxiliary files are gone
+    if shutil.which("pdftotext"):
+        text = subprocess.run(
+            ["pdftotext", str(folder / "paper.pdf"), "-"], capture_output=True, text=True
+        ).stdout
+        assert "??" not in text  # no unresolved reference or citation
+        assert "80.0 %" in text.replace("\u2009", " ") or "80.0%" in text.replace(" ", "")
+        assert "Deep residual learning" in text  # the bibliography is there
+
+
+def test_a_broken_paper_fails_and_leaves_no_pdf(tex, tmp_path, study_tables, study_numbers):
+    folder = paper_folder(tmp_path / "paper", study_tables, study_numbers)
+    (folder / "references.bib").write_text(BIB.read_text())
+    (folder / "paper.tex").write_text(
+        TEMPLATE.read_text().replace(r"\ref{tab:efficiency}", r"\ref{tab:nonexistent}")
+    )
+    assert (
+        build.main(["--tex", str(folder / "paper.tex"), "--pdf", str(folder / "paper.pdf"), "--latexmk", tex])
+        == 2
+    )
+    assert not (folder / "paper.pdf").exists()
+
+
+# --------------------------------------------------------------------------- the rule's PDF target
+def path_without(tools: set[str], folder: Path) -> str:
+    """A PATH of symbolic links to every program on PATH except `tools` (TeX "not installed")."""
+    folder.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            if name not in tools and not (folder / name).exists():
+                (folder / name).symlink_to(Path(directory) / name)
+    return str(folder)
+
+
+def planned_jobs(workdir: Path, *args: str, env_path: str | None = None) -> tuple[dict[str, int], str]:
+    env = snakemake_env()
+    if env_path is not None:
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env_path}"
+    command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--dry-run", *args]
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", output, flags=re.MULTILINE))
+    return {name: int(count) for name, count in jobs.items()}, output
+
+
+def test_without_tex_the_pdf_is_left_out_with_a_note_and_the_tex_is_still_planned(workflow_copy, tmp_path):
+    no_tex = path_without({"latexmk", "pdflatex", "bibtex"}, tmp_path / "bin")
+    jobs, output = planned_jobs(workflow_copy, env_path=no_tex)
+    assert {"paper_numbers", "paper_draft", "paper_tables"} <= set(jobs)
+    assert "paper_pdf" not in jobs
+    assert "latexmk not found, so results/paper/paper.pdf is skipped" in output
+    # paper.pdf: always asks for it all the same (and its job would then say what to install)
+    config = yaml.safe_load((workflow_copy / "config" / "demo.yaml").read_text())
+    config["paper"] = {"pdf": "always"}
+    (workflow_copy / "config" / "always.yaml").write_text(yaml.safe_dump(config))
+    jobs, _ = planned_jobs(workflow_copy, "--configfile", "config/always.yaml", env_path=no_tex)
+    assert jobs.get("paper_pdf") == 1

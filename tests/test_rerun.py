@@ -1,0 +1,86 @@
+"""Partial re-runs keep their promise (issue 12): a changed config value re-runs exactly the points
+that carry it, even with a checkpoint of the older run config in the way; a deleted summary.json
+asked for again is measured anew, never restored from a checkpoint.
+
+One demo run of two training points (a sensitivity point, which carries `sensitivity.epochs`, and a
+scaling point, which does not) and the gates before them is shared by the module's tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalestudy import checkpoint, provenance, runconfig
+from tests.conftest import REPO, copy_workflow, run_snakemake
+from tests.test_workflow import job_stats
+
+pytestmark = pytest.mark.slow
+
+SENSITIVITY = "results/runs/sensitivity/fp32/bs16_bucket1"
+SCALING = "results/runs/scaling/strong/w1_r0"
+TARGETS = [f"{SENSITIVITY}/summary.json", f"{SCALING}/summary.json"]
+
+
+def _write_config(workdir: Path, name: str, sensitivity_epochs: int) -> str:
+    """A --configfile copy of demo.yaml (it replaces the demo config rather than merging into it);
+    it goes after the targets: --configfile takes every word that follows it."""
+    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+    config["sensitivity"]["epochs"] = sensitivity_epochs
+    config["train"]["epochs"] = 1  # the scaling point: cheaper, and carries no sensitivity value
+    (workdir / "config" / name).write_text(yaml.safe_dump(config, sort_keys=False))
+    return f"config/{name}"
+
+
+def _summary(workdir: Path, run_dir: str) -> dict:
+    return json.loads((workdir / run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    workdir = copy_workflow(tmp_path_factory.mktemp("rerun") / "workflow")
+    run_snakemake(workdir, *TARGETS, "--configfile", _write_config(workdir, "first.yaml", 1))
+    return workdir
+
+
+def test_a_changed_value_reruns_exactly_its_points_past_an_older_configs_checkpoint(demo):
+    first = _summary(demo, SENSITIVITY)
+    untouched = (demo / SCALING / "summary.json").read_bytes()
+    assert first["results"]["epochs"] == 1
+    assert not (demo / "results/checkpoints").exists() or not any(
+        (demo / "results/checkpoints").rglob("*.pt")
+    )
+    # An attempt of the older run config, interrupted mid-run, left its checkpoint behind.
+    old_hash = provenance.config_hash({**runconfig.DEFAULTS, **first["run"]})
+    position = {"epoch": 0, "step": 10, "global_step": 10}
+    state = {"config_hash": old_hash, "run_config": first["run"], "position": position}
+    stale = checkpoint.save(demo / first["run"]["checkpoint_dir"], state, 10)
+    second_config = _write_config(demo, "second.yaml", 2)
+
+    plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", second_config)
+    assert job_stats(plan.stdout) == {"sensitivity_run": 1}, plan.stdout[-3000:]
+    run_snakemake(demo, *TARGETS, "--configfile", second_config)
+
+    second = _summary(demo, SENSITIVITY)
+    assert second["results"]["epochs"] == 2 and second["run"]["epochs"] == 2
+    assert second["results"]["resumed_from_step"] is None  # from scratch, not from the stale checkpoint
+    assert second["provenance"]["timestamp"] != first["provenance"]["timestamp"]
+    assert (demo / SCALING / "summary.json").read_bytes() == untouched
+    log = (demo / "results/logs/sensitivity/fp32/bs16_bucket1.log").read_text()
+    assert stale.name in log and old_hash in log, log[-3000:]
+    assert not stale.exists()
+
+
+def test_a_deleted_summary_asked_for_again_is_measured_anew(demo):
+    config = _write_config(demo, "first.yaml", 1)
+    old = _summary(demo, SCALING)
+    (demo / SCALING / "summary.json").unlink()
+    run_snakemake(demo, f"{SCALING}/summary.json", "--configfile", config)
+    new = _summary(demo, SCALING)
+    assert new["results"]["resumed_from_step"] is None and new["results"]["resumes"] == []
+    assert new["provenance"]["timestamp"] != old["provenance"]["timestamp"]
+    assert new["results"]["total_time_s"] != old["results"]["total_time_s"]
+    assert not any((demo / "results/checkpoints").rglob("*.pt"))  # finished runs leave none

@@ -1,0 +1,180 @@
+"""The steady-state window with a fake clock: what it counts, what it leaves out, when it synchronises."""
+
+import math
+
+import pytest
+
+from scalestudy.steady import SteadyWindow, interval_sizes
+
+IMAGES = 64  # images per step, all ranks
+
+
+class FakeClock:
+    """Time moves only when told; counts the device synchronisations asked for."""
+
+    def __init__(self) -> None:
+        self.now, self.syncs = 1000.0, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sync(self) -> None:
+        self.syncs += 1
+
+
+def window(clock: FakeClock, warmup: int, steps: int, intervals: int) -> SteadyWindow:
+    return SteadyWindow(
+        warmup, steps, intervals, synchronize=clock.sync, clock=clock, wall=clock, t0=clock.now - 5.0
+    )
+
+
+def train(w: SteadyWindow, clock: FakeClock, steps: int, step_s=lambda i: 1.0, epoch_steps=12, pause_s=100.0):
+    """`steps` steps of step_s(i) seconds; at every epoch end a pause of pause_s (evaluation)."""
+    for i in range(steps):
+        clock.now += step_s(i)
+        w.step_done(IMAGES)
+        if (i + 1) % epoch_steps == 0:
+            with w.paused():
+                clock.now += pause_s
+
+
+@pytest.mark.parametrize(
+    ("steps", "intervals", "sizes"),
+    [(16, 4, [4, 4, 4, 4]), (10, 4, [3, 3, 2, 2]), (3, 4, [1, 1, 1]), (200, 1, [200])],
+)
+def test_interval_sizes(steps, intervals, sizes):
+    assert interval_sizes(steps, intervals) == sizes
+    assert sum(sizes) == steps
+
+
+def test_a_window_longer_than_an_epoch_counts_steps_across_epochs_and_skips_the_pauses():
+    clock = FakeClock()
+    w = window(clock, warmup=5, steps=16, intervals=4)
+    w.start(global_step=0)
+    first = {0: 30.0}  # the first step compiles
+    train(w, clock, 36, step_s=lambda i: first.get(i, 1.0))  # 3 epochs of 12 steps
+    r = w.result(world_size=2)
+    assert r["window_filled"] and r["measured_steps"] == 16 and r["warmup_steps"] == 5
+    assert r["measured_s"] == pytest.approx(16.0)  # the epoch-end pauses at steps 12 are left out
+    assert r["images_per_s"] == pytest.approx(16 * IMAGES / 16.0)
+    assert r["images_per_s_per_gpu"] == pytest.approx(IMAGES / 2)
+    assert r["step_time_s"] == pytest.approx(1.0)
+    assert r["first_step_s"] == pytest.approx(30.0)
+    assert r["measure_start_step"] == 5
+    # seconds since t0 (5 s before the start): 30 + 4 steps, then 16 steps + one 100 s pause
+    assert r["measure_start_s"] == pytest.approx(5 + 34)
+    assert r["measure_end_s"] == pytest.approx(5 + 34 + 16 + 100)
+    assert r["images_per_s_min"] == r["images_per_s_max"] == pytest.approx(IMAGES)
+    assert r["images_per_s_cv"] == pytest.approx(0.0)
+
+
+def test_the_window_records_its_unpaused_segments_for_the_monitor():
+    clock = FakeClock()
+    w = window(clock, warmup=5, steps=16, intervals=4)  # t0 = 995: wall times below are + 5
+    w.start(global_step=0)
+    train(w, clock, 36)  # warm-up ends at step 5; an epoch end (pause of 100 s) after step 12
+    r = w.result(world_size=1)
+    # 7 steps (6..12) before the pause, then 9 steps (13..21) after it
+    assert r["measure_segments_s"] == [[10.0, 17.0], [117.0, 126.0]]
+    assert (r["measure_start_s"], r["measure_end_s"]) == (10.0, 126.0)
+    segments_s = sum(end - start for start, end in r["measure_segments_s"])
+    assert segments_s == pytest.approx(r["measured_s"])  # the same stretches as the throughput
+
+
+def test_the_spread_is_that_of_the_sub_intervals():
+    clock = FakeClock()
+    w = window(clock, warmup=0, steps=8, intervals=2)
+    w.start(global_step=40)
+    train(w, clock, 8, step_s=lambda i: 1.0 if i < 4 else 3.0, epoch_steps=100)
+    r = w.result(world_size=1)
+    rates = [4 * IMAGES / 4.0, 4 * IMAGES / 12.0]
+    assert r["interval_images_per_s"] == pytest.approx(rates)
+    assert (r["images_per_s_min"], r["images_per_s_max"]) == pytest.approx((min(rates), max(rates)))
+    mean = sum(rates) / 2
+    assert r["images_per_s_cv"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in rates)) / mean)
+    assert r["images_per_s"] == pytest.approx(8 * IMAGES / 16.0)  # all images over all the time
+    assert r["measure_start_step"] == 40
+
+
+def test_a_run_too_short_says_so_and_gives_no_rate():
+    clock = FakeClock()
+    w = window(clock, warmup=5, steps=16, intervals=4)
+    w.start(global_step=0)
+    train(w, clock, 12)
+    r = w.result(world_size=1)
+    assert not r["window_filled"]
+    assert r["measured_steps"] == 7 and r["measure_end_s"] is None
+    assert r["images_per_s"] is None and r["step_time_s"] is None and r["images_per_s_min"] is None
+
+
+def test_the_device_is_synchronised_at_edges_only_never_per_step():
+    counts = []
+    for steps in (40, 400):
+        clock = FakeClock()
+        w = window(clock, warmup=5, steps=steps, intervals=4)
+        w.start(global_step=0)
+        train(w, clock, steps + 5, epoch_steps=10**6)
+        assert w.filled
+        counts.append(clock.syncs)
+    # start, after the first step, window open, 4 interval ends: the same for 40 and 400 steps
+    assert counts == [7, 7]
+
+
+def test_pauses_outside_the_window_cost_no_synchronisation():
+    clock = FakeClock()
+    w = window(clock, warmup=20, steps=4, intervals=1)
+    w.start(global_step=0)
+    before = clock.syncs
+    with w.paused():
+        clock.now += 50
+    assert clock.syncs == before and not w.measuring
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="steps >= 1"):
+        SteadyWindow(5, 0, 4)
+
+
+# --- grid points that cannot fill their window (scalestudy.grid.window_problems) -------------------
+
+
+def _study(name: str) -> dict:
+    from scalestudy.benchmark.studyconfig import REPO, load_config
+
+    return load_config(REPO / "config" / name)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "demo.yaml"])
+def test_every_point_of_the_shipped_studies_fills_its_window(name):
+    from scalestudy import grid
+
+    assert grid.window_problems(_study(name)) == []
+
+
+def test_a_point_too_short_for_its_window_is_named_with_its_arithmetic():
+    from scalestudy import grid
+
+    config = _study("config.yaml")
+    config["train"]["epochs"] = 20  # weak scaling at 16 GPUs: 50000/16/256 = 12 steps x 20 = 240 < 250
+    problems = grid.window_problems(config)
+    assert problems == [
+        f"results/runs/scaling/weak/w16_r{r}: 20 epochs x 12 steps = 240 steps cannot fill the measurement "
+        "window of 250 (train.measure warmup_steps + steps): raise its epochs"
+        for r in range(3)
+    ]
+    config["sensitivity"]["epochs"] = 2  # batch 512 at 8 GPUs: 12 steps per epoch
+    assert "results/runs/sensitivity/bf16/bs512_bucket25: 2 epochs x 12 steps = 24 steps" in "\n".join(
+        grid.window_problems(config)
+    )
+
+
+def test_the_run_config_carries_the_window_and_the_inductor_cache():
+    from scalestudy import grid
+
+    config = _study("config.yaml")
+    run = grid.run_config(config, grid.baseline_point(config))
+    assert (run["measure_warmup_steps"], run["measure_steps"], run["measure_intervals"]) == (50, 200, 4)
+    assert run["compile"] is True and run["inductor_cache_dir"] == "results/inductor-cache"
+    demo = _study("demo.yaml")
+    run = grid.run_config(demo, grid.sensitivity_points(demo)[0])
+    assert (run["measure_warmup_steps"], run["measure_steps"]) == (5, 16) and "inductor_cache_dir" not in run
