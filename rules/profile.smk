@@ -164,7 +164,8 @@ rule profile_ncu:
         "python -m scalestudy.profiling.ncu run --launch-json {params.launch:q}"
         " --run-config-json {params.run:q} --work-dir {params.work_dir:q} {params.selection:q}"
         " --status {output.status:q}"
-        " --kernels {output.kernels:q} --raw {output.raw:q} > {log:q} 2>&1"
+        " --kernels {output.kernels:q} --raw {output.raw:q} --log {log:q} --attempt {resources.attempt}"
+        " > {log:q} 2>&1"
 
 
 rule figure_profile_breakdown:

@@ -199,7 +199,11 @@ def test_optional_tables_of_other_stages_are_used_when_given(study_tables):
     assert value(built, "SystemOS") == NOT_MEASURED  # a column it needs is absent
     assert value(built, "BenchAlpha") == r"80~$\mu$s" and value(built, "BenchBandwidth") == "108~GB/s"
     assert "all-reduce at 8 GPUs (intra-node)" in value(built, "BenchSummary")
-    assert value(built, "WindowFilled") == f"{len(runs) - 1} of {len(runs)}"
+    scored = runs[runs["stage"] != "profile"]  # profile runs have no window to fill
+    assert value(built, "WindowFilled") == f"{int(scored['window_filled'].sum())} of {len(scored)}"
+    profile_unfilled = runs.assign(stage=["profile"] + list(runs["stage"].iloc[1:]), window_filled=False)
+    rebuilt = numbers.build({**study_tables, "runs": profile_unfilled}, CONTEXT)
+    assert value(rebuilt, "WindowFilled") == f"0 of {len(runs) - 1}"
 
 
 def test_no_tables_at_all_gives_a_complete_set_of_not_measured_macros():

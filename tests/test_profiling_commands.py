@@ -519,3 +519,19 @@ def test_the_profile_run_hands_the_log_and_attempt_to_the_launcher(tmp_path):
     assert options[options.index("--attempt") + 1] == "2"
     parsed, _ = launch.parse_args(argv[3:])
     assert parsed.attempt == 2 and parsed.log == str(tmp_path / "w8.log")
+
+
+def test_the_ncu_run_hands_the_log_and_attempt_to_the_launcher(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(ncu, "availability", lambda *args: None)
+    monkeypatch.setattr(ncu, "run_streaming", lambda argv: (seen.append(argv), (3, ""))[1])
+    log = str(tmp_path / "ncu.log")
+    options = ncu._parser().parse_args(
+        ["run", "--launch-json", "{}", "--run-config-json", "{}", "--work-dir", str(tmp_path)]
+        + ["--status", "s", "--kernels", "k", "--raw", "r", "--log", log, "--attempt", "2"]
+    )
+    one_gpu = {**SPEC, "world_size": 1, "nodes": 1, "tasks_per_node": 1, "gres": "gpu:1"}
+    code, *_ = ncu.profile(one_gpu, {**RUN, "world_size": 1}, tmp_path, options)
+    assert code == 3 and len(seen) == 1
+    argv = seen[0][: seen[0].index("--")]
+    assert argv[argv.index("--log") + 1] == log and argv[argv.index("--attempt") + 1] == "2"

@@ -400,13 +400,15 @@ def threats(numbers: Numbers, data: Data) -> None:
         "runs.csv provenance.git_dirty",
     )
     numbers.add("RunCount", str(len(runs)) if runs is not None else NOT_MEASURED, "runs.csv rows")
-    window = runs["window_filled"] if runs is not None and "window_filled" in runs else None
+    # profile runs stop after their profiled steps: they have no window to fill
+    measured = runs[runs["stage"] != "profile"] if runs is not None and "stage" in runs else runs
+    window = measured["window_filled"] if measured is not None and "window_filled" in measured else None
     numbers.add(
         "WindowFilled",
         NOT_MEASURED
         if window is None
         else f"{int(window.astype(str).str.lower().eq('true').sum())} of {len(window)}",
-        "runs.csv window_filled" + ("" if window is not None else " (column absent)"),
+        "runs.csv stage != profile: window_filled" + ("" if window is not None else " (column absent)"),
     )
     active = next((c for c in (runs.columns if runs is not None else []) if "sm_active_pct" in c), None)
     numbers.add(

@@ -333,8 +333,11 @@ def profile(
     report_file = report.with_suffix(".ncu-rep")
     report_file.unlink(missing_ok=True)
     prefix = profile_prefix(report, kernel_regex, options.launch_count, options.ncu)
+    launch_options = ["--log", options.log, "--attempt", str(options.attempt)] if options.log else []
     code, tail = run_streaming(
-        launch_argv(with_job_tmpdir(spec, work_dir / JOB_TMPDIR), run, work_dir / "run", prefix)
+        launch_argv(
+            with_job_tmpdir(spec, work_dir / JOB_TMPDIR), run, work_dir / "run", prefix, launch_options
+        )
     )
     shutil.rmtree(work_dir / JOB_TMPDIR, ignore_errors=True)
     problem = counter_problem(tail)
@@ -407,6 +410,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--top-kernels", type=int, default=10, help="kernels taken from the nsys summary")
     run.add_argument("--launch-count", type=int, default=40)
     run.add_argument("--ncu", default="ncu", help="the ncu binary")
+    run.add_argument("--log", help="the rule's log, passed to the launcher (every attempt's is kept)")
+    run.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt, passed to the launcher")
     for name in ("status", "kernels", "raw"):
         run.add_argument(f"--{name}", required=True, type=Path)
     parse = sub.add_parser("parse", help="an `ncu --csv --page raw` file -> the kernels table")
