@@ -590,14 +590,19 @@ DDP = {
 DDP_STEPS_PER_EPOCH = 10
 
 
-@pytest.fixture(scope="module")
-def torchrun_run(runs):
-    out, ckpt, config = runs("torchrun", **DDP)
+def _torchrun_to_the_end(out, config) -> None:
+    """A 2-rank run under torchrun --standalone that must finish."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
     env = {**_launch_free_environ(), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(runs):
+    out, ckpt, config = runs("torchrun", **DDP)
+    _torchrun_to_the_end(out, config)
     return out, ckpt, config
 
 
@@ -677,11 +682,7 @@ def test_srun_style_ranks_stop_together_on_a_signal_to_one_and_resume_exactly(ru
 def torchrun_batchnorm_run(runs):
     """Two ranks with plain BatchNorm (statistics per rank), uninterrupted."""
     out, ckpt, config = runs("torchrun_bn", **{**DDP, "norm": "batch"})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**_launch_free_environ(), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-5000:]
+    _torchrun_to_the_end(out, config)
     return out, ckpt, config
 
 
