@@ -3,6 +3,11 @@
 
 ANALYSIS_LOGS = "results/logs/analysis"
 STAGES = ("baseline", "scaling", "sensitivity", "profile")
+# Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
+PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
+# The sensitivity sweep's run-config keys in order (sensitivity.axes; a config written before the
+# axes existed sweeps the three fixed ones).
+SENSITIVITY_AXES = list(config["sensitivity"].get("axes") or ["precision", "per_gpu_batch", "bucket_cap_mb"])
 
 
 RUN_SUMMARIES = [path for stage in STAGES for path in run_files(stage, "summary.json")]
@@ -54,6 +59,9 @@ rule table_metrics:
         sensitivity=table_report("sensitivity.csv", "Sensitivity", "Tables"),
     params:
         analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
+        axes=SENSITIVITY_AXES,
+        sample_unit=WORKLOAD.sample_unit,  # for the captions
+        unit=PLOT_UNIT,
     log:
         f"{ANALYSIS_LOGS}/metrics.log",
     localrule: on_submit_host("table_metrics")
@@ -63,7 +71,8 @@ rule table_metrics:
     container: container_image()
     shell:
         "python -m scalestudy.analysis.metrics --runs {input.runs:q} --analysis-json {params.analysis:q}"
-        " --scaling-out {output.scaling:q} --sensitivity-out {output.sensitivity:q} > {log:q} 2>&1"
+        " --scaling-out {output.scaling:q} --sensitivity-out {output.sensitivity:q} --axes {params.axes:q}"
+        " > {log:q} 2>&1"
 
 
 rule table_acceptance:

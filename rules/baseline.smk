@@ -4,7 +4,7 @@
 
 rule baseline_run:
     input:
-        PACKED,
+        TRAIN_INPUTS,
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,

@@ -11,14 +11,17 @@ from typing import NamedTuple
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from scalestudy import cluster, grid, imagedigest
+from scalestudy import cluster, grid, imagedigest, workloads
 from scalestudy import launch as _launch
 
+# What the study trains (scalestudy.workloads), the data it reads and its unit.
+WORKLOAD = workloads.of_config(config)
 PACKED_DIR = grid.PACKED_DIR
-PACKED = [
-    f"{PACKED_DIR}/{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels")
-]
-PACKED_MANIFEST = f"{PACKED_DIR}/manifest.json"
+PACKED = WORKLOAD.data.packed_paths[:-1]  # the arrays preprocess writes (none for a command workload)
+PACKED_MANIFEST = WORKLOAD.data.packed_paths[-1:]  # [manifest.json] (named input; [] for none)
+# A command workload's script: every training job depends on it (a changed script re-runs them).
+WORKLOAD_SCRIPT = [config["workload"]["command"]["script"]] if WORKLOAD.name == "command" else []
+TRAIN_INPUTS = [*PACKED, *WORKLOAD_SCRIPT]
 
 # Files every training run writes into its run folder (docs/architecture.md).
 RUN_FILES = {
@@ -28,19 +31,17 @@ RUN_FILES = {
     "gpu_monitor": "gpu_monitor.csv",
 }
 
-# The run folder of each stage's grid points, as a wildcard pattern.
+# The run folder of each stage's grid points, as a wildcard pattern: {point} is the point's name
+# (grid.point_by_name finds it); profile keeps {world}, which its other rules use too.
 STAGE_PATTERNS = {
     "baseline": f"{grid.RUNS_DIR}/baseline/default",
-    "scaling": f"{grid.RUNS_DIR}/scaling/{{mode}}/w{{world}}_r{{repeat}}",
-    "sensitivity": f"{grid.RUNS_DIR}/sensitivity/{{precision}}/bs{{batch}}_bucket{{bucket}}",
+    "scaling": f"{grid.RUNS_DIR}/scaling/{{point}}",
+    "sensitivity": f"{grid.RUNS_DIR}/sensitivity/{{point}}",
     "profile": f"{grid.RUNS_DIR}/profile/w{{world}}",
 }
 
 STAGE_POINTS = {
-    "baseline": lambda: [grid.baseline_point(config)],
-    "scaling": lambda: grid.scaling_points(config),
-    "sensitivity": lambda: grid.sensitivity_points(config),
-    "profile": lambda: grid.profile_points(config),
+    stage: (lambda points_of=points_of: points_of(config)) for stage, points_of in grid.STAGES.items()
 }
 
 TABLES_DIR = "results/tables"
@@ -106,13 +107,9 @@ if CONTAINERIZED:
 
 
 wildcard_constraints:
-    mode="strong|weak",
     world=r"[1-9]\d*",
-    repeat=r"\d+",
-    precision="fp32|fp16|bf16",
-    batch=r"[1-9]\d*",
-    # The canonical form grid.format_number writes: 1, 25, 2.5 (never 1.0 or 01).
-    bucket=r"(0|[1-9]\d*)(\.\d*[1-9])?",
+    # A grid point's name: folders of the characters grid.NAME_PART allows (strong/fsdp-w2_r0).
+    point=r"[A-Za-z0-9_.=+-]+(/[A-Za-z0-9_.=+-]+)*",
 
 
 def run_outputs(stage):
@@ -133,8 +130,24 @@ def run_files(stage, filename="summary.json"):
     return [f"{point.run_dir}/{filename}" for point in STAGE_POINTS[stage]()]
 
 
+def point_name(stage, wildcards):
+    """The grid point's name in a training rule's wildcards (see STAGE_PATTERNS)."""
+    if stage == "baseline":
+        return "default"
+    if stage == "profile":
+        return f"w{wildcards.world}"
+    return wildcards.point
+
+
+@functools.lru_cache(maxsize=None)
+def stage_points_by_name(stage):
+    """Cached: Snakemake asks for each job's params, threads and resources separately."""
+    return grid.points_by_name(config, stage)
+
+
 def point_of(stage, wildcards):
-    return grid.point_from_wildcards(config, stage, wildcards)
+    name = point_name(stage, wildcards)
+    return grid.point_by_name(config, stage, name, points=stage_points_by_name(stage))
 
 
 def run_params(stage):
@@ -250,9 +263,20 @@ def input_args(names):
     return args
 
 
+def fetch_source():
+    """fetch's --source: what the study's data.source means for its workload's data."""
+    source = config["data"]["source"]
+    if WORKLOAD.data is workloads.TEXT:
+        return "synthetic-text" if source == "synthetic" else "text"
+    return source
+
+
 def fetch_args(wildcards):
     """The fetch command's arguments; every value is quoted by Snakemake's :q in the shell."""
     data = config["data"]
+    if data["source"] == "synthetic" and WORKLOAD.data is workloads.TEXT:
+        synthetic = data["synthetic_text"]
+        return ["--text-bytes", str(synthetic["bytes"]), "--seed", str(synthetic["seed"])]
     if data["source"] == "synthetic":
         synthetic = data["synthetic"]
         return [

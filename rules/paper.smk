@@ -36,6 +36,10 @@ PAPER_CONTEXT = {
     "data_source": config["data"]["source"],
     "device": config["train"]["device"],
     "confidence": config["analysis"]["confidence"],
+    "workload": WORKLOAD.name,
+    "sample_unit": WORKLOAD.sample_unit,
+    "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
+    "sensitivity_axes": SENSITIVITY_AXES,
 }
 PAPER_FIGURES = sorted(
     {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{PAPER_DIR}/figures/")}
@@ -66,6 +70,7 @@ rule paper_tables:
     params:
         out_dir=lambda wildcards, output: os.path.dirname(output.efficiency),
         unit=PLOT_UNIT,
+        axes=SENSITIVITY_AXES,
     log:
         f"{PAPER_LOGS}/tables.log",
     localrule: on_submit_host("paper_tables")
@@ -76,7 +81,7 @@ rule paper_tables:
     shell:
         "python -m scalestudy.paper --scaling {input.scaling:q} --sensitivity {input.sensitivity:q}"
         " --acceptance {input.acceptance:q} --resources {input.resources:q} --comm-fit {input.comm_fit:q}"
-        " --out-dir {params.out_dir:q} --unit {params.unit:q} > {log:q} 2>&1"
+        " --out-dir {params.out_dir:q} --unit {params.unit:q} --sensitivity-axes {params.axes:q} > {log:q} 2>&1"
 
 
 rule paper_numbers:

@@ -7,20 +7,34 @@ PAPER_FIGURES_DIR = "results/paper/figures"
 PLOT_LOGS = "results/logs/plots"
 
 
-# Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
-PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
+# Labels say what one rank drives (PLOT_UNIT, rules/aggregate.smk) and what throughput counts.
 SCALING_TABLE = {"scaling": rules.table_metrics.output.scaling}
+# The DDP bucket sizes the runs use: the sweep's (sensitivity.axes.bucket_cap_mb; before the axes
+# existed, sensitivity.bucket_cap_mb), else the one of train.bucket_cap_mb.
+SWEPT_BUCKET_SIZES = (
+    (config["sensitivity"].get("axes") or {}).get("bucket_cap_mb")
+    or config["sensitivity"].get("bucket_cap_mb")
+    or [config["train"]["bucket_cap_mb"]]
+)
+
 FIGURES = {
     "throughput": Figure("Scaling", "throughput", SCALING_TABLE),
     "efficiency": Figure("Scaling", "efficiency", SCALING_TABLE, sections=("acceptance",)),
     "epoch_time": Figure("Scaling", "epoch-time", SCALING_TABLE),
+    "memory": Figure("Scaling", "memory", SCALING_TABLE),
+    # the quality curves: test accuracy (the ResNet), or the losses and perplexity (an LM)
     "accuracy": Figure(
         "Scaling",
         "accuracy",
         {"metrics": run_files("scaling", "metrics.csv")},
-        extra=f"--target-accuracy {config['train']['target_accuracy']}",
+        extra=f"--target-accuracy {config['train']['target_accuracy']} --metric {WORKLOAD.metric}",
     ),
-    "sensitivity": Figure("Sensitivity", "sensitivity", {"sensitivity": rules.table_metrics.output.sensitivity}),
+    "sensitivity": Figure(
+        "Sensitivity",
+        "sensitivity",
+        {"sensitivity": rules.table_metrics.output.sensitivity},
+        extra=" ".join(["--axes", *map(shlex.quote, SENSITIVITY_AXES)]),
+    ),
     "gpu_monitor": Figure(
         "Monitoring", "monitor", {"monitor": run_files("scaling", "gpu_monitor.csv")}, sections=("monitor",)
     ),
@@ -37,7 +51,7 @@ FIGURES = {
         "Model",
         "comm-busbw",
         {"busbw": rules.table_comm_bench.output.busbw},
-        extra=" ".join(["--bucket-mb", *map(str, config["sensitivity"]["bucket_cap_mb"])]),
+        extra=" ".join(["--bucket-mb", *map(str, SWEPT_BUCKET_SIZES)]),
     ),
 }
 
@@ -59,6 +73,10 @@ for _name, _figure in FIGURES.items():
             extra=_figure.extra,
             analysis=analysis_json(*_figure.sections),
             unit=PLOT_UNIT,
+            # for the captions (report/<name>.rst): what throughput counts and what the study trains
+            sample_unit=WORKLOAD.sample_unit,
+            workload=WORKLOAD.name,
+            metric=WORKLOAD.metric,
         log:
             f"{PLOT_LOGS}/{_name}.log",
         localrule: on_submit_host(f"figure_{_name}")

@@ -1,22 +1,49 @@
-# preprocess: the six batch files -> packed uint8 arrays a trainer memory-maps, and a manifest.
+# preprocess: the fetched data -> packed arrays a trainer memory-maps, and a manifest: CIFAR-10's six
+# batch files -> uint8 images and labels; a text corpus -> byte tokens (uint16, scalestudy.data.tokenize).
 
 
-rule preprocess:
-    input:
-        archive=ARCHIVE,
-        image=image_input(),
-    output:
-        arrays=PACKED,
-        manifest=PACKED_MANIFEST,
-    params:
-        out_dir=lambda wildcards, output: os.path.dirname(output.manifest),
-    log:
-        "results/logs/preprocess.log",
-    localrule: on_submit_host("preprocess")
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
-    shell:
-        "python -m scalestudy.data.preprocess --archive {input.archive:q} --out-dir {params.out_dir:q}"
-        " > {log:q} 2>&1"
+if WORKLOAD.data is workloads.CIFAR10:
+
+    rule preprocess:
+        input:
+            archive=ARCHIVE,
+            image=image_input(),
+        output:
+            arrays=PACKED,
+            manifest=PACKED_MANIFEST,
+        params:
+            out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
+        log:
+            "results/logs/preprocess.log",
+        localrule: on_submit_host("preprocess")
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        container: container_image()
+        shell:
+            "python -m scalestudy.data.preprocess --archive {input.archive:q} --out-dir {params.out_dir:q}"
+            " > {log:q} 2>&1"
+
+elif WORKLOAD.data is workloads.TEXT:
+
+    rule preprocess:
+        input:
+            corpus=ARCHIVE,
+            image=image_input(),
+        output:
+            arrays=PACKED,
+            manifest=PACKED_MANIFEST,
+        params:
+            out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
+            test_fraction=config["data"]["test_fraction"],
+            seq_len=grid.gpt_seq_len(config),
+        log:
+            "results/logs/preprocess.log",
+        localrule: on_submit_host("preprocess")
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        container: container_image()
+        shell:
+            "python -m scalestudy.data.tokenize --corpus {input.corpus:q} --out-dir {params.out_dir:q}"
+            " --test-fraction {params.test_fraction:q} --seq-len {params.seq_len:q} > {log:q} 2>&1"

@@ -47,7 +47,7 @@ NCU_FIGURE_SOURCE = (
 
 rule profile_run:
     input:
-        PACKED,
+        TRAIN_INPUTS,
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,
@@ -139,7 +139,7 @@ rule profile_combine:
 
 rule profile_ncu:
     input:
-        PACKED,
+        TRAIN_INPUTS,
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,

@@ -92,7 +92,7 @@ def claim(
         if state.get("config_hash") != config_hash:
             reason = (
                 f"{path.name} was written by run config {state.get('config_hash')}, this run's is "
-                f"{config_hash} ({_differences(state.get('run_config') or {}, config or {})}): "
+                f"{config_hash} ({differences(state.get('run_config') or {}, config or {})}): "
                 "it belongs to an older version of this output"
             )
         elif position.get("epoch", 0) >= epochs and (directory / FINISHED).is_file():
@@ -132,7 +132,7 @@ def retire(directory: str | Path) -> int:
     return len(checkpoints)
 
 
-def _differences(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
+def differences(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
     differing = sorted(key for key in set(theirs) | set(ours) if theirs.get(key) != ours.get(key))
     return (
         ", ".join(f"{key}: {theirs.get(key)!r} -> {ours.get(key)!r}" for key in differing) or "no key differs"

@@ -9,11 +9,14 @@ Pure standard library: the Snakefile imports this when it parses the workflow.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalestudy import cluster
+from scalestudy import cluster, workloads
 
 RUNS_DIR = "results/runs"
 CHECKPOINTS_DIR = "results/checkpoints"
@@ -49,13 +52,54 @@ TRAIN_KEYS = (
     "pg_timeout_s",
     "monitor_interval_s",
 )
-MODEL_KEYS = ("width", "channels_last", "compile")
+# Keys copied from config["train"] too, but written only where they differ from the trainer's default.
+OPTIONAL_TRAIN_KEYS = ("parallelism", "reshard_after_forward", "optimizer", "grad_clip")
+# The trainer's defaults (scalestudy.runconfig.DEFAULTS; tests/test_grid_axes.py keeps them equal)
+# of the keys a run config holds only where they differ from them: a study that does not use them
+# keeps its run configs byte for byte, so none of its results is re-run.
+OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "workload": workloads.DEFAULT,
+    "parallelism": "ddp",
+    "reshard_after_forward": True,
+    "optimizer": None,
+    "grad_clip": None,
+    "gpt": None,
+    "command": None,
+}
 # config["train"]["measure"] -> the run config's keys (the steady-state window, scalestudy.steady)
 MEASURE_KEYS = {
     "warmup_steps": "measure_warmup_steps",
     "steps": "measure_steps",
     "intervals": "measure_intervals",
 }
+# model.gpt keys whose null means "the preset's" (scalestudy.workloads.gpt_model.config_from): left
+# out of the run config so that the preset fills them. A null vocab_size stays: the tokenizer's.
+GPT_PRESET_KEYS = ("layers", "heads", "d_model", "seq_len")
+
+# Run-config keys a sensitivity axis may not set: the grid, the stage or the study's workload sets them.
+NOT_AXES = (
+    "stage",
+    "point",
+    "mode",
+    "repeat",
+    "nodes",
+    "world_size",
+    "global_batch",
+    "epochs",
+    "data_dir",
+    "checkpoint_dir",
+    "profile",
+    "inductor_cache_dir",
+    "workload",
+    "gpt",
+    "command",
+)
+# How a sensitivity axis appears in its points' names: prefix + value (other keys: "<key>-").
+AXIS_PREFIXES = {"per_gpu_batch": "bs", "bucket_cap_mb": "bucket"}
+# bucket_cap_mb values go into the run config as floats, as the sweep's names were parsed before
+# (existing results keep their run configs).
+FLOAT_AXES = ("bucket_cap_mb",)
+NAME_PART = re.compile(r"[A-Za-z0-9_.=+-]+")
 
 
 @dataclass(frozen=True)
@@ -81,6 +125,22 @@ def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def format_value(value: Any) -> str:
+    """A setting's value as it appears in a point's name: 1.0 -> '1', True -> 'true', None -> 'null'."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return format_number(value)
+    return str(value)
+
+
+def is_name_part(text: str) -> bool:
+    """Whether `text` can be one folder of a point's name (no path syntax, nothing a shell reads)."""
+    return bool(NAME_PART.fullmatch(text)) and text not in (".", "..")
+
+
 def baseline_point(config: dict) -> Point:
     base = config["baseline"]
     overrides = {
@@ -90,10 +150,12 @@ def baseline_point(config: dict) -> Point:
         "loader": base["loader"],
         "channels_last": base["channels_last"],
     }
+    if "channels_last" not in workloads.of_config(config).model_keys:
+        del overrides["channels_last"]  # a ResNet setting
     return Point("baseline", "default", 1, tuple(overrides.items()))
 
 
-def scaling_point(config: dict, mode: str, world: int, repeat: int) -> Point:
+def scaling_point(config: dict, mode: str, world: int, repeat: int, parallelism: str = "ddp") -> Point:
     scaling = config["scaling"]
     if mode == "strong":
         global_batch = scaling["strong_global_batch"]
@@ -113,30 +175,40 @@ def scaling_point(config: dict, mode: str, world: int, repeat: int) -> Point:
         "global_batch": global_batch,
         "seed": config["train"]["seed"] + repeat,
         "repeat": repeat,
+        "parallelism": parallelism,
     }
-    return Point("scaling", f"{mode}/w{world}_r{repeat}", world, tuple(overrides.items()))
+    prefix = "" if parallelism == "ddp" else f"{parallelism}-"
+    return Point("scaling", f"{mode}/{prefix}w{world}_r{repeat}", world, tuple(overrides.items()))
 
 
-def sensitivity_point(config: dict, precision: str, batch: int, bucket: float) -> Point:
-    world = config["sensitivity"]["world_size"]
-    overrides = {
-        "precision": precision,
-        "per_gpu_batch": batch,
-        "global_batch": batch * world,
-        "bucket_cap_mb": bucket,
-        "epochs": config["sensitivity"]["epochs"],
-    }
-    name = f"{precision}/bs{batch}_bucket{format_number(bucket)}"
-    return Point("sensitivity", name, world, tuple(overrides.items()))
+def sensitivity_name(values: dict[str, Any]) -> str:
+    """The point's name: the first axis's value as a folder, then `<prefix><value>` of the others
+    joined by '_' (the default axes: fp32/bs16_bucket1)."""
+    (_, first), *rest = values.items()
+    labels = [f"{AXIS_PREFIXES.get(key, f'{key}-')}{format_value(value)}" for key, value in rest]
+    return "/".join([format_value(first), "_".join(labels)]) if labels else format_value(first)
+
+
+def sensitivity_point(config: dict, values: dict[str, Any]) -> Point:
+    """The sweep point of one value per axis ({run-config key: value}, in the axes' order)."""
+    sweep = config["sensitivity"]
+    world = sweep["world_size"]
+    values = {key: float(value) if key in FLOAT_AXES else value for key, value in values.items()}
+    overrides = {**values, "epochs": sweep["epochs"]}
+    if "per_gpu_batch" in values:
+        overrides["global_batch"] = values["per_gpu_batch"] * world
+    return Point("sensitivity", sensitivity_name(values), world, tuple(overrides.items()))
 
 
 def profile_point(config: dict, world: int) -> Point:
     profiling = config["profiling"]
     per_gpu = profiling["per_gpu_batch"]
     # The run only has to reach the end of the profiling window (plus one step to close it): one
-    # short epoch, or as many whole epochs as that takes where an epoch is shorter (large N).
+    # short epoch, or as many whole epochs as that takes where an epoch is shorter (large N). An
+    # epoch of unknown length (known only after preprocessing) is taken to be long enough.
     needed = profiling["start_step"] + profiling["steps"] + 1
-    per_epoch = train_images(config) // world // per_gpu
+    samples = samples_per_epoch(config)
+    per_epoch = needed if samples is None else samples // world // per_gpu
     epochs = 1 if per_epoch >= needed else math.ceil(needed / max(per_epoch, 1))
     overrides = {
         "per_gpu_batch": per_gpu,
@@ -156,20 +228,20 @@ def profile_point(config: dict, world: int) -> Point:
 def scaling_points(config: dict) -> list[Point]:
     scaling = config["scaling"]
     return [
-        scaling_point(config, mode, world, repeat)
+        scaling_point(config, mode, world, repeat, parallelism)
         for mode in scaling["modes"]
+        for parallelism in scaling.get("parallelism", ["ddp"])
         for world in scaling["world_sizes"]
         for repeat in range(scaling["repeats"])
     ]
 
 
 def sensitivity_points(config: dict) -> list[Point]:
-    sweep = config["sensitivity"]
+    """The product of the axes' values (the first axis varies slowest)."""
+    axes = config["sensitivity"]["axes"]
     return [
-        sensitivity_point(config, precision, batch, bucket)
-        for precision in sweep["precision"]
-        for batch in sweep["per_gpu_batch"]
-        for bucket in sweep["bucket_cap_mb"]
+        sensitivity_point(config, dict(zip(axes, values, strict=True)))
+        for values in itertools.product(*axes.values())
     ]
 
 
@@ -177,23 +249,49 @@ def profile_points(config: dict) -> list[Point]:
     return [profile_point(config, world) for world in config["profiling"]["world_sizes"]]
 
 
+STAGES: dict[str, Callable[[dict], list[Point]]] = {
+    "baseline": lambda config: [baseline_point(config)],
+    "scaling": scaling_points,
+    "sensitivity": sensitivity_points,
+    "profile": profile_points,
+}
+
+
 def all_points(config: dict) -> list[Point]:
-    return [
-        baseline_point(config),
-        *scaling_points(config),
-        *sensitivity_points(config),
-        *profile_points(config),
-    ]
+    return [point for points_of in STAGES.values() for point in points_of(config)]
+
+
+def points_by_name(config: dict, stage: str) -> dict[str, Point]:
+    """The grid points of `stage` by name."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES)}")
+    return {point.name: point for point in STAGES[stage](config)}
+
+
+def point_by_name(config: dict, stage: str, name: str, points: dict[str, Point] | None = None) -> Point:
+    """The grid point of `stage` named `name` (its run folder below results/runs/<stage>/);
+    `points`: the stage's points_by_name, where the caller keeps them (a large grid's jobs)."""
+    points = points_by_name(config, stage) if points is None else points
+    try:
+        return points[name]
+    except KeyError:
+        shown = ", ".join(list(points)[:4]) + (", ..." if len(points) > 4 else "")
+        raise ValueError(f"stage {stage} has no grid point {name!r} in this config ({shown})") from None
 
 
 def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/architecture.md)."""
+    workload = workloads.of_config(config)
     run: dict[str, Any] = {key: config["train"][key] for key in TRAIN_KEYS}
-    run.update({key: config["model"][key] for key in MODEL_KEYS})
+    run.update({key: _model_value(config, key) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
     run.update({run_key: measure[key] for key, run_key in MEASURE_KEYS.items() if key in measure})
-    if config["model"]["compile"]:
+    if run.get("compile"):
         run["inductor_cache_dir"] = INDUCTOR_CACHE_DIR
+    run.update({key: config["train"].get(key, OMITTED_AT_DEFAULT[key]) for key in OPTIONAL_TRAIN_KEYS})
+    run["workload"] = workload.name
+    if workload.name == "command":
+        run["command"] = dict((config.get("workload") or {}).get("command") or {})
     run.update(
         stage=point.stage,
         point=point.name,
@@ -208,26 +306,59 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
         profile=None,
     )
     run.update(dict(point.overrides))
+    for key, default in OMITTED_AT_DEFAULT.items():
+        if key in run and _same(run[key], default):
+            del run[key]
     return run
 
 
-def train_images(config: dict) -> int:
-    """Training images per epoch: CIFAR-10's 50,000, or the synthetic archive's."""
+def _model_value(config: dict, key: str) -> Any:
+    if key != "gpt":
+        return config["model"][key]
+    section = config["model"].get("gpt") or {}
+    return {
+        name: value for name, value in section.items() if value is not None or name not in GPT_PRESET_KEYS
+    }
+
+
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
+
+
+def gpt_seq_len(config: dict) -> int:
+    """The LM's sequence length: model.gpt.seq_len, else its preset's."""
+    return workloads.gpt_seq_len(config["model"].get("gpt"))
+
+
+def samples_per_epoch(config: dict) -> int | None:
+    """Training samples per epoch, in what per_gpu_batch counts: CIFAR-10's 50,000 images or the
+    synthetic archive's; for the LM the sequences (windows of seq_len + 1 tokens) of the synthetic
+    corpus's training share (one token per byte). None where only preprocessing or the user's
+    script can tell (a downloaded corpus, the command workload)."""
     data = config["data"]
-    if data["source"] == "synthetic":
-        return 10 * data.get("synthetic", {}).get("train_per_class", 5000)
-    return 50_000
+    kind = workloads.of_config(config).data
+    if kind == workloads.CIFAR10:
+        if data["source"] == "synthetic":
+            return 10 * data.get("synthetic", {}).get("train_per_class", 5000)
+        return 50_000
+    if kind == workloads.TEXT and data["source"] == "synthetic":
+        seq_len = gpt_seq_len(config)
+        corpus = data.get("synthetic_text", {}).get("bytes", 600_000)
+        return int(corpus * (1 - data.get("test_fraction", 0.1))) // (seq_len + 1)
+    return None
 
 
 def window_problems(config: dict) -> list[str]:
     """One line per grid point whose run has fewer steps than train.measure needs (warm-up +
     window), naming the point. Profile runs are left out: they stop after the profiled steps and
-    their throughput is not analysed."""
-    images = train_images(config)
+    their throughput is not analysed; so are workloads whose epoch length is not known yet."""
+    samples = samples_per_epoch(config)
+    if samples is None:
+        return []
     problems = []
     for point in [baseline_point(config), *scaling_points(config), *sensitivity_points(config)]:
         run = run_config(config, point)
-        per_epoch = images // run["world_size"] // run["per_gpu_batch"]
+        per_epoch = samples // run["world_size"] // run["per_gpu_batch"]
         if run.get("max_steps_per_epoch") is not None:
             per_epoch = min(per_epoch, run["max_steps_per_epoch"])
         needed = run.get("measure_warmup_steps", 0) + run.get("measure_steps", 0)
@@ -238,16 +369,3 @@ def window_problems(config: dict) -> list[str]:
                 f"the measurement window of {needed} (train.measure warmup_steps + steps): raise its epochs"
             )
     return problems
-
-
-def point_from_wildcards(config: dict, stage: str, wildcards: Any) -> Point:
-    """The Point behind a rule's wildcards (the inverse of the run-folder paths)."""
-    if stage == "baseline":
-        return baseline_point(config)
-    if stage == "scaling":
-        return scaling_point(config, wildcards.mode, int(wildcards.world), int(wildcards.repeat))
-    if stage == "sensitivity":
-        return sensitivity_point(config, wildcards.precision, int(wildcards.batch), float(wildcards.bucket))
-    if stage == "profile":
-        return profile_point(config, int(wildcards.world))
-    raise ValueError(f"unknown stage {stage!r}")

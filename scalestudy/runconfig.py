@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy import model
-from scalestudy.ranges import check_profile
+from scalestudy import workloads
 
 log = logging.getLogger("scalestudy.train")
 
@@ -65,6 +64,14 @@ DEFAULTS: dict[str, Any] = {
     "measure_intervals": 4,
     "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
     "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
+    # what is trained, and how (scalestudy.workloads; the grid writes these only where they differ)
+    "workload": workloads.DEFAULT,
+    "parallelism": "ddp",
+    "reshard_after_forward": True,  # FSDP2's choice
+    "optimizer": None,  # null: the workload's (sgd for resnet18-cifar10, adamw for gpt)
+    "grad_clip": None,  # max gradient norm; null: no clipping
+    "gpt": None,  # the gpt workload's model (scalestudy.workloads.gpt_model.config_from)
+    "command": None,  # the command workload's script, args and sample_unit
 }
 
 
@@ -166,7 +173,7 @@ RULES: dict[str, Rule] = {
     "device": _choice("auto", "cuda", "cpu"),
     "backend": _choice("auto", "nccl", "gloo"),
     "width": _integer(),
-    "norm": _choice(*model.NORMS),
+    "norm": _choice("batch", "sync", "frozen"),  # scalestudy.model.NORMS (test_grid_axes.py keeps them equal)
     "channels_last": FLAG,
     "compile": FLAG,
     "seed": _integer(0, SEED_MAX),
@@ -183,6 +190,13 @@ RULES: dict[str, Rule] = {
     "measure_intervals": _integer(),
     "inductor_cache_dir": LABEL,
     "keep_checkpoints": FLAG,
+    "workload": _choice(*workloads.WORKLOADS),
+    "parallelism": _choice("ddp", "fsdp"),
+    "reshard_after_forward": FLAG,
+    "optimizer": Rule("choice", choices=("sgd", "adamw"), nullable=True),
+    "grad_clip": Rule("number", above=0, nullable=True),
+    "gpt": Rule("object", nullable=True),
+    "command": Rule("object", nullable=True),
 }
 
 
@@ -190,8 +204,10 @@ class RunConfigError(ValueError):
     """The run config (or the environment it runs in) is unusable; the message names the key."""
 
 
-def load_run_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the run config as given, the same with defaults filled in and validated)."""
+def load_run_config(
+    args: argparse.Namespace, validated: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the run config as given, the same with defaults filled in and, with `validated`, checked)."""
     source = f"run config file {args.run_config}" if args.run_config else "run config"
     try:
         text = args.run_config.read_bytes().decode() if args.run_config else args.run_config_json
@@ -204,11 +220,12 @@ def load_run_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
         raise RunConfigError(f"{source} is not valid JSON: {error}") from None
     if not isinstance(given, dict):
         raise RunConfigError(f"{source} must be a JSON object, got {type(given).__name__}")
-    unknown = sorted(set(given) - set(DEFAULTS) - set(REQUIRED))
-    if unknown:
-        log.warning("run config keys this trainer does not know (ignored): %s", ", ".join(unknown))
     config = {**DEFAULTS, **given}
-    validate(config)
+    if validated:
+        unknown = sorted(set(given) - set(DEFAULTS) - set(REQUIRED))
+        if unknown:
+            log.warning("run config keys this trainer does not know (ignored): %s", ", ".join(unknown))
+        validate(config)
     return given, config
 
 
@@ -234,6 +251,8 @@ def validate(config: dict[str, Any]) -> None:
 
 
 def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
+    from scalestudy.ranges import check_profile  # imports torch: RULES stay importable without it
+
     window = {key: (profile or {}).get(key) for key in ("start_step", "steps")}
     flags = [f"profile.{key}={value!r} must be an integer" for key, value in window.items() if value is True]
     try:

@@ -103,32 +103,34 @@ def saves_per_epoch(config: dict, train_images: int | None = None) -> dict[str, 
 # --------------------------------------------------------------------------- io: loader + checkpoint
 
 
+def _full(run: dict[str, Any]) -> dict[str, Any]:
+    """The run config with the trainer's defaults filled in (what the workload's builders read)."""
+    from scalestudy.runconfig import DEFAULTS
+
+    return {**DEFAULTS, **run, "max_steps_per_epoch": None}
+
+
 def loader_throughput(run: dict[str, Any], batches: int) -> dict[str, Any]:
-    """images/s of the run's training loader alone on this process's device (first batch excluded)."""
+    """Samples/s (images, tokens: the key keeps its name) of the run's training loader alone on this
+    process's device (first batch excluded): the workload's loader, as one rank of the run uses it."""
     import torch
 
-    from scalestudy import distributed, loader
-    from scalestudy.data.preprocess import load_packed
+    from scalestudy import distributed, workloads
 
     device = distributed.select_device(run["device"], 0)
-    common = {"batch_size": run["per_gpu_batch"], "seed": run["seed"], "device": device}
-    common |= {"channels_last": run["channels_last"]}
-    if run["loader"] == "tensor":
-        images, labels = load_packed(run["data_dir"], "train")
-        data = loader.TensorLoader(images, labels, train=True, **common)
-    else:
-        data = loader.ClassicLoader(run["data_dir"], num_workers=run["num_workers"], **common)
+    full = _full(run)
+    data, _ = workloads.runtime(full["workload"]).build_data(full, 0, 1, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     timed, images_seen, epoch, first_s = 0, 0, 0, None
     start = time.perf_counter()
     while timed < batches:
-        for batch, _ in data.epoch(epoch):
+        for _, targets in data.epoch(epoch):
             sync()
             if first_s is None:  # worker start-up, first copies: not the steady rate
                 first_s = time.perf_counter() - start
                 start = time.perf_counter()
                 continue
-            timed, images_seen = timed + 1, images_seen + int(batch.shape[0])
+            timed, images_seen = timed + 1, images_seen + targets.numel()
             if timed == batches:
                 break
         epoch += 1
@@ -149,12 +151,14 @@ def checkpoint_bandwidth(run: dict[str, Any], repeats: int, directory: str) -> d
     """Size and write/read bandwidth of the real model's checkpoint on the checkpoint filesystem."""
     import torch
 
-    from scalestudy import checkpoint, model
+    from scalestudy import checkpoint, optim, workloads
 
-    net = model.build_model(run["width"], channels_last=run["channels_last"])
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=run["momentum"])
-    for parameter in net.parameters():  # the momentum buffers a trained optimizer holds
-        optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
+    full = _full(run)
+    net = workloads.runtime(full["workload"]).build_model(full, torch.device("cpu")).model
+    optimizer = optim.build_optimizer(net, full, 0.0, sharded=False)
+    for parameter in net.parameters():  # one step at lr 0: the state a trained optimizer holds
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
     state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "run_config": run}
     shutil.rmtree(directory, ignore_errors=True)
     writes, reads, size = [], [], 0

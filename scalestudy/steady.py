@@ -27,7 +27,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,3 +195,35 @@ class SteadyWindow:
             images_per_s_cv=statistics.stdev(rates) / statistics.fmean(rates) if len(rates) > 1 else None,
         )
         return out
+
+
+def window_of_steps(
+    seconds: Sequence[float],
+    samples: Sequence[float],
+    warmup_steps: int,
+    steps: int,
+    intervals: int,
+    world_size: int,
+    start_step: int = 0,
+    end_times: Sequence[float] | None = None,
+    t0: float = 0.0,
+) -> dict[str, Any]:
+    """The window of steps reported after the fact (the command workload: each step's duration and
+    global samples, in order), with the same keys as SteadyWindow.result: replayed through a
+    SteadyWindow whose clock advances by each step's duration. `end_times` (wall clock at each
+    step's end) place the window on the run's clock (measure_start_s/end_s/segments_s, seconds
+    since `t0`); without them those keys are None."""
+    clock, wall = [0.0], [math.nan]
+    if end_times:
+        wall[0] = end_times[0] - seconds[0]
+    window = SteadyWindow(warmup_steps, steps, intervals, clock=lambda: clock[0], wall=lambda: wall[0], t0=t0)
+    window.start(start_step)
+    for index, (duration, count) in enumerate(zip(seconds, samples, strict=True)):
+        clock[0] += duration
+        if end_times:
+            wall[0] = end_times[index]
+        window.step_done(count)
+    result = window.result(world_size)
+    if not end_times:
+        result.update(measure_start_s=None, measure_end_s=None, measure_segments_s=None)
+    return result

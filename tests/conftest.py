@@ -13,7 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # What a workflow run needs; results/ and .snakemake/ are created by the run itself.
-WORKFLOW_PARTS = ("Snakefile", "rules", "config", "report", "profiles", "scalestudy", "containers", "envs")
+WORKFLOW_PARTS = (
+    "Snakefile",
+    "rules",
+    "config",
+    "report",
+    "profiles",
+    "scalestudy",
+    "containers",
+    "envs",
+    "examples",
+)
 
 
 def copy_workflow(dest: Path) -> Path:

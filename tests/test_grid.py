@@ -1,6 +1,7 @@
 """Grid points and run configs: what each job trains, derived from config alone."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -46,16 +47,16 @@ def test_indivisible_strong_batch_is_a_clear_error(demo_config):
 
 
 def test_sensitivity_grid_is_the_full_product(demo_config):
-    sweep = demo_config["sensitivity"]
+    axes = demo_config["sensitivity"]["axes"]
     points = grid.sensitivity_points(demo_config)
-    expected = len(sweep["precision"]) * len(sweep["per_gpu_batch"]) * len(sweep["bucket_cap_mb"])
+    expected = len(axes["precision"]) * len(axes["per_gpu_batch"]) * len(axes["bucket_cap_mb"])
     assert len(points) == expected == len({p.run_dir for p in points})
 
 
 def test_changing_one_sweep_value_changes_only_the_points_that_carry_it(demo_config):
     before = {p.run_dir: grid.run_config(demo_config, p) for p in grid.all_points(demo_config)}
     changed = copy.deepcopy(demo_config)
-    changed["sensitivity"]["bucket_cap_mb"] = [1, 50]
+    changed["sensitivity"]["axes"]["bucket_cap_mb"] = [1, 50]
     after = {p.run_dir: grid.run_config(changed, p) for p in grid.all_points(changed)}
     unchanged = {k for k in before if k in after and before[k] == after[k]}
     assert unchanged == {k for k in before if "bucket25" not in k}
@@ -70,13 +71,35 @@ def test_bucket_sizes_have_one_spelling_in_paths():
     assert grid.format_number(25) == "25"
 
 
-def test_wildcards_map_back_to_the_same_point(demo_config):
-    class Wildcards:
-        precision, batch, bucket = "bf16", "16", "25"
-
-    point = grid.point_from_wildcards(demo_config, "sensitivity", Wildcards)
-    assert point == grid.sensitivity_point(demo_config, "bf16", 16, 25.0)
+def test_a_point_is_found_by_its_name(demo_config):
+    point = grid.point_by_name(demo_config, "sensitivity", "bf16/bs16_bucket25")
+    assert point == grid.sensitivity_point(
+        demo_config, {"precision": "bf16", "per_gpu_batch": 16, "bucket_cap_mb": 25}
+    )
     assert point.run_dir == "results/runs/sensitivity/bf16/bs16_bucket25"
+    assert grid.point_by_name(demo_config, "scaling", "weak/w2_r0") == grid.scaling_point(
+        demo_config, "weak", 2, 0
+    )
+    assert grid.point_by_name(demo_config, "profile", "w2") == grid.profile_point(demo_config, 2)
+    assert grid.point_by_name(demo_config, "baseline", "default") == grid.baseline_point(demo_config)
+
+
+@pytest.mark.parametrize(
+    ("stage", "name"),
+    [
+        ("sensitivity", "bf16/bs16_bucket25.0"),  # one spelling only: the grid's
+        ("sensitivity", "bf16/bs64_bucket25"),  # not in this config's sweep
+        ("scaling", "strong/w3_r0"),
+    ],
+)
+def test_a_name_outside_the_grid_is_a_clear_error(demo_config, stage, name):
+    with pytest.raises(ValueError, match=rf"stage {stage} has no grid point '{re.escape(name)}'.*\(.+/.+\)"):
+        grid.point_by_name(demo_config, stage, name)
+
+
+def test_an_unknown_stage_is_a_clear_error(demo_config):
+    with pytest.raises(ValueError, match="unknown stage 'sweep'"):
+        grid.point_by_name(demo_config, "sweep", "x")
 
 
 def test_profile_point_stops_after_the_window(demo_config):

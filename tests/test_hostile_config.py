@@ -358,6 +358,53 @@ def test_the_project_check_refuses_booleans_itself():
         configcheck.check(config, SCHEMA_PATH)
 
 
+# --------------------------------------------------------------------------- settings across keys
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("sensitivity.axes.world_size", [1, 2], "sensitivity.axes.world_size: world_size is set by the grid"),
+        ("sensitivity.axes.data_dir", ["x"], "sensitivity.axes.data_dir: data_dir is set by the grid"),
+        ("sensitivity.axes.gpt", [None], "sensitivity.axes.gpt: gpt is set by the grid or the workload"),
+        ("sensitivity.axes.lerning_rate", [0.1], "sensitivity.axes.lerning_rate: no run-config key"),
+        ("sensitivity.axes.precision", ["fp32", "fp8"], "sensitivity.axes.precision[1] = 'fp8' must be"),
+        ("sensitivity.axes.per_gpu_batch", [16, 2.0], "sensitivity.axes.per_gpu_batch[1] = 2.0 must be"),
+        ("sensitivity.axes.nesterov", [1], "sensitivity.axes.nesterov[0] = 1 must be true or false"),
+        ("sensitivity.axes.lr", [0.1, -0.1], "sensitivity.axes.lr[1] = -0.1 must be a number > 0"),
+        ("workload.name", "gpt", "data.source = 'cifar10' does not fit workload.name = 'gpt'"),
+        ("workload.name", "command", "workload.command.script is required"),
+        ("data.source", "text", "data.url = 'https://www.cs.toronto.edu/~kriz/cifar-10-py"),
+    ],
+)
+def test_settings_that_do_not_fit_the_grid_are_refused_naming_key_and_value(key, value, named):
+    config = filled_demo()
+    put(config, tuple(key.split(".")), value)
+    if key == "workload.name" and value == "gpt":
+        config["data"]["source"] = "cifar10"
+    message = refusal(config)
+    assert message is not None and named in message and "\n" not in message, message
+
+
+def test_a_sweep_without_per_gpu_batch_is_refused():
+    config = filled_demo()
+    del config["sensitivity"]["axes"]["per_gpu_batch"]
+    assert "sensitivity.axes needs per_gpu_batch" in refusal(config)
+
+
+@pytest.mark.parametrize(
+    "axes",
+    [
+        {"optimizer": ["sgd", "adamw"], "per_gpu_batch": [16], "grad_clip": [None, 1.0]},
+        {"per_gpu_batch": [16, 32], "parallelism": ["ddp", "fsdp"], "channels_last": [True, False]},
+    ],
+)
+def test_sweeps_over_other_run_config_keys_pass(axes):
+    config = filled_demo()
+    config["sensitivity"]["axes"] = axes
+    assert refusal(config) is None
+
+
 # --------------------------------------------------------------------------- through Snakemake
 
 

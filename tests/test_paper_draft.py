@@ -379,6 +379,32 @@ def test_the_paper_compiles_without_errors_or_undefined_references(
         assert "Deep residual learning" in text  # the bibliography is there
 
 
+def test_the_lm_paper_compiles_with_its_own_wording_and_citations(tex, tmp_path, study_tables):
+    """A GPT study with DDP and FSDP: its model, unit and citations resolve (no "??")."""
+    runs = study_tables["runs"].assign(
+        workload="gpt",
+        sample_unit="tokens",
+        parallelism="ddp",
+        final_test_loss=2.0,
+        final_test_perplexity=7.4,
+    )
+    runs.loc[runs["config.mode"] == "weak", "parallelism"] = "fsdp"
+    context = {**CONTEXT, "workload": "gpt", "sample_unit": "tokens", "parallelism": ["ddp", "fsdp"]}
+    lm_numbers = numbers.build({**study_tables, "runs": runs}, context)
+    folder = paper_folder(tmp_path / "paper", study_tables, lm_numbers)
+    args = ["--template", str(TEMPLATE), "--bib", str(BIB), "--numbers", str(folder / "numbers.tex")]
+    assert draft.main([*args, "--out", str(folder / "paper.tex")]) == 0
+    pdf = folder / "paper.pdf"
+    assert build.main(["--tex", str(folder / "paper.tex"), "--pdf", str(pdf), "--latexmk", tex]) == 0
+    if shutil.which("pdftotext"):
+        text = " ".join(
+            subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True).stdout.split()
+        )
+        assert "??" not in text and "CIFAR" not in text
+        assert "GPT-style decoder language model" in text and "tokens/s" in text
+        assert "fully sharded data parallel" in text.lower() and "attention is all you need" in text.lower()
+
+
 def test_a_broken_paper_fails_and_leaves_no_pdf(tex, tmp_path, study_tables, study_numbers):
     folder = paper_folder(tmp_path / "paper", study_tables, study_numbers)
     (folder / "references.bib").write_text(BIB.read_text())

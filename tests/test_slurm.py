@@ -128,9 +128,9 @@ def slurm_accounting(clusters):
     return clusters.get(accounting=True)
 
 
-def write_config(workdir: Path, name: str, change) -> str:
-    """config/demo.yaml, changed by `change(config)`, as a config file of the workflow copy."""
-    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+def write_config(workdir: Path, name: str, change, base: str = "config/demo.yaml") -> str:
+    """`base` (the demo), changed by `change(config)`, as a config file of the workflow copy."""
+    config = yaml.safe_load((REPO / base).read_text())
     change(config)
     path = workdir / "config" / name
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -183,7 +183,7 @@ def summaries(workdir: Path) -> dict[str, dict]:
 def shorter_demo(slurm: Cluster, account: str | None = None):
     def change(config: dict) -> None:
         config["scaling"]["modes"] = ["strong"]
-        config["sensitivity"].update(per_gpu_batch=[16], bucket_cap_mb=[25], precision=["fp32"])
+        config["sensitivity"]["axes"] = {"precision": ["fp32"], "per_gpu_batch": [16], "bucket_cap_mb": [25]}
         config["profiling"]["world_sizes"] = [2]
         config["train"].update(epochs=2, max_steps_per_epoch=6)  # what runs is tested, not accuracy
         # Two ranks span both nodes: gloo across the network namespaces.
@@ -294,6 +294,33 @@ def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
     ]
     log = (workdir / "results/logs/scaling/strong/w2_r0.log").read_text()
     assert "but the ranks run on" not in log, log[-3000:]  # the run config's nodes are the layout's
+
+
+def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
+    """One point of the LM demo (config/demo-gpt.yaml): FSDP2 over gloo, a rank on each node, its
+    sharded checkpoints written by both, and only what that point needs (data, gates) run first."""
+    if slurm.nodes < 2:
+        pytest.skip("network namespaces are unavailable here: the cluster has one node")
+    workdir = copy_workflow(tmp_path / "scalestudy")
+
+    def change(config: dict) -> None:
+        config["scaling"].update(modes=["strong"], parallelism=["fsdp"])
+        config["train"].update(epochs=2, max_steps_per_epoch=6, checkpoint_every_steps=4)
+        config["cluster"]["ranks_per_node"] = 1
+
+    configfile = write_config(workdir, "slurm-lm.yaml", change, base="config/demo-gpt.yaml")
+    point = "scaling/strong/fsdp-w2_r0"
+    run = snakemake(slurm, workdir, configfile, f"results/runs/{point}/summary.json")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-8000:]
+    summary = summaries(workdir)[point]
+    results = summary["results"]
+    assert summary["provenance"]["hosts"] == ["n1", "n2"] and summary["run"]["nodes"] == 2
+    assert (results["workload"], results["sample_unit"], results["parallelism"]) == ("gpt", "tokens", "fsdp")
+    assert results["world_size"] == 2 and results["backend"] == "gloo" and results["window_filled"]
+    assert len(results["peak_memory_bytes_per_rank"]) == 2
+    assert slurm.job(summary["provenance"]["slurm"]["job_id"])["NodeList"] == "n[1-2]"
+    log = (workdir / f"results/logs/{point}.log").read_text()
+    assert re.search(r"checkpoint \S*dcp-000000004", log), log[-3000:]  # both ranks wrote their shards
 
 
 def test_a_second_bring_up_never_stops_the_running_cluster(slurm):

@@ -74,6 +74,8 @@ def world_of(job: dict, config: dict) -> int:
         return 1
     if job["rule"] == "sensitivity_run":
         return config["sensitivity"]["world_size"]
+    if job["rule"] == "scaling_run":  # {mode}/w{world}_r{repeat}
+        return int(re.fullmatch(r"\w+/w(\d+)_r\d+", job["wildcards"]["point"])[1])
     return int(job["wildcards"]["world"])
 
 
@@ -106,7 +108,7 @@ def test_every_grid_point_asks_for_whole_gpu_nodes(dry_run):
 
 def test_the_plugin_builds_the_expected_sbatch_call_from_the_printed_resources(dry_run):
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    job = next(j for j in dry_run if j["rule"] == "scaling_run" and j["wildcards"]["world"] == "8")
+    job = next(j for j in dry_run if j["rule"] == "scaling_run" and j["wildcards"]["point"] == "strong/w8_r0")
     resources = {key: int(value) if value.isdigit() else value for key, value in job["resources"].items()}
     resources = {key: value for key, value in resources.items() if "<TBD>" not in str(value)}
     options = shlex.split(cluster.sbatch_command(resources, threads=8))

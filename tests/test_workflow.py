@@ -143,8 +143,8 @@ def test_a_training_setting_re_runs_every_training_job_even_when_the_smoke_tests
 
 def changed_sensitivity_config(workdir: Path) -> tuple[Path, float, float]:
     config = yaml.safe_load((workdir / "config/demo.yaml").read_text())
-    old, new = config["sensitivity"]["bucket_cap_mb"][-1], 50
-    config["sensitivity"]["bucket_cap_mb"][-1] = new
+    old, new = config["sensitivity"]["axes"]["bucket_cap_mb"][-1], 50
+    config["sensitivity"]["axes"]["bucket_cap_mb"][-1] = new
     path = workdir / "config/demo-changed.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, old, new
@@ -154,7 +154,7 @@ def test_changing_one_sensitivity_value_plans_only_the_affected_jobs(demo_run):
     path, _, _ = changed_sensitivity_config(demo_run)
     plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
     config = yaml.safe_load(path.read_text())
-    sweep = config["sensitivity"]
+    sweep = config["sensitivity"]["axes"]
     assert plan.get("sensitivity_run") == len(sweep["precision"]) * len(sweep["per_gpu_batch"])
     upstream = {"fetch", "preprocess", "baseline_run", "scaling_run", "profile_run"}
     assert not upstream & set(plan), f"unaffected stages re-planned: {plan}"
@@ -162,7 +162,7 @@ def test_changing_one_sensitivity_value_plans_only_the_affected_jobs(demo_run):
 
 def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     path, _, new = changed_sensitivity_config(demo_run)
-    batch = yaml.safe_load(path.read_text())["sensitivity"]["per_gpu_batch"][0]
+    batch = yaml.safe_load(path.read_text())["sensitivity"]["axes"]["per_gpu_batch"][0]
     target = f"results/runs/sensitivity/fp32/bs{batch}_bucket{new}/summary.json"
     # The target goes first: --configfile takes every word after it.
     result = run_snakemake(demo_run, target, "--configfile", str(path))

@@ -5,11 +5,16 @@ steady-state window's window_filled, measured_steps, measured_s, images_per_s_mi
 measure_start_s/end_s, and the whole_run_* rates; nested ones dotted: ddp_options.static_graph),
 its run config (`config.<key>`), its provenance flattened (`provenance.<key>`, Slurm job id and
 hosts included) and, where Slurm accounting answers, `sacct.elapsed_s`, `sacct.state`,
-`sacct.max_rss_mb`. A run that did not fill its window keeps its row (images_per_s empty) and is
-named in the log; scalestudy.analysis.metrics marks it.
-Where it does not (no sacct, no job id, no record), those columns are present and empty and
-`sacct.note` says why. The accounting itself is queried by scalestudy.analysis.accounting (on the
-submit host, outside the container) and passed in as JSON.
+`sacct.max_rss_mb`. Where it does not (no sacct, no job id, no record), those columns are present
+and empty and `sacct.note` says why. The accounting itself is queried by
+scalestudy.analysis.accounting (on the submit host, outside the container) and passed in as JSON.
+
+Every row names its workload, sample_unit (what the throughput columns count: images, tokens, ...)
+and parallelism (ddp, fsdp), with the peak memory and model-state bytes per rank, the final test
+loss and (the LM) perplexity: a summary written before these existed reads as the
+ResNet-18/CIFAR-10 DDP study (WORKLOAD_DEFAULTS) with the others empty. A run that did not fill its
+window keeps its row (images_per_s empty) and is named in the log; scalestudy.analysis.metrics
+marks it.
 
     python -m scalestudy.analysis.aggregate --summaries results/runs/*/.../summary.json \
         [--accounting results/tables/sacct.json] --out results/tables/runs.csv
@@ -24,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy import atomic, provenance
+from scalestudy import atomic, provenance, workloads
 from scalestudy.analysis import accounting, cli
 from scalestudy.analysis.tableio import dig, read_json
 
@@ -40,6 +45,14 @@ REQUIRED_RESULTS = (
     "epoch_time_s",
     "total_time_s",
 )
+# Results every row carries; None (an empty cell) where an older summary lacks them.
+MEMORY_AND_QUALITY = (
+    "peak_memory_bytes",
+    "model_state_bytes_per_rank",
+    "final_test_loss",
+    "final_test_perplexity",
+)
+WORKLOAD_DEFAULTS = {"workload": workloads.DEFAULT, "parallelism": "ddp"}
 SACCT_COLUMNS = ("sacct.elapsed_s", "sacct.state", "sacct.max_rss_mb", "sacct.note")
 
 
@@ -65,9 +78,25 @@ def summary_row(path: str | Path) -> dict[str, Any]:
         "job_id": accounting.job_id(summary),
     }
     row.update(provenance.flatten(results))
+    row.update(workload_columns(results, run))
     row.update(provenance.flatten(run, "config."))
     row.update(prov)
     return row
+
+
+def workload_columns(results: dict, run: dict) -> dict[str, Any]:
+    """workload, sample_unit, parallelism (the results', else the run config's, else the ResNet DDP
+    defaults) and the memory and quality results (None where the summary has none)."""
+    columns = {key: results.get(key) or run.get(key) or default for key, default in WORKLOAD_DEFAULTS.items()}
+    unit = results.get("sample_unit") or (run.get("command") or {}).get("sample_unit")
+    if not unit:
+        try:
+            unit = workloads.get(columns["workload"]).sample_unit
+        except ValueError:
+            unit = "samples"
+    columns["sample_unit"] = unit
+    columns.update({key: results.get(key) for key in MEMORY_AND_QUALITY})
+    return columns
 
 
 def _hosts(prov: dict) -> str | None:

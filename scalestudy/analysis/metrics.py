@@ -8,20 +8,26 @@ summary.json's images_per_s; scalestudy/steady.py):
   window_filled false, throughput_source "whole run", a note; the scaling table counts such repeats
   (windows_unfilled), the figures draw them hollow, and acceptance gives no verdict from them;
 
-* speedup S(N) = X(N) / X(1), X(1) the mean over the mode's 1-GPU repeats (so the intervals of
+* a series is one (mode, parallelism): strong or weak scaling with DDP or FSDP. Each is referenced
+  to its own 1-GPU runs; a study of DDP only has one series per mode. The throughput columns keep
+  their names (images_per_s, ...) and count the workload's unit (sample_unit: images, tokens, ...);
+* speedup S(N) = X(N) / X(1), X(1) the mean over the series' 1-GPU repeats (so the intervals of
   speedup and efficiency carry the spread of the N-GPU repeats, not that of the reference);
 * strong scaling (fixed global batch, so the same work per epoch): E_s(N) = T(1) / (N T(N)) with T
   the time per epoch = X(N) / (N X(1)) = S(N) / N;
 * weak scaling (fixed per-GPU batch): E_w(N) = T(1) / T(N) with T the time per step at that fixed
   per-GPU work = x(N) / x(1) = S(N) / N as well. Throughput is used rather than epoch_time_s so that
   capped epochs (max_steps_per_epoch) and the shrinking weak-scaling epoch compare like for like;
-* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision;
+* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision (ResNet-18:
+  the closed form of modelsize; other workloads: not computed, NaN);
+* memory per rank: the median over repeats of peak_memory_bytes (max over ranks; CUDA's peak
+  allocation, or the CPU's peak RSS: peak_memory_source) and model_state_bytes_per_rank;
 * repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
   gives NaN for std and the interval (never a fake zero).
 
     python -m scalestudy.analysis.metrics --runs results/tables/runs.csv \
         --scaling-out results/tables/scaling.csv --sensitivity-out results/tables/sensitivity.csv \
-        [--analysis-json JSON | --config config/config.yaml]
+        [--axes precision per_gpu_batch bucket_cap_mb] [--analysis-json JSON | --config config/config.yaml]
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ RUN_COLUMNS = (
     "images_per_s_per_gpu",
     "epoch_time_s",
     "config.precision",
-    "config.width",
 )
 # Per-run quantities summarised over repeats in the scaling table.
 STAT_COLUMNS = (
@@ -75,7 +80,14 @@ OPTIONAL_RUN_COLUMNS = (
     "measured_steps",
     "whole_run_images_per_s",
     "whole_run_images_per_s_per_gpu",
+    "config.width",
+    "peak_memory_bytes",
+    "model_state_bytes_per_rank",
+    "peak_memory_source",
 )
+# What older catalogs (before workloads) lack: the ResNet-18 DDP study's values.
+SERIES_DEFAULTS = {"parallelism": "ddp", "sample_unit": "images", "workload": "resnet18-cifar10"}
+SERIES = ("config.mode", "parallelism")
 WINDOW_SOURCE, WHOLE_RUN_SOURCE = "window", "whole run"
 UNFILLED_NOTE = "window not filled: whole-run throughput (one-off costs included)"
 
@@ -124,13 +136,33 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
     for column in OPTIONAL_RUN_COLUMNS:
         if column not in runs:
             runs[column] = math.nan
+    for column, default in SERIES_DEFAULTS.items():
+        runs[column] = runs[column].fillna(default) if column in runs else default
     runs = steady_or_whole_run(runs)
-    runs["time_per_step_s"] = runs["per_gpu_batch"] / runs["images_per_s_per_gpu"]
+    runs["time_per_step_s"] = time_per_step(runs)
     runs["precision"] = effective_precision(runs)
     runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
     _warn_missing_peaks(runs)
     _check_flops(runs)
     return _add_speedup(runs)
+
+
+def time_per_step(runs: pd.DataFrame) -> pd.Series:
+    """Per-GPU batch / per-GPU rate where the rate counts samples (images); where it counts another
+    unit (an LM's tokens: a sample is a sequence) the trainer's own step time (the window's, else the
+    whole run's where the window was not filled)."""
+    per_step = runs["per_gpu_batch"] / runs["images_per_s_per_gpu"]
+    counted = runs["sample_unit"] != "images"
+    if not counted.any():
+        return per_step
+    own = pd.Series(math.nan, index=runs.index)
+    for column, rows in (
+        ("step_time_s", runs["window_filled"]),
+        ("whole_run_step_time_s", ~runs["window_filled"]),
+    ):
+        if column in runs:
+            own = own.where(~rows, pd.to_numeric(runs[column], errors="coerce"))
+    return per_step.where(~counted, own)
 
 
 def window_filled(runs: pd.DataFrame) -> pd.Series:
@@ -159,19 +191,21 @@ def steady_or_whole_run(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mfu_of(r: pd.Series, settings: dict) -> float:
+    if pd.isna(r["config.width"]):  # not the ResNet: no FLOP count of the model here
+        return math.nan
     return mfu(
         r["images_per_s_per_gpu"], r["config.width"], r["precision"], r["device_name"], r["device"], settings
     )
 
 
 def _add_speedup(runs: pd.DataFrame) -> pd.DataFrame:
-    """Speedup and efficiency of the scaling runs against the mean of their mode's 1-GPU runs."""
+    """Speedup and efficiency of the scaling runs against the mean of their series' 1-GPU runs."""
     runs["speedup"] = math.nan
     runs["efficiency"] = math.nan
-    for mode, group in runs[runs["stage"] == "scaling"].groupby("config.mode"):
+    for (mode, parallelism), group in runs[runs["stage"] == "scaling"].groupby(list(SERIES)):
         reference = group.loc[group["world_size"] == 1, "images_per_s"].mean()
         if not reference > 0:
-            log.warning("scaling mode %s has no 1-GPU run: no speedup or efficiency", mode)
+            log.warning("scaling %s (%s) has no 1-GPU run: no speedup or efficiency", mode, parallelism)
             continue
         runs.loc[group.index, "speedup"] = group["images_per_s"] / reference
         runs.loc[group.index, "efficiency"] = runs.loc[group.index, "speedup"] / group["world_size"]
@@ -191,7 +225,7 @@ def _check_flops(runs: pd.DataFrame) -> None:
     """MFU uses the closed form of modelsize; say so if the trainer's flop counter disagrees."""
     if "forward_flops_per_image" not in runs:
         return
-    for _, r in runs.dropna(subset=["forward_flops_per_image"]).iterrows():
+    for _, r in runs.dropna(subset=["forward_flops_per_image", "config.width"]).iterrows():
         formula = modelsize.forward_flops_per_image(int(r["config.width"]))
         if abs(r["forward_flops_per_image"] / formula - 1.0) > 0.05:
             log.warning(
@@ -205,15 +239,19 @@ def _check_flops(runs: pd.DataFrame) -> None:
 
 
 def _warn_missing_peaks(runs: pd.DataFrame) -> None:
-    for device in runs.loc[runs["mfu"].isna(), "device_name"].dropna().unique():
+    without_flops = runs["config.width"].isna()
+    if without_flops.any():
+        log.info("MFU left empty for %d run(s) of a workload without a FLOP count here", without_flops.sum())
+    for device in runs.loc[runs["mfu"].isna() & ~without_flops, "device_name"].dropna().unique():
         log.warning("no analysis.peak_tflops entry matches device %r: MFU left empty", device)
 
 
 def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """One row per (mode, world size): repeat statistics of every per-run metric."""
+    """One row per (mode, parallelism, world size): repeat statistics of every per-run metric, then
+    the series, the unit and the memory per rank (medians over repeats)."""
     scaling = runs[runs["stage"] == "scaling"]
     rows = []
-    for (mode, world), group in scaling.groupby(["config.mode", "world_size"], sort=True):
+    for (mode, parallelism, world), group in scaling.groupby([*SERIES, "world_size"], sort=True):
         row = {
             "mode": mode,
             "world_size": int(world),
@@ -229,8 +267,22 @@ def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
         for column in STAT_COLUMNS:
             stats = repeat_stats(group[column], settings["confidence"])
             row.update({f"{column}_{key}": value for key, value in stats.items() if key != "n"})
+        row.update(_series_and_memory(group, parallelism))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _series_and_memory(group: pd.DataFrame, parallelism: str) -> dict:
+    """The columns a workload other than the ResNet (or FSDP) needs; appended after the others."""
+    return {
+        "parallelism": parallelism,
+        "sample_unit": _first(group, "sample_unit"),
+        "peak_memory_bytes": pd.to_numeric(group["peak_memory_bytes"], errors="coerce").median(),
+        "model_state_bytes_per_rank": pd.to_numeric(
+            group["model_state_bytes_per_rank"], errors="coerce"
+        ).median(),
+        "peak_memory_source": _first(group, "peak_memory_source"),
+    }
 
 
 def _window_marks(group: pd.DataFrame) -> dict:
@@ -265,11 +317,24 @@ SENSITIVITY_COLUMNS = {
 }
 
 
-def sensitivity_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per sweep point, with its per-GPU throughput gain over the 1-GPU baseline."""
+DEFAULT_AXES = ("precision", "per_gpu_batch", "bucket_cap_mb")
+
+
+def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) -> pd.DataFrame:
+    """One row per sweep point, with its per-GPU throughput gain over the 1-GPU baseline.
+
+    `axes` are the run-config keys the sweep varies (config sensitivity.axes, order kept): each is a
+    column (its config.<key> value), and the rows are sorted by them. The columns of the default axes
+    are those of SENSITIVITY_COLUMNS; further axes follow the gain and best columns, sample_unit
+    comes last."""
     sweep = runs[runs["stage"] == "sensitivity"]
-    require_columns(sweep, ["config.bucket_cap_mb"], "sensitivity runs")
-    table = sweep[list(SENSITIVITY_COLUMNS)].rename(columns=SENSITIVITY_COLUMNS)
+    require_columns(sweep, [f"config.{key}" for key in axes if key != "per_gpu_batch"], "sensitivity runs")
+    present = {source: name for source, name in SENSITIVITY_COLUMNS.items() if source in sweep}
+    table = sweep[list(present)].rename(columns=present)
+    for name in SENSITIVITY_COLUMNS.values():
+        if name not in table:
+            table[name] = math.nan
+    table = table[list(SENSITIVITY_COLUMNS.values())]
     baselines = runs[runs["stage"] == "baseline"]
     baseline = baselines["images_per_s_per_gpu"].mean()
     table["baseline_images_per_s_per_gpu"] = baseline
@@ -277,7 +342,11 @@ def sensitivity_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["gain_vs_baseline"] = table["images_per_s_per_gpu"] / baseline - 1.0
     judged = table[table["window_filled"]] if table["window_filled"].any() else table  # filled windows first
     table["best"] = table["images_per_s_per_gpu"] == judged["images_per_s_per_gpu"].max()
-    return table.sort_values(["precision", "per_gpu_batch", "bucket_cap_mb"]).reset_index(drop=True)
+    for key in axes:
+        if key not in table:
+            table[key] = sweep[f"config.{key}"]
+    table["sample_unit"] = sweep["sample_unit"]
+    return table.sort_values(list(axes), kind="stable").reset_index(drop=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,11 +354,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", required=True, help="The run catalog (runs.csv).")
     parser.add_argument("--scaling-out", required=True, help="Scaling table CSV to write.")
     parser.add_argument("--sensitivity-out", required=True, help="Sensitivity table CSV to write.")
+    parser.add_argument(
+        "--axes",
+        nargs="+",
+        default=list(DEFAULT_AXES),
+        help="The sensitivity sweep's run-config keys (sensitivity.axes), in order.",
+    )
     args = parser.parse_args(argv)
     settings = cli.start(args)
     runs = run_metrics(read_csv(args.runs), settings, args.runs)
     scaling = scaling_table(runs, settings)
-    sensitivity = sensitivity_table(runs)
+    sensitivity = sensitivity_table(runs, args.axes)
     atomic.write_csv(args.scaling_out, scaling)
     atomic.write_csv(args.sensitivity_out, sensitivity)
     log.info(

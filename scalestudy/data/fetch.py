@@ -1,7 +1,11 @@
-"""Fetch the CIFAR-10 archive (local copies and mirrors first, then the official URL), or synthesise one.
+"""Fetch the CIFAR-10 archive or a text corpus (mirrors first, then the URL), or synthesise either.
 
     python -m scalestudy.data.fetch --source cifar10 --out results/data/cifar-10-python.tar.gz \\
         [--mirror /shared/datasets/cifar-10-python.tar.gz ...]
+    python -m scalestudy.data.fetch --source text --out results/data/corpus.txt --url URL \\
+        [--mirror PATH ...] [--sha256 ...]      (a text corpus has no default URL)
+    python -m scalestudy.data.fetch --source synthetic-text --out results/data/corpus.txt \\
+        --text-bytes 600000 --seed 1234          (the offline demo corpus, scalestudy.data.textcorpus)
 
 A source is a local path (a file, or a folder holding a file named like the output), a file:// URL
 or an http(s) URL. Local copies are copied (never linked: the output is this run's file, with the
@@ -334,14 +338,25 @@ def make_synthetic(
     return out
 
 
+def make_synthetic_text(out: Path, n_bytes: int, seed: int, expected: Expected) -> Path:
+    """Write the synthetic text corpus to `out`, verified against `expected` (to pin its checksum)."""
+    from scalestudy.data import textcorpus
+
+    with atomic_path(out) as tmp:
+        textcorpus.write_corpus(tmp, n_bytes, seed)
+        if expected != Expected():
+            verify(tmp, expected, f"synthetic text corpus (seed {seed}, {n_bytes} bytes)")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scalestudy.data.fetch", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--source", choices=("synthetic", "cifar10"), required=True)
-    parser.add_argument("--out", type=Path, required=True, help="where the archive goes")
+    parser.add_argument("--source", choices=("synthetic", "cifar10", "synthetic-text", "text"), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where the archive or corpus goes")
     parser.add_argument(
-        "--url", default=OFFICIAL_URL, help="tried after the mirrors (default: the official URL)"
+        "--url", help="tried after the mirrors (cifar10 default: the official URL; text: no default)"
     )
     parser.add_argument(
         "--mirror", action="append", default=[], help="local path or URL; repeatable, in order"
@@ -357,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-per-class", type=int, default=5000, help="synthetic: training images per class"
     )
     parser.add_argument("--test-per-class", type=int, default=1000, help="synthetic: test images per class")
-    parser.add_argument("--seed", type=int, default=1234, help="synthetic: generator seed")
+    parser.add_argument("--seed", type=int, default=1234, help="synthetic, synthetic-text: generator seed")
+    parser.add_argument(
+        "--text-bytes", type=int, default=600_000, help="synthetic-text: corpus size in bytes"
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
@@ -369,6 +387,16 @@ def _expected_from(args: argparse.Namespace) -> Expected:
     return given
 
 
+def _sources(args: argparse.Namespace) -> list[str]:
+    """The mirrors in order, then the URL (cifar10's official one when none is given)."""
+    url = args.url or (OFFICIAL_URL if args.source == "cifar10" else None)
+    if url is None and not args.mirror:
+        raise FetchError(
+            f"--source {args.source} needs --url or --mirror: a text corpus has no default address"
+        )
+    return [*args.mirror, *([url] if url else [])]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(logging, args.log_level))
@@ -378,8 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         expected = _expected_from(args)
         if args.source == "synthetic":
             make_synthetic(args.out, args.train_per_class, args.test_per_class, args.seed, expected)
+        elif args.source == "synthetic-text":
+            make_synthetic_text(args.out, args.text_bytes, args.seed, expected)
         else:
-            fetch([*args.mirror, args.url], args.out, expected, args.timeout, args.retries)
+            fetch(_sources(args), args.out, expected, args.timeout, args.retries)
     except (FetchError, ValueError, OSError) as error:
         print(f"fetch: error: {error}", file=sys.stderr)
         return 1

@@ -50,7 +50,18 @@ TABLES = {
 }
 
 # What the config tells that no table does (the rule passes these from the config).
-CONTEXT_DEFAULTS = {"title": "", "data_source": "synthetic", "device": "cpu", "confidence": 0.95}
+# workload and sample_unit are the study's (scalestudy.workloads.of_config); runs.csv's own columns
+# win where it has them. parallelism: scaling.parallelism; sensitivity_axes: sensitivity.axes keys.
+CONTEXT_DEFAULTS = {
+    "title": "",
+    "data_source": "synthetic",
+    "device": "cpu",
+    "confidence": 0.95,
+    "workload": "resnet18-cifar10",
+    "sample_unit": "images",
+    "parallelism": ["ddp"],
+    "sensitivity_axes": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+}
 
 # Letters only (LaTeX), and an upper-case first letter: scalestudy.paper.draft tells a number macro
 # from LaTeX's own commands by it.

@@ -10,7 +10,6 @@ import pandas as pd
 
 from scalestudy.paper.numbers import NOT_MEASURED, Numbers
 from scalestudy.paper.sections import (
-    IMAGES_PER_S,
     Data,
     distinct,
     first_value,
@@ -24,7 +23,12 @@ from scalestudy.paper.tables import escape, fixed, integer, number, percent, rel
 
 
 def scaling(numbers: Numbers, data: Data) -> None:
+    """The per-point macros of the DDP series (the study's reference; FSDP rows are in the table and
+    the memory sentence)."""
     table = data.table("scaling")
+    if table is not None and "parallelism" in table:
+        table = table[table["parallelism"].fillna("ddp") == "ddp"]
+    memory(numbers, data)
     for mode in ("strong", "weak"):
         Mode = mode.capitalize()
         rows = table[table["mode"] == mode].sort_values("world_size") if table is not None else pd.DataFrame()
@@ -42,13 +46,13 @@ def scaling(numbers: Numbers, data: Data) -> None:
             source = f"scaling.csv mode={mode} world_size={world}{role}; {runs}"
             if at == "Largest":
                 numbers.add(f"{Mode}LargestWorld", str(world), source)
-            _scaling_point(numbers, Mode, at, row, source)
+            _scaling_point(numbers, Mode, at, row, source, data.per_s)
 
 
 _POINT_MACROS = ("Eff", "EffInterval", "Speedup", "Throughput", "StepTime", "Nodes")
 
 
-def _scaling_point(numbers: Numbers, Mode: str, at: str, row: pd.Series, source: str) -> None:
+def _scaling_point(numbers: Numbers, Mode: str, at: str, row: pd.Series, source: str, per_s: str) -> None:
     numbers.add(
         f"{Mode}EffAt{at}", formatted(row["efficiency_mean"], percent()), source + "; efficiency_mean"
     )
@@ -62,13 +66,51 @@ def _scaling_point(numbers: Numbers, Mode: str, at: str, row: pd.Series, source:
     numbers.add(f"{Mode}SpeedupAt{at}", formatted(row["speedup_mean"], fixed(2)), source + "; speedup_mean")
     numbers.add(
         f"{Mode}ThroughputAt{at}",
-        formatted(row["images_per_s_mean"], number(4), IMAGES_PER_S),
+        formatted(row["images_per_s_mean"], number(4), per_s),
         source + "; images_per_s_mean",
     )
     numbers.add(
         f"{Mode}StepTimeAt{at}", seconds(row["time_per_step_s_mean"]), source + "; time_per_step_s_mean"
     )
     numbers.add(f"{Mode}NodesAt{at}", formatted(row.get("nodes"), integer), source + "; nodes")
+
+
+MIB = 1 << 20
+PEAK_SOURCES = {
+    "cuda_max_memory_allocated": "peak allocated CUDA memory",
+    "cpu_peak_rss": "peak resident memory",
+}
+
+
+def memory(numbers: Numbers, data: Data) -> None:
+    """One sentence on the memory per rank at the largest strong-scaling size, per parallelism."""
+    table = data.table("scaling")
+    columns = {"peak_memory_bytes", "model_state_bytes_per_rank"}
+    rows = table[table["mode"] == "strong"] if table is not None and columns <= set(table) else None
+    if rows is None or rows[list(columns)].dropna(how="all").empty:
+        numbers.add(
+            "MemorySummary", "Memory per rank was not recorded by these runs.", "scaling.csv: no memory"
+        )
+        return
+    world = int(rows["world_size"].max())
+    at = rows[rows["world_size"] == world].copy()
+    at["parallelism"] = at["parallelism"].fillna("ddp") if "parallelism" in at else "ddp"
+    parts = []
+    for _, row in at.sort_values("parallelism").iterrows():
+        state = formatted(row["model_state_bytes_per_rank"], lambda v: number(3)(v / MIB) + "~MiB")
+        peak = formatted(row["peak_memory_bytes"], lambda v: number(3)(v / MIB) + "~MiB")
+        parts.append(
+            f"with {escape(str(row['parallelism']).upper())} {state} of model state and {peak} at peak"
+        )
+    what = PEAK_SOURCES.get(str(first_value(at, "peak_memory_source")), "peak memory")
+    numbers.add(
+        "MemorySummary",
+        f"In strong scaling at {world} {data.unit if world == 1 else data.units}, one rank holds "
+        + join(parts)
+        + f" (the peak is the busiest rank's {what}).",
+        f"scaling.csv mode=strong world_size={world} model_state_bytes_per_rank, peak_memory_bytes; "
+        + data.run_ids("scaling", **{"config.mode": "strong", "world_size": world}),
+    )
 
 
 ACCEPTANCE_ROLES = {
@@ -189,11 +231,41 @@ def profiling(numbers: Numbers, data: Data) -> None:
             )
 
 
+AXIS_NAMES = {
+    "bucket_cap_mb": "the DDP bucket size",
+    "per_gpu_batch": "the per-{unit} batch",
+    "precision": "the precision",
+    "comm_hook": "the DDP communication hook",
+    "parallelism": "the parallelism (DDP or FSDP)",
+}
+
+
+def _axis_value(key: str, value) -> str:
+    """How one axis value of a point reads: 'bf16', 'batch 128', '25~MB buckets', 'key = value'."""
+    if key == "precision":
+        return escape(value)
+    if key == "per_gpu_batch":
+        return f"batch {integer(value)}"
+    if key == "bucket_cap_mb":
+        return f"{number(3)(value)}~MB buckets"
+    return f"{escape(key)} {escape(value if not isinstance(value, float) else number(3)(value))}"
+
+
+def _axis_column(key: str) -> str:
+    """runs.csv's column of a sweep axis (run_ids matches the best point's runs on it)."""
+    return key if key == "per_gpu_batch" else f"config.{key}"
+
+
 def sensitivity(numbers: Numbers, data: Data) -> None:
     table = data.table("sensitivity")
-    names = (
+    axes = list(data.context["sensitivity_axes"])
+    names = [AXIS_NAMES.get(key, escape(key)).format(unit=data.unit) for key in reversed(axes)]
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    numbers.add("SensitivityAxes", listed, "config: sensitivity.axes (last first)")
+    macros = (
         "World",
         "Points",
+        "BestPoint",
         "BestPrecision",
         "BestBatch",
         "BestBucket",
@@ -203,7 +275,7 @@ def sensitivity(numbers: Numbers, data: Data) -> None:
         "BaselineThroughput",
     )
     if table is None:
-        for name in names:
+        for name in macros:
             numbers.add(f"Sensitivity{name}", NOT_MEASURED, "sensitivity.csv not given")
         return
     numbers.add(
@@ -216,24 +288,23 @@ def sensitivity(numbers: Numbers, data: Data) -> None:
         else table["images_per_s_per_gpu"] == table["images_per_s_per_gpu"].max()
     )
     best = table[best_mask].iloc[0] if best_mask.any() else table.sort_values("images_per_s_per_gpu").iloc[-1]
-    source = (
-        f"sensitivity.csv best row precision={best['precision']} per_gpu_batch={int(best['per_gpu_batch'])} "
-        f"bucket_cap_mb={best['bucket_cap_mb']:g}; "
-        + data.run_ids(
-            "sensitivity",
-            **{
-                "config.precision": best["precision"],
-                "per_gpu_batch": int(best["per_gpu_batch"]),
-                "config.bucket_cap_mb": float(best["bucket_cap_mb"]),
-            },
-        )
+    present = [key for key in axes if key in best.index]
+    point = " ".join(f"{key}={best[key]}" for key in present)
+    runs = data.run_ids("sensitivity", **{_axis_column(key): best[key] for key in present})
+    source = f"sensitivity.csv best row {point}; {runs}"
+    values = [_axis_value(key, best[key]) for key in present]
+    numbers.add(
+        "SensitivityBestPoint", values[0] + (" with " + join(values[1:]) if values[1:] else ""), source
     )
-    numbers.add("SensitivityBestPrecision", escape(best["precision"]), source)
-    numbers.add("SensitivityBestBatch", integer(best["per_gpu_batch"]), source)
-    numbers.add("SensitivityBestBucket", f"{number(3)(best['bucket_cap_mb'])}~MB", source)
+    for macro, column, formatter in (
+        ("SensitivityBestPrecision", "precision", escape),
+        ("SensitivityBestBatch", "per_gpu_batch", integer),
+        ("SensitivityBestBucket", "bucket_cap_mb", lambda v: f"{number(3)(v)}~MB"),
+    ):
+        numbers.add(macro, formatted(best.get(column), formatter), source)
     numbers.add(
         "SensitivityBestThroughput",
-        number(4)(best["images_per_s_per_gpu"]) + r"~images/s per " + data.unit,
+        number(4)(best["images_per_s_per_gpu"]) + f"~{data.sample_unit}/s per " + data.unit,
         source,
     )
     numbers.add(
@@ -246,7 +317,7 @@ def sensitivity(numbers: Numbers, data: Data) -> None:
     )
     numbers.add(
         "SensitivityBaselineThroughput",
-        formatted(best.get("baseline_images_per_s_per_gpu"), number(4), IMAGES_PER_S + " per " + data.unit),
+        formatted(best.get("baseline_images_per_s_per_gpu"), number(4), data.per_s + " per " + data.unit),
         "sensitivity.csv baseline_images_per_s_per_gpu; " + data.run_ids("baseline"),
     )
 

@@ -146,14 +146,30 @@ def interval(frame: pd.DataFrame, stem: str, fmt: Callable[[Any], str]) -> pd.Se
     return frame.apply(one, axis=1) if len(frame) else pd.Series(dtype=object)
 
 
+def capitalised(word: str) -> str:
+    return f"{word[:1].upper()}{word[1:]}"
+
+
+def sample_unit(frame: pd.DataFrame) -> str:
+    """What the table's throughput counts (its sample_unit column), images where it has none."""
+    values = frame["sample_unit"].dropna() if "sample_unit" in frame else []
+    return str(values.iloc[0]) if len(values) else "images"
+
+
 def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str = "GPU") -> str:
-    frame = scaling.sort_values(["mode", "world_size"]).copy()
+    """One row per (mode, world size); with DDP and FSDP in the study, per (mode, parallelism, world
+    size), with a Parallelism column."""
+    frame = scaling.copy()
+    frame["parallelism"] = frame["parallelism"].fillna("ddp") if "parallelism" in frame else "ddp"
+    frame = frame.sort_values(["mode", "parallelism", "world_size"])
     frame["efficiency_ci"] = interval(frame, "efficiency", percent())
+    series = [Column("parallelism", "Parallelism", lambda v: escape(str(v).upper()), align="l")]
     columns = [
         Column("mode", "Mode", align="l"),
-        Column("world_size", f"{unit[:1].upper()}{unit[1:]}s", integer),
+        *(series if frame["parallelism"].nunique() > 1 else []),
+        Column("world_size", f"{capitalised(unit)}s", integer),
         Column("per_gpu_batch", f"Batch/{unit}", integer),
-        Column("images_per_s_mean", "Images/s", number(4)),
+        Column("images_per_s_mean", f"{capitalised(sample_unit(frame))}/s", number(4)),
         Column("speedup_mean", "Speedup", fixed(2)),
         Column("efficiency_mean", "Efficiency", percent()),
         Column("efficiency_ci", f"{confidence:.0%} CI".replace("%", r"\,\%"), str),
@@ -168,11 +184,26 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
 
 
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
+DEFAULT_AXES = ("precision", "per_gpu_batch", "bucket_cap_mb")
 
 
-def sensitivity_table(sensitivity: pd.DataFrame, unit: str = "GPU") -> str:
+def _axis_column(key: str, unit: str) -> Column:
+    known = {
+        "precision": Column("precision", "Precision", align="l"),
+        "per_gpu_batch": Column("per_gpu_batch", f"Batch/{unit}", integer),
+        "bucket_cap_mb": Column("bucket_cap_mb", "Bucket (MB)", number(3)),
+    }
+    return known.get(key, Column(key, escape(key).replace(r"\_", " "), text, align="l"))
+
+
+def sensitivity_table(
+    sensitivity: pd.DataFrame, unit: str = "GPU", axes: Sequence[str] = DEFAULT_AXES
+) -> str:
+    """One row per sweep point: a column per axis (sensitivity.axes), sorted by them (precision in
+    the order fp32, fp16, bf16)."""
+    keys = [key if key != "precision" else "_order" for key in axes]
     frame = sensitivity.assign(_order=sensitivity["precision"].map(PRECISION_ORDER).fillna(9))
-    frame = frame.sort_values(["_order", "per_gpu_batch", "bucket_cap_mb"])
+    frame = frame.sort_values(keys, kind="stable")
     best = (
         frame["best"].astype(str).str.lower() == "true" if "best" in frame else pd.Series(False, frame.index)
     )
@@ -181,10 +212,8 @@ def sensitivity_table(sensitivity: pd.DataFrame, unit: str = "GPU") -> str:
         for v, b in zip(frame["images_per_s_per_gpu"], best, strict=True)
     ]
     columns = [
-        Column("precision", "Precision", align="l"),
-        Column("per_gpu_batch", f"Batch/{unit}", integer),
-        Column("bucket_cap_mb", "Bucket (MB)", number(3)),
-        Column("throughput", f"Images/s/{unit}", str),
+        *(_axis_column(key, unit) for key in axes),
+        Column("throughput", f"{capitalised(sample_unit(frame))}/s/{unit}", str),
         Column("gain_vs_baseline", "vs.\\ baseline", percent()),
         Column("mfu", "MFU", percent()),
     ]
@@ -297,6 +326,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", help=f"{name} CSV (from scalestudy.analysis).")
     parser.add_argument("--out-dir", required=True, help="Folder for the .tex files.")
     parser.add_argument("--unit", default="GPU", help="What one rank drives, in the headers: GPU or rank.")
+    parser.add_argument(
+        "--sensitivity-axes",
+        nargs="+",
+        default=list(DEFAULT_AXES),
+        help="The sensitivity sweep's axes (sensitivity.axes keys, in order): its first columns.",
+    )
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
     from scalestudy.analysis.tableio import read_csv
@@ -306,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if source is None:
             continue
         out = Path(args.out_dir) / filename
-        atomic.write_text(out, render(read_csv(source), unit=args.unit))
+        options = {"axes": args.sensitivity_axes} if name == "sensitivity" else {}
+        atomic.write_text(out, render(read_csv(source), unit=args.unit, **options))
         log.info("%s -> %s", source, out)
     return 0
 

@@ -1,9 +1,10 @@
 """Draw one figure: `python -m scalestudy.plots <figure> --png OUT.png [--pdf OUT.pdf] <inputs>`.
 
-Figures: throughput, efficiency, epoch-time (from scaling.csv), sensitivity (sensitivity.csv),
-accuracy (the scaling runs' metrics.csv), monitor (their gpu_monitor.csv), comm-model
+Figures: throughput, efficiency, epoch-time, memory (from scaling.csv), sensitivity
+(sensitivity.csv), accuracy (the quality curves of the scaling runs' metrics.csv: test accuracy, or
+the losses and perplexity of an LM, by --metric), monitor (their gpu_monitor.csv), comm-model
 (comm_model_prediction.csv + scaling.csv), comm-busbw (results/comm/busbw.csv). Thresholds come
-from the analysis settings.
+from the analysis settings; the throughput unit (images, tokens, ...) from the tables' sample_unit.
 """
 
 from __future__ import annotations
@@ -47,20 +48,24 @@ def _epoch_time(args, settings):
     scaling.epoch_time(_scaling(args), args.png, args.pdf)
 
 
+def _memory(args, settings):
+    from scalestudy.plots import memory
+
+    memory.memory(read_csv(args.scaling, ["mode", "world_size"]), args.png, args.pdf)
+
+
 def _sensitivity(args, settings):
     from scalestudy.plots import sensitivity
 
-    table = read_csv(
-        args.sensitivity,
-        ["precision", "per_gpu_batch", "bucket_cap_mb", "images_per_s_per_gpu", "world_size"],
-    )
-    sensitivity.heatmaps(table, args.png, args.pdf)
+    table = read_csv(args.sensitivity, [*args.axes, "images_per_s_per_gpu", "world_size"])
+    sensitivity.heatmaps(table, args.png, args.pdf, args.axes, args.rows, args.cols)
 
 
 def _accuracy(args, settings):
     from scalestudy.plots import curves
 
-    curves.accuracy(curves.load_curves(args.metrics), args.png, args.pdf, args.target_accuracy)
+    target = args.target_accuracy if args.metric == "accuracy" else None
+    curves.quality(curves.load_curves(args.metrics), args.png, args.pdf, args.metric, target)
 
 
 def _monitor(args, settings):
@@ -89,8 +94,9 @@ FIGURES = {
     "throughput": (_throughput, ("scaling",)),
     "efficiency": (_efficiency, ("scaling",)),
     "epoch-time": (_epoch_time, ("scaling",)),
-    "sensitivity": (_sensitivity, ("sensitivity",)),
-    "accuracy": (_accuracy, ("metrics", "target_accuracy")),
+    "memory": (_memory, ("scaling",)),
+    "sensitivity": (_sensitivity, ("sensitivity", "axes", "rows", "cols")),
+    "accuracy": (_accuracy, ("metrics", "target_accuracy", "metric")),
     "monitor": (_monitor, ("monitor",)),
     "comm-model": (_comm_model, ("prediction", "scaling", "fit")),
     "comm-busbw": (_comm_busbw, ("busbw", "bucket_mb")),
@@ -102,7 +108,19 @@ INPUTS = {
     "fit": {"help": "comm_model_fit.csv: states the fit method on the figure (optional)."},
     "metrics": {"nargs": "*", "default": [], "help": "metrics.csv of the scaling runs."},
     "monitor": {"nargs": "*", "default": [], "help": "gpu_monitor.csv of the scaling runs."},
-    "target_accuracy": {"type": float, "help": "Draw the target test accuracy."},
+    "target_accuracy": {"type": float, "help": "Draw the target test accuracy (metric accuracy)."},
+    "metric": {
+        "choices": ("accuracy", "perplexity", "none"),
+        "default": "accuracy",
+        "help": "The workload's metric: accuracy curves, or the losses (and perplexity).",
+    },
+    "axes": {
+        "nargs": "+",
+        "default": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+        "help": "The sweep's axes (sensitivity.axes keys, in order).",
+    },
+    "rows": {"help": "The axis along the heatmap's rows (default: the last axis but one)."},
+    "cols": {"help": "The axis along the heatmap's columns (default: the last axis)."},
     "busbw": {"help": "results/comm/busbw.csv (scalestudy.commbench)."},
     "bucket_mb": {"type": float, "nargs": "*", "default": [], "help": "DDP bucket sizes (MiB) to mark."},
 }

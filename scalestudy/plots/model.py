@@ -23,7 +23,8 @@ def model_vs_measurement(
     prediction: pd.DataFrame, scaling: pd.DataFrame, png, pdf=None, fit: pd.DataFrame | None = None
 ) -> None:
     """One panel per mode: measured efficiency (with CI) and the predicted curves; `fit` adds a line
-    saying how the model was fitted."""
+    saying how the model was fitted. The model is DDP's all-reduce: FSDP rows are not drawn."""
+    ddp = scaling["parallelism"].fillna("ddp").eq("ddp") if "parallelism" in scaling else True
     modes = sorted(set(scaling["mode"]) | set(prediction.get("mode", pd.Series(dtype=str))))
     fig, axes = style.new_figure(wide=True, aspect=0.36, ncols=max(len(modes), 1))
     curves = [c for c in prediction.get("curve", pd.Series(dtype=str)).unique() if c != FIT_CURVE]
@@ -33,7 +34,7 @@ def model_vs_measurement(
     )
     for ax, mode in zip(axes[0], modes, strict=True):
         _predicted(ax, prediction[prediction["mode"] == mode] if len(prediction) else prediction, colours)
-        measured = scaling[scaling["mode"] == mode].sort_values("world_size")
+        measured = scaling[(scaling["mode"] == mode) & ddp].sort_values("world_size")
         s = style.mode_style(mode)
         style.errorbar(
             ax,

@@ -47,12 +47,13 @@ PANELS = (
 
 
 def short_label(run: str) -> str:
-    """'scaling/strong/w8_r0' -> 'strong, 8 GPUs'."""
-    match = re.search(r"(strong|weak)/w(\d+)_r(\d+)", run)
+    """'scaling/strong/w8_r0' -> 'strong, 8 GPUs'; 'scaling/strong/fsdp-w8_r0' -> 'strong FSDP, 8 GPUs'."""
+    match = re.search(r"(strong|weak)/(?:([a-z]+)-)?w(\d+)_r(\d+)", run)
     if not match:
         return run
-    mode, world, repeat = match.groups()
-    return f"{mode}, {style.count(int(world))}" + (f" (r{repeat})" if repeat != "0" else "")
+    mode, parallelism, world, repeat = match.groups()
+    series = f"{mode} {parallelism.upper()}" if parallelism else mode
+    return f"{series}, {style.count(int(world))}" + (f" (r{repeat})" if repeat != "0" else "")
 
 
 def _draw(ax, run_samples: pd.DataFrame, column: str, linestyle: str, colour, scale: float, label) -> None:

@@ -1,5 +1,9 @@
 """Scaling figures from results/tables/scaling.csv: throughput, efficiency, time per epoch.
 
+One series per (mode, parallelism): strong and weak scaling in their colours; where the study has
+more than one parallelism (DDP and FSDP), FSDP keeps its mode's colour with its own marker and line
+and the labels name it. Throughput is in the table's unit (sample_unit: images, tokens, ...).
+
 A point where some repeat did not fill its measurement window (scaling.csv's window_filled false:
 its throughput is the whole run's) is drawn hollow, with a legend entry "window not filled".
 """
@@ -14,14 +18,24 @@ from scalestudy.plots import style
 UNFILLED_LABEL = "window not filled"
 
 
-def _modes(scaling: pd.DataFrame):
-    yield from scaling.sort_values("world_size").groupby("mode", sort=True)
+def parallelisms(scaling: pd.DataFrame) -> pd.Series:
+    """Each row's parallelism (ddp where the table predates the column)."""
+    if "parallelism" not in scaling:
+        return pd.Series("ddp", index=scaling.index)
+    return scaling["parallelism"].fillna("ddp").astype(str)
 
 
-def _stat(ax, group, stem, windowed: bool = True):
-    """Mean and interval over repeats of `stem`, in the mode's colour and marker; `windowed`: the
-    quantity comes from the measurement window, so points without a filled one are drawn hollow."""
-    s = style.mode_style(group["mode"].iloc[0])
+def series(scaling: pd.DataFrame):
+    """(mode, parallelism, rows by world size, look) of every series."""
+    frame = scaling.assign(parallelism=parallelisms(scaling)).sort_values("world_size")
+    named = frame["parallelism"].nunique() > 1
+    for (mode, parallelism), group in frame.groupby(["mode", "parallelism"], sort=True):
+        yield mode, parallelism, group, style.series_style(mode, parallelism, named)
+
+
+def _stat(ax, group, stem, look, windowed: bool = True):
+    """Mean and interval over repeats of `stem` in the series' look; `windowed`: the quantity comes
+    from the measurement window, so points without a filled one are drawn hollow."""
     filled = window_filled(group) if windowed else pd.Series(True, index=group.index)
     style.errorbar(
         ax,
@@ -29,13 +43,14 @@ def _stat(ax, group, stem, windowed: bool = True):
         group[f"{stem}_mean"],
         group[f"{stem}_ci_low"],
         group[f"{stem}_ci_high"],
-        color=s["color"],
-        marker=s["marker"],
-        label=s["label"],
+        color=look["color"],
+        marker=look["marker"],
+        linestyle=look["linestyle"],
+        label=look["label"],
         markevery=filled.tolist(),
     )
     if not filled.all():
-        _hollow(ax, group.loc[~filled, "world_size"], group.loc[~filled, f"{stem}_mean"], s)
+        _hollow(ax, group.loc[~filled, "world_size"], group.loc[~filled, f"{stem}_mean"], look)
 
 
 def _hollow(ax, x, y, s) -> None:
@@ -47,40 +62,40 @@ def _hollow(ax, x, y, s) -> None:
 
 
 def _with_ideal(ax, scaling: pd.DataFrame, stem: str, ideal, windowed: bool = True) -> None:
-    """Each mode's measurements and, dashed in its colour, its ideal `ideal(value at 1 GPU, N)`."""
-    for mode, group in _modes(scaling):
-        _stat(ax, group, stem, windowed)
+    """Each series' measurements and, dashed in its colour, its ideal `ideal(value at 1 GPU, N)`."""
+    for mode, parallelism, group, look in series(scaling):
+        _stat(ax, group, stem, look, windowed)
         one = group.loc[group["world_size"] == 1, f"{stem}_mean"]
         if len(one):
-            s = style.mode_style(mode)
-            ideal_values = ideal(float(one.iloc[0]), group["world_size"])
+            named = look["label"] != style.mode_style(mode)["label"]
             ax.plot(
                 group["world_size"],
-                ideal_values,
-                label=f"ideal, {mode}",
-                **{**style.IDEAL_STYLE, "color": s["color"], "alpha": 0.6},
+                ideal(float(one.iloc[0]), group["world_size"]),
+                label=f"ideal, {mode}" + (f", {parallelism.upper()}" if named else ""),
+                **{**style.IDEAL_STYLE, "color": look["color"], "alpha": 0.6},
             )
 
 
 def throughput(scaling: pd.DataFrame, png, pdf=None) -> None:
-    """Global images/s vs GPUs (log-log), with the ideal N X(1) line per mode."""
+    """Global throughput (the table's unit/s) vs GPUs (log-log), with the ideal N X(1) per series."""
     fig, axes = style.new_figure()
     ax = axes[0, 0]
     _with_ideal(ax, scaling, "images_per_s", lambda one, n: one * n)
     style.log_y_axis(ax)
     style.world_axis(ax, scaling["world_size"])
-    ax.set_ylabel(f"Throughput (images/s, all {style.UNIT['word']}s)")
+    unit = style.sample_unit(scaling)
+    ax.set_ylabel(f"Throughput ({style.rate_label(unit, per_rank=False)}, all {style.UNIT['word']}s)")
     ax.legend(loc="best")
     style.save_figure(fig, png, pdf)
 
 
 def efficiency(scaling: pd.DataFrame, png, pdf=None, criteria: dict | None = None) -> None:
-    """E(N) = X(N) / (N X(1)) for both modes; the strong-scaling acceptance threshold."""
+    """E(N) = X(N) / (N X(1)) for every series; the strong-scaling acceptance threshold."""
     fig, axes = style.new_figure()
     ax = axes[0, 0]
     ax.axhline(1.0, **style.IDEAL_STYLE, label="ideal")
-    for _, group in _modes(scaling):
-        _stat(ax, group, "efficiency")
+    for _, _, group, look in series(scaling):
+        _stat(ax, group, "efficiency", look)
     if criteria:
         minimum, world = criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]
         style.threshold(ax, minimum, f"acceptance: strong \u2265 {minimum:.0%} at {style.count(world)}")

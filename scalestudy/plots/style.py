@@ -101,6 +101,39 @@ def mode_style(mode: str) -> dict:
     return MODE_STYLE.get(mode, {"color": PALETTE[2], "marker": "^", "label": mode})
 
 
+# A second parallelism (FSDP beside DDP) keeps its mode's colour, with its own marker and line.
+PARALLELISM_STYLE = {"fsdp": {"marker": "D", "linestyle": "-."}}
+
+
+def series_style(mode: str, parallelism: str = "ddp", named: bool = False) -> dict:
+    """The look of one (mode, parallelism) series; `named`: the label names the parallelism (the
+    study has more than one), else it reads as the mode alone."""
+    look = {**mode_style(mode), "linestyle": "-", **PARALLELISM_STYLE.get(parallelism, {})}
+    if named:
+        look["label"] = f"{look['label']}, {parallelism.upper()}"
+    return look
+
+
+DEFAULT_SAMPLE_UNIT = "images"
+
+
+def sample_unit(frame) -> str:
+    """What a table's throughput counts (its sample_unit column: images, tokens, ...); images where
+    the table predates workloads."""
+    if frame is not None and "sample_unit" in frame:
+        values = frame["sample_unit"].dropna().astype(str)
+        if len(values):
+            return values.iloc[0]
+    return DEFAULT_SAMPLE_UNIT
+
+
+def rate_label(unit: str, per_rank: bool = True) -> str:
+    """'Images/s per GPU' (or 'Tokens/s per rank'); per_rank False: 'images/s'."""
+    if not per_rank:
+        return f"{unit}/s"
+    return f"{unit[:1].upper()}{unit[1:]}/s per {UNIT['word']}"
+
+
 def series_colours(n: int) -> list:
     """n colours of one sequential map (dark to light, stopping before the hard-to-see yellow end)."""
     cmap = plt.get_cmap("viridis")

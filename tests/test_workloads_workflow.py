@@ -1,0 +1,115 @@
+"""Other workloads through the whole study with Snakemake: the LM demo (config/demo-gpt.yaml, DDP and
+FSDP2) from an empty results/ to the report, and the user's own script (examples/train_script.py,
+workload: command) through the demo grid."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lm_demo(tmp_path_factory) -> tuple[Path, float]:
+    """README's demo command with the LM config, in a copy of the repository; (folder, seconds)."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("lm") / "scalestudy")
+    shutil.copytree(REPO / "scripts", workdir / "scripts")
+    shutil.copy2(REPO / "pyproject.toml", workdir / "pyproject.toml")
+    (workdir / ".venv").symlink_to(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")))
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", "scripts/demo.sh", "--configfile", "config/demo-gpt.yaml"],
+        cwd=workdir,
+        env=snakemake_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, f"LM demo failed:\n{result.stdout[-6000:]}\n{result.stderr[-8000:]}"
+    print(f"LM demo: {seconds:.0f} s")
+    return workdir, seconds
+
+
+def test_the_lm_study_reports_tokens_memory_and_both_parallelisms(lm_demo):
+    workdir, _ = lm_demo
+    scaling = pd.read_csv(workdir / "results/tables/scaling.csv")
+    assert set(scaling["parallelism"]) == {"ddp", "fsdp"} and set(scaling["sample_unit"]) == {"tokens"}
+    assert scaling["peak_memory_bytes"].gt(0).all()
+    fsdp = scaling[(scaling["parallelism"] == "fsdp") & (scaling["config.mode"] == "strong")]
+    state = fsdp.set_index("world_size")["model_state_bytes_per_rank"]
+    assert state[2] < 0.55 * state[1]  # FSDP2 shards parameters, gradients and AdamW's moments
+    for name in ("throughput", "efficiency", "memory", "accuracy", "sensitivity"):
+        assert (workdir / f"results/figures/{name}.png").stat().st_size > 10_000, name
+    report = (workdir / "results/report.html").read_text(errors="replace")
+    assert "memory.png" in report and "okens/s" in report
+
+
+def test_the_lm_loss_falls_and_every_run_is_the_lm(lm_demo):
+    workdir, _ = lm_demo
+    metrics = pd.read_csv(workdir / "results/runs/baseline/default/metrics.csv")
+    assert metrics["train_loss"].is_monotonic_decreasing and metrics["test_loss"].iloc[-1] < 3.5
+    for path in (workdir / "results/runs").rglob("summary.json"):
+        results = json.loads(path.read_text())["results"]
+        assert (results["workload"], results["sample_unit"]) == ("gpt", "tokens"), path
+
+
+def test_the_lm_study_has_nothing_left_to_do(lm_demo):
+    workdir, _ = lm_demo
+    result = run_snakemake(workdir, "--dry-run", "--configfile", "config/demo-gpt.yaml")
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def _command_config(workdir: Path) -> str:
+    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+    config["workload"] = {
+        "name": "command",
+        "command": {
+            "script": "examples/train_script.py",
+            "args": ["--samples", "4096"],
+            "sample_unit": "samples",
+        },
+    }
+    config["sensitivity"]["axes"] = {"per_gpu_batch": [16, 32], "lr": [0.05, 0.1]}
+    path = workdir / "config/command.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return "config/command.yaml"
+
+
+@pytest.fixture(scope="module")
+def command_study(tmp_path_factory) -> Path:
+    workdir = copy_workflow(tmp_path_factory.mktemp("command") / "scalestudy")
+    configfile = _command_config(workdir)
+    run_snakemake(workdir, "--configfile", configfile, timeout=1500)
+    return workdir
+
+
+def test_the_users_script_runs_through_the_demo_grid(command_study):
+    runs = pd.read_csv(command_study / "results/tables/runs.csv")
+    assert set(runs["stage"]) == {"baseline", "scaling", "sensitivity", "profile"}
+    assert set(runs["workload"]) == {"command"} and set(runs["sample_unit"]) == {"samples"}
+    scaling = pd.read_csv(command_study / "results/tables/scaling.csv")
+    assert scaling["images_per_s"].gt(0).all() and len(scaling) == 4
+    sensitivity = pd.read_csv(command_study / "results/tables/sensitivity.csv")
+    assert {"per_gpu_batch", "lr"} <= set(sensitivity.columns) and len(sensitivity) == 4
+    summary = json.loads((command_study / "results/runs/scaling/strong/w2_r0/summary.json").read_text())
+    assert summary["provenance"]["script"]["path"].endswith("examples/train_script.py")
+    assert (command_study / "results/paper/figures/throughput.pdf").is_file()
+
+
+def test_a_changed_script_re_runs_the_training_jobs(command_study):
+    script = command_study / "examples/train_script.py"
+    script.write_text(script.read_text() + "\n# changed\n")
+    result = run_snakemake(command_study, "--dry-run", "--configfile", "config/command.yaml")
+    assert "scaling_run" in result.stdout and "baseline_run" in result.stdout
