@@ -82,12 +82,14 @@ rule table_acceptance:
         sensitivity=rules.table_metrics.output.sensitivity,
         monitor=run_files("scaling", "gpu_monitor.csv"),
         busbw=rules.table_comm_bench.output.busbw,
-        loader_smoke=rules.smoke_io.output.result,
+        loader_smoke=rules.smoke_io.output.result if SMOKE_IO else [],
     output:
         csv=f"{TABLES_DIR}/acceptance.csv",
         html=table_report("acceptance.html", "Acceptance", "Criteria"),
     params:
         analysis=analysis_json("acceptance", "monitor"),
+        # a command workload has no loader smoke test (rules/smoke.smk)
+        loader_smoke=lambda wc, input: ["--loader-smoke", input.loader_smoke] if SMOKE_IO else [],
     log:
         f"{ANALYSIS_LOGS}/acceptance.log",
     localrule: on_submit_host("table_acceptance")
@@ -98,7 +100,7 @@ rule table_acceptance:
     shell:
         "python -m scalestudy.analysis.acceptance --scaling {input.scaling:q}"
         " --sensitivity {input.sensitivity:q} --monitor {input.monitor:q} --analysis-json {params.analysis:q}"
-        " --busbw {input.busbw:q} --loader-smoke {input.loader_smoke:q}"
+        " --busbw {input.busbw:q} {params.loader_smoke:q}"
         " --out {output.csv:q} --html {output.html:q} > {log:q} 2>&1"
 
 

@@ -179,6 +179,7 @@ def workload_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> l
         problems.append(
             "workload.command.script is required with workload.name = 'command': the script to run"
         )
+    problems += _fsdp_problems(config, name)
     if source == "text":
         defaults = schema.get("properties", {}).get("data", {}).get("properties", {})
         problems += [
@@ -187,3 +188,23 @@ def workload_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> l
             if key in data and data[key] == defaults.get(key, {}).get("default")
         ]
     return problems
+
+
+def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:
+    """FSDP2 shards the LM's transformer blocks; the ResNet trains with DDP only (its trainer refuses
+    fsdp, so say it before any job)."""
+    if name != workloads.DEFAULT:
+        return []
+    places = {
+        "train.parallelism": [(config.get("train") or {}).get("parallelism")],
+        "scaling.parallelism": (config.get("scaling") or {}).get("parallelism") or [],
+        "sensitivity.axes.parallelism": ((config.get("sensitivity") or {}).get("axes") or {}).get(
+            "parallelism"
+        )
+        or [],
+    }
+    return [
+        f"{where} = fsdp is for the gpt workload: {name} trains with ddp"
+        for where, values in places.items()
+        if "fsdp" in values
+    ]

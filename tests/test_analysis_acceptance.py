@@ -132,3 +132,60 @@ def test_html_colours_status(tmp_path):
     html = acceptance.to_html(evaluate([1, 2]).reset_index())
     assert html.count("<tr style=") == 5
     assert "not measured (largest N=2)" in html and "n/a" in html
+
+
+# --- series (DDP, FSDP) and units --------------------------------------------------------------
+
+
+def two_series(worlds=(1, 2, 4, 8)):
+    """A DDP series at 80 % strong efficiency and an FSDP one at 50 %, rows shuffled."""
+    ddp = scaling_table(worlds, strong_eff=0.8, weak_growth=0.05).assign(parallelism="ddp")
+    fsdp = scaling_table(worlds, strong_eff=0.5, weak_growth=0.4).assign(parallelism="fsdp")
+    return pd.concat([fsdp, ddp], ignore_index=True).sample(frac=1.0, random_state=1)
+
+
+def test_each_series_is_judged_on_its_own_ddp_first():
+    table = acceptance.evaluate(two_series(), sensitivity_table(0.3), CRITERIA)
+    assert list(table["criterion"][:4]) == [
+        "strong-scaling efficiency at 8 GPUs (DDP)",
+        "strong-scaling efficiency at 8 GPUs (FSDP)",
+        "weak-scaling step-time variation over N <= 8 (DDP)",
+        "weak-scaling step-time variation over N <= 8 (FSDP)",
+    ]
+    rows = table.set_index("criterion")
+    assert rows.loc["strong-scaling efficiency at 8 GPUs (DDP)", "measured"] == pytest.approx(0.8)
+    assert rows.loc["strong-scaling efficiency at 8 GPUs (DDP)", "status"] == "pass"
+    assert rows.loc["strong-scaling efficiency at 8 GPUs (FSDP)", "measured"] == pytest.approx(0.5)
+    assert rows.loc["strong-scaling efficiency at 8 GPUs (FSDP)", "status"] == "fail"
+    assert rows.loc["weak-scaling step-time variation over N <= 8 (FSDP)", "measured"] == pytest.approx(0.4)
+
+
+def test_informative_rows_name_their_series():
+    table = acceptance.evaluate(two_series((1, 2)), sensitivity_table(0.3), CRITERIA).set_index("criterion")
+    assert table.loc["strong-scaling efficiency at largest measured N=2 (FSDP)", "measured"] == pytest.approx(
+        0.5
+    )
+    assert table.loc["strong-scaling efficiency at largest measured N=2 (DDP)", "status"] == "informative"
+
+
+def test_a_single_series_keeps_its_names():
+    scaling = scaling_table([1, 2, 4, 8], 0.8, 0.05).assign(parallelism="ddp")
+    names = set(acceptance.evaluate(scaling, sensitivity_table(0.3), CRITERIA)["criterion"])
+    assert "strong-scaling efficiency at 8 GPUs" in names
+    assert not any("(DDP)" in name for name in names)
+
+
+def test_the_gain_note_speaks_the_sample_unit_and_names_further_axes():
+    resnet = acceptance.evaluate(scaling_table([1, 2], 0.8, 0.05), sensitivity_table(0.3), CRITERIA)
+    note = resnet.set_index("criterion").loc[
+        "throughput gain per GPU of the best optimisation over the baseline"
+    ]
+    assert note["note"].startswith("best point bf16, per-GPU batch 256, bucket 100 MB at N=8:")
+    assert note["note"].endswith("images/s per GPU (one run each)")
+    lm = sensitivity_table(0.3).assign(parallelism=None, sample_unit="tokens")  # an axis after "best"
+    table = acceptance.evaluate(scaling_table([1, 2], 0.8, 0.05), lm, CRITERIA)
+    note = table.set_index("criterion").loc[
+        "throughput gain per GPU of the best optimisation over the baseline"
+    ]
+    assert "bucket 100 MB, parallelism ddp at N=8" in note["note"]  # empty: the default, DDP
+    assert note["note"].endswith("tokens/s per rank (one run each)")

@@ -67,3 +67,70 @@ def test_model_rows_use_the_measured_collectives_where_the_benchmark_ran():
         (prediction["curve"] == commmodel.MEASURED_CURVE) & (prediction["world_size"] == 16)
     ]
     assert model["images_per_s"] == pytest.approx(256 * 16 / float(measured["step_s"].iloc[0]))
+
+
+ONE_RUN = pd.DataFrame([run_row("scaling", 1, 8, 0.1, mode="weak")])
+
+
+def scaling_rows(parallelism, unit="images", rate=100.0):
+    return [
+        {
+            "mode": mode,
+            "world_size": n,
+            "images_per_s_mean": rate * n,
+            "repeats": 1,
+            "parallelism": parallelism,
+            "sample_unit": unit,
+        }
+        for mode in ("weak", "strong")
+        for n in (2, 1)
+    ]
+
+
+def test_one_training_row_per_mode_parallelism_and_size():
+    settings_ = analysis(full_training_epochs=1, train_images=3600, overhead_factor=1.0)
+    scaling = pd.DataFrame(scaling_rows("fsdp", rate=50.0) + scaling_rows("ddp"))
+    table = resources.estimate(ONE_RUN, scaling, pd.DataFrame(), settings_)
+    rows = table[table["scope"] == "full training"]
+    assert list(table.columns).index("parallelism") == list(table.columns).index("mode") + 1
+    assert list(zip(rows["mode"], rows["parallelism"], rows["world_size"], strict=True)) == [
+        ("strong", "ddp", 1),
+        ("strong", "ddp", 2),
+        ("strong", "fsdp", 1),
+        ("strong", "fsdp", 2),
+        ("weak", "ddp", 1),
+        ("weak", "ddp", 2),
+        ("weak", "fsdp", 1),
+        ("weak", "fsdp", 2),
+    ]
+    fsdp_two = rows[(rows["parallelism"] == "fsdp") & (rows["world_size"] == 2)].iloc[0]
+    assert fsdp_two["wall_hours"] == pytest.approx(3600 / 100.0 / 3600)  # 50 samples/s per rank x 2
+    assert (rows["what"] == "1 epochs").all()  # images: as the ResNet's tables always said
+
+
+def test_a_single_parallelism_has_no_parallelism_column():
+    scaling = pd.DataFrame(scaling_rows("ddp"))
+    table = resources.estimate(ONE_RUN, scaling, pd.DataFrame(), analysis())
+    assert "parallelism" not in table.columns
+    assert list(table.columns) == list(resources.COLUMNS)
+
+
+def test_an_lm_counts_tokens_in_model_rows_and_words():
+    """Model rows convert the predicted step time to tokens/s: tokens per sequence x sequences/s."""
+    settings_ = analysis(model_world_sizes=[16], train_images=1_000_000)
+    runs = pd.DataFrame([run_row("scaling", n, 8, 0.1 + 0.01 * (n - 1), mode="weak") for n in (1, 2, 4)])
+    _, _, prediction = commmodel.analyse(runs, settings_)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
+    as_tokens = scaling.assign(
+        sample_unit="tokens",
+        images_per_s_mean=scaling["images_per_s_mean"] * 128,
+        images_per_s_per_gpu_mean=scaling["images_per_s_per_gpu_mean"] * 128,
+    )
+    table = resources.estimate(runs, as_tokens, prediction, settings_)
+    model = table[table["scope"] == "model"].iloc[0]
+    link = settings_["comm_model"]["interconnects"][0]["name"]
+    at_16 = prediction[(prediction["curve"] == link) & (prediction["world_size"] == 16)]
+    step = float(at_16["step_s"].iloc[0])
+    assert model["images_per_s"] == pytest.approx(128 * 8 * 16 / step)
+    assert model["what"] == "200 epochs of 1,000,000 tokens"
+    assert resources.units_per_sample(as_tokens, "tokens") == pytest.approx(128)

@@ -273,3 +273,90 @@ def test_a_clipped_training_fit_does_not_derive_a_fully_hidden_all_reduce():
     assert "beta clipped to 0" in values.loc["method", "value"]
     assert float(values.loc["overlap_fraction", "value"]) == 0.25
     assert "not derived from comm_bench" in values.loc["overlap_fraction", "note"]
+
+
+# --- any workload, DDP and FSDP ------------------------------------------------------------------
+
+
+def fsdp_runs(worlds, modes=("strong", "weak")) -> pd.DataFrame:
+    """FSDP scaling runs far off the DDP model (3x its step times): they must not move the fit."""
+    runs = runs_from_model(worlds, modes=modes)
+    runs["images_per_s_per_gpu"] /= 3.0
+    return runs.assign(parallelism="fsdp")
+
+
+def test_the_fit_and_predictions_use_the_ddp_series_only():
+    analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
+    ddp = runs_from_model([1, 2, 4, 8])
+    alone = commmodel.analyse(ddp, analysis)
+    mixed = pd.concat([fsdp_runs([1, 2, 4, 8]), ddp.assign(parallelism=None)], ignore_index=True)
+    table, residuals, prediction = commmodel.analyse(mixed.sample(frac=1.0, random_state=3), analysis)
+    values = table.set_index("quantity")
+    assert float(values.loc["alpha_eff", "value"]) == pytest.approx(ALPHA / 1e-6, rel=1e-6)
+    assert float(values.loc["bandwidth_eff", "value"]) == pytest.approx(40.0, rel=1e-6)
+    assert values.loc["points", "value"] == 6  # the DDP multi-GPU runs (an empty parallelism is DDP)
+    assert values.loc["runs_not_modelled", "value"] == 8  # every FSDP scaling run, 1 GPU included
+    assert (
+        "fsdp" in values.loc["runs_not_modelled", "note"] and "DDP" in values.loc["runs_not_modelled", "note"]
+    )
+    columns = ["mode", "curve", "world_size"]
+    pd.testing.assert_frame_equal(
+        prediction.sort_values(columns).reset_index(drop=True),
+        alone[2].sort_values(columns).reset_index(drop=True),
+    )
+    assert len(residuals) == len(alone[1]) == 6
+    # a DDP-only study's table has no such row (the ResNet's table is unchanged)
+    assert "runs_not_modelled" not in set(alone[0]["quantity"])
+
+
+def test_an_fsdp_only_study_is_not_fitted_and_says_why():
+    table, residuals, prediction = commmodel.analyse(fsdp_runs([1, 2, 4]), settings.resolved({}))
+    values = table.set_index("quantity")
+    assert values.loc["method", "value"].startswith("not fitted")
+    assert values.loc["runs_not_modelled", "value"] == 6
+    assert residuals.empty and prediction.empty
+
+
+def test_gradient_bytes_come_from_the_parameters_or_the_resnet_width():
+    resnet = runs_from_model([1, 2])
+    # no parameters column: the ResNet-18's closed form of config.width (64: 11,173,962 parameters)
+    assert commmodel.gradient_bytes(resnet) == [4 * 11_173_962] * len(resnet)
+    # the counted parameters agree with the closed form, so the ResNet's numbers do not move
+    assert commmodel.gradient_bytes(resnet.assign(parameters=11_173_962)) == [4 * 11_173_962] * len(resnet)
+    lm = resnet.drop(columns="config.width").assign(parameters=1_853_568)
+    assert commmodel.gradient_bytes(lm) == [4 * 1_853_568] * len(lm)
+    assert commmodel.gradient_bytes(lm.assign(**{"config.comm_hook": "bf16"})) == [2 * 1_853_568] * len(lm)
+    with pytest.raises(ValueError, match="strong/w1_r0 has neither parameters nor config.width"):
+        commmodel.gradient_bytes(resnet.drop(columns="config.width"))
+
+
+def lm_runs(worlds, parameters=2_000_000, tokens_per_sample=128, bucket=1.0) -> pd.DataFrame:
+    """LM scaling runs: the rate counts tokens, the step time is the trainer's own (step_time_s)."""
+    grad = 4.0 * parameters
+    buckets = modelsize.bucket_count(grad, bucket)
+    rows = []
+    for mode in ("strong", "weak"):
+        for n in worlds:
+            batch = 64 // n if mode == "strong" else 8
+            step = C * 100 * batch + float(commmodel.ring_allreduce_s(n, grad, buckets, ALPHA, BETA))
+            tokens_per_s = batch * tokens_per_sample / step
+            row = run_row("scaling", n, batch, step, mode=mode, **{"config.bucket_cap_mb": bucket})
+            row.update(images_per_s_per_gpu=tokens_per_s, images_per_s=tokens_per_s * n, step_time_s=step)
+            row.update(parameters=parameters, sample_unit="tokens", parallelism="ddp")
+            del row["config.width"]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_an_lm_is_fitted_from_its_step_times_and_parameters():
+    runs = lm_runs([1, 2, 4, 8])
+    points, compute = commmodel.fit_points(runs)
+    assert set(points["grad_bytes"]) == {8_000_000.0}
+    assert compute["weak"] == pytest.approx(C * 100)  # seconds per sequence, not per token
+    result = commmodel.fit(points, compute, 10e-6)
+    assert result.alpha_s == pytest.approx(ALPHA, rel=1e-6)
+    assert result.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)
+    table, _, _ = commmodel.analyse(runs, settings.resolved({}))
+    compute_rows = table[table["quantity"].str.startswith("compute_per")].set_index("quantity")
+    assert list(compute_rows.index) == ["compute_per_sample[strong]", "compute_per_sample[weak]"]
+    assert "tokens" in compute_rows["note"].iloc[0]

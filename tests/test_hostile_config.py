@@ -375,6 +375,9 @@ def test_the_project_check_refuses_booleans_itself():
         ("workload.name", "gpt", "data.source = 'cifar10' does not fit workload.name = 'gpt'"),
         ("workload.name", "command", "workload.command.script is required"),
         ("data.source", "text", "data.url = 'https://www.cs.toronto.edu/~kriz/cifar-10-py"),
+        ("scaling.parallelism", ["ddp", "fsdp"], "scaling.parallelism = fsdp is for the gpt workload"),
+        ("train.parallelism", "fsdp", "train.parallelism = fsdp is for the gpt workload"),
+        ("sensitivity.axes.parallelism", ["fsdp"], "sensitivity.axes.parallelism = fsdp is for the gpt"),
     ],
 )
 def test_settings_that_do_not_fit_the_grid_are_refused_naming_key_and_value(key, value, named):
@@ -396,7 +399,7 @@ def test_a_sweep_without_per_gpu_batch_is_refused():
     "axes",
     [
         {"optimizer": ["sgd", "adamw"], "per_gpu_batch": [16], "grad_clip": [None, 1.0]},
-        {"per_gpu_batch": [16, 32], "parallelism": ["ddp", "fsdp"], "channels_last": [True, False]},
+        {"per_gpu_batch": [16, 32], "comm_hook": ["none", "fp16"], "channels_last": [True, False]},
     ],
 )
 def test_sweeps_over_other_run_config_keys_pass(axes):

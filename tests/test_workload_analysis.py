@@ -159,11 +159,22 @@ def test_a_tokens_run_takes_its_step_time_from_the_trainer():
     assert list(runs["time_per_step_s"]) == pytest.approx([0.5, 0.25])
 
 
-def test_mfu_is_left_empty_for_a_workload_without_a_width():
-    row = run_row("scaling", 1, 8, 0.5, mode="strong", workload="gpt")
+def test_mfu_is_left_empty_for_a_workload_without_a_flop_count():
+    row = run_row("scaling", 1, 8, 0.5, mode="strong", workload="command")
     del row["config.width"]
     runs = metrics.run_metrics(pd.DataFrame([row]), SETTINGS)
     assert runs["mfu"].isna().all()
+
+
+def test_the_lms_mfu_comes_from_the_flops_per_token_its_trainer_counted():
+    row = run_row("scaling", 1, 8, 0.5, mode="strong", workload="gpt", sample_unit="tokens", step_time_s=0.5)
+    del row["config.width"]
+    row["train_flops_per_image"] = 1.5e6
+    runs = metrics.run_metrics(pd.DataFrame([row]), SETTINGS)
+    precision = runs["precision"].iloc[0]
+    peak, _ = metrics.find_peak_tflops(SETTINGS["peak_tflops"], row["device_name"], row["device"], precision)
+    rate = runs["images_per_s_per_gpu"].iloc[0]  # tokens/s per rank
+    assert rate > 0 and runs["mfu"].iloc[0] == pytest.approx(rate * 1.5e6 / (peak * 1e12))
 
 
 # ----------------------------------------------------------------------------- sensitivity axes
@@ -234,8 +245,21 @@ def test_a_further_axis_is_a_column_and_sorts_the_rows():
 
 def test_an_axis_without_its_run_config_column_is_named():
     runs = metrics.run_metrics(pd.DataFrame(sweep_rows()), SETTINGS)
-    with pytest.raises(ValueError, match=r"sensitivity runs: missing column\(s\) config\.lr"):
-        metrics.sensitivity_table(runs, ["lr", "precision"])
+    with pytest.raises(ValueError, match=r"sensitivity runs: missing column\(s\) config\.no_such_key"):
+        metrics.sensitivity_table(runs, ["no_such_key", "precision"])
+
+
+def test_an_axis_value_left_at_the_trainers_default_is_filled_in():
+    """The grid writes parallelism (and other keys) into a run config only where it is not the
+    trainer's default: the sensitivity table shows the default there, not an empty cell."""
+    rows = sweep_rows()
+    for index, row in enumerate(rows):
+        row["config.parallelism"] = "fsdp" if index % 2 else None
+    runs = metrics.run_metrics(pd.DataFrame(rows), SETTINGS)
+    table = metrics.sensitivity_table(runs, ["parallelism", "precision"])
+    assert sorted(set(table["parallelism"])) == ["ddp", "fsdp"]
+    without_column = runs.drop(columns="config.parallelism")
+    assert set(metrics.sensitivity_table(without_column, ["parallelism", "precision"])["parallelism"]) == {"ddp"}
 
 
 def test_the_metrics_cli_takes_the_axes(tmp_path):

@@ -3,6 +3,11 @@
 A criterion at a world size the grid does not reach is "not measured (largest N=...)", never a
 pass; the same quantity at the largest measured N follows as an "informative" row.
 
+The scaling criteria judge each series (scaling.csv's parallelism, absent = ddp) on its own: a DDP-only
+study has one row per criterion as before; with DDP and FSDP each criterion has a row per series,
+DDP first, the series named in the criterion ("... (FSDP)"). Rates are in the runs' sample_unit
+(images/s per GPU for the ResNet, tokens/s per rank for an LM).
+
     python -m scalestudy.analysis.acceptance --scaling results/tables/scaling.csv \
         --sensitivity results/tables/sensitivity.csv --out results/tables/acceptance.csv \
         --html results/tables/acceptance.html [--analysis-json JSON | --config FILE]
@@ -18,7 +23,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, gpumonitor
+from scalestudy.analysis import cli, gpumonitor, series
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.analysis.tableio import read_csv, read_json
 
@@ -39,11 +44,24 @@ def _verdict(ok: bool, informative: bool) -> str:
 
 
 def _mode(scaling: pd.DataFrame, mode: str) -> pd.DataFrame:
-    return scaling[scaling["mode"] == mode].sort_values("world_size") if len(scaling) else scaling
+    return (
+        scaling[scaling["mode"] == mode].sort_values("world_size", kind="stable") if len(scaling) else scaling
+    )
 
 
-def strong_efficiency(scaling: pd.DataFrame, minimum: float, world: int) -> list[dict]:
-    name = f"strong-scaling efficiency at {world} GPUs"
+def scaling_criteria(scaling: pd.DataFrame, criteria: dict) -> list[dict]:
+    """Strong efficiency then weak variation, each for every series."""
+    parts = series.by_parallelism(scaling)
+    strong_min, strong_world = criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]
+    weak_max, weak_world = criteria["weak_variation_max"], criteria["weak_variation_world"]
+    return [
+        *(row for label, rows in parts for row in strong_efficiency(rows, strong_min, strong_world, label)),
+        *(row for label, rows in parts for row in weak_variation(rows, weak_max, weak_world, label)),
+    ]
+
+
+def strong_efficiency(scaling: pd.DataFrame, minimum: float, world: int, label: str = "") -> list[dict]:
+    name = f"strong-scaling efficiency at {world} GPUs{label}"
     target = f">= {minimum:.0%}"
     strong = _mode(scaling, "strong")
     if strong.empty or strong["efficiency_mean"].isna().all():
@@ -55,8 +73,8 @@ def strong_efficiency(scaling: pd.DataFrame, minimum: float, world: int) -> list
     else:
         rows.append(_row(name, target, world, status=_absent(world, strong["world_size"])))
     if largest != world and largest > 1:
-        label = f"strong-scaling efficiency at largest measured N={largest}"
-        rows.append(_strong_row(label, target, strong, largest, minimum, informative=True))
+        informative = f"strong-scaling efficiency at largest measured N={largest}{label}"
+        rows.append(_strong_row(informative, target, strong, largest, minimum, informative=True))
     return rows
 
 
@@ -102,9 +120,9 @@ def _ci_note(value, ci, threshold, repeats, higher_is_better) -> str:
     return f"{repeats} repeats; the interval clears the threshold"
 
 
-def weak_variation(scaling: pd.DataFrame, maximum: float, world: int) -> list[dict]:
+def weak_variation(scaling: pd.DataFrame, maximum: float, world: int, label: str = "") -> list[dict]:
     """Largest step-time increase T(N)/T(1) - 1 over the weak-scaling sizes N <= world."""
-    name = f"weak-scaling step-time variation over N <= {world}"
+    name = f"weak-scaling step-time variation over N <= {world}{label}"
     target = f"<= {maximum:.0%}"
     weak = _mode(scaling, "weak")
     if weak.empty or 1 not in set(weak["world_size"]):
@@ -114,8 +132,8 @@ def weak_variation(scaling: pd.DataFrame, maximum: float, world: int) -> list[di
         return [_weak_row(name, target, weak, world, maximum, informative=False)]
     rows = [_row(name, target, world, status=_absent(world, weak["world_size"]))]
     if 1 < largest < world:
-        label = f"weak-scaling step-time variation over measured N <= {largest}"
-        rows.append(_weak_row(label, target, weak, largest, maximum, informative=True))
+        informative = f"weak-scaling step-time variation over measured N <= {largest}{label}"
+        rows.append(_weak_row(informative, target, weak, largest, maximum, informative=True))
     return rows
 
 
@@ -150,11 +168,34 @@ def optimisation_gain(sensitivity: pd.DataFrame, minimum: float) -> list[dict]:
     best = usable.loc[usable["images_per_s_per_gpu"].idxmax()]
     value = float(best["gain_vs_baseline"])
     note = (
-        f"best point {best['precision']}, per-GPU batch {int(best['per_gpu_batch'])}, bucket "
-        f"{best['bucket_cap_mb']:g} MB at N={int(best['world_size'])}: {best['images_per_s_per_gpu']:.4g} vs "
-        f"baseline {best['baseline_images_per_s_per_gpu']:.4g} images/s per GPU (one run each)"
+        f"best point {sweep_point(best, sensitivity)} at N={int(best['world_size'])}: "
+        f"{best['images_per_s_per_gpu']:.4g} vs baseline {best['baseline_images_per_s_per_gpu']:.4g} "
+        f"{rate_words(sensitivity)} (one run each)"
     )
     return [_row(name, target, int(best["world_size"]), value, _verdict(value >= minimum, False), note)]
+
+
+def rate_words(table: pd.DataFrame, per: str | None = None) -> str:
+    """'images/s per GPU' for the ResNet (as its tables always said), '<unit>/s per rank' otherwise."""
+    unit = series.sample_unit(table)
+    return f"{unit}/s per {per or ('GPU' if unit == 'images' else 'rank')}"
+
+
+# sensitivity.csv: the columns after "best" (but sample_unit) are the sweep's further axes (metrics)
+AXIS_DEFAULTS = {"parallelism": series.DDP}  # what an empty cell (the key left at its default) means
+POINT_WORDS = {"precision": "{}", "per_gpu_batch": "per-GPU batch {:.0f}", "bucket_cap_mb": "bucket {:g} MB"}
+
+
+def sweep_point(best: pd.Series, sensitivity: pd.DataFrame) -> str:
+    """The best sweep point in words: its precision, batch and bucket, then every further axis."""
+    columns = list(sensitivity.columns)
+    extra = columns[columns.index("best") + 1 :] if "best" in columns else []
+    words = [
+        form.format(best[key]) for key, form in POINT_WORDS.items() if key in best and pd.notna(best[key])
+    ]
+    for key in (c for c in extra if c != "sample_unit"):
+        words.append(f"{key} {best[key] if pd.notna(best[key]) else AXIS_DEFAULTS.get(key, '(default)')}")
+    return ", ".join(words)
 
 
 def gpu_health(gpus: pd.DataFrame | None, thresholds: dict, reasons: Sequence[str] = ()) -> list[dict]:
@@ -209,8 +250,7 @@ def evaluate(
     monitor_reasons: Sequence[str] = (),
 ) -> pd.DataFrame:
     rows = [
-        *strong_efficiency(scaling, criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]),
-        *weak_variation(scaling, criteria["weak_variation_max"], criteria["weak_variation_world"]),
+        *scaling_criteria(scaling, criteria),
         *optimisation_gain(sensitivity, criteria["optimisation_gain_min"]),
     ]
     if monitor is not None:
@@ -253,9 +293,15 @@ def loader_rows(smoke_io: dict | None, scaling: pd.DataFrame) -> list[dict]:
     fastest = scaling.loc[scaling[column].idxmax()]
     loader_result = smoke_io["loader"]
     value = loader_result["images_per_s"] / float(fastest[column])
+    rate = f"{loader_result['images_per_s']:.4g} {rate_words(scaling, 'rank')}"
+    which = (
+        fastest["mode"]
+        if len(series.by_parallelism(scaling)) == 1
+        else f"{fastest['mode']} {series.parallelism_of(scaling)[fastest.name]}"
+    )
     note = (
-        f"{loader_result['loader']} loader {loader_result['images_per_s']:.4g} images/s per rank on "
-        f"{loader_result['device']} vs {float(fastest[column]):.4g} trained ({fastest['mode']}, "
+        f"{loader_result['loader']} loader {rate} on "
+        f"{loader_result['device']} vs {float(fastest[column]):.4g} trained ({which}, "
         f"N={int(fastest['world_size'])}, the fastest per rank)"
     )
     return [_row(name, target, int(fastest["world_size"]), value, _verdict(value >= 1.0, False), note)]

@@ -5,14 +5,21 @@ Per step, a run on N GPUs with per-GPU batch b takes
     T(N, b) = c b + (1 - phi) * sum over its k gradient buckets of ring all-reduce time
             = c b + beta_eff * 2(N-1)/N * S  +  alpha_eff * 2(N-1) k
 
-c is the compute time per image (from the 1-GPU runs of the same mode: T(1, b) / b), S the gradient
-bytes (parameters x 4, or x 2 with a 16-bit comm hook), k = ceil(S / bucket) the all-reduce calls,
+c is the compute time per sample (from the 1-GPU runs of the same mode: T(1, b) / b; per image for
+the ResNet, per sequence for an LM), S the gradient bytes (the run's `parameters` x 4, or x 2 with a
+16-bit comm hook; a catalog without `parameters` uses the ResNet-18's closed form of config.width),
+k = ceil(S / bucket) the all-reduce calls,
 alpha the latency of one ring step and 1/beta the bus bandwidth (nccl-tests busbw). Step times alone
 cannot tell overlap phi from bandwidth, so the fit finds the *exposed* alpha_eff = (1 - phi) alpha and
 beta_eff = (1 - phi) / B; phi follows when the measured interconnect's bandwidth is configured
 (analysis.comm_model.measured_bandwidth_gb_s), else it is assumed (overlap_fraction).
 
-The fit is least squares on the excess T - c b of every multi-GPU scaling run (repeats count as
+The model is DDP's: fit and predictions use the DDP scaling runs only (column parallelism, empty or
+absent = ddp). FSDP shards parameters and gradients and moves them with an all-gather and a
+reduce-scatter per unit, which this model does not describe: the fit table counts such runs
+(runs_not_modelled) and the log says so.
+
+The fit is least squares on the excess T - c b of every multi-GPU DDP scaling run (repeats count as
 points). It is honest about what the data can say:
 
 * "free": at least two world sizes > 1 (strictly: two values of N x buckets) and one
@@ -51,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, modelsize
+from scalestudy.analysis import cli, metrics, modelsize, series
 from scalestudy.analysis.tableio import read_csv, require_columns
 
 log = logging.getLogger("scalestudy.analysis.commmodel")
@@ -123,7 +130,7 @@ class Fit:
 
 
 def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Scaling runs as fit points (step time, gradient bytes, buckets) and c per mode."""
+    """DDP scaling runs as fit points (step time, gradient bytes, buckets) and c per mode."""
     require_columns(
         runs,
         [
@@ -132,16 +139,12 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
             "world_size",
             "per_gpu_batch",
             "images_per_s_per_gpu",
-            "config.width",
             "config.bucket_cap_mb",
         ],
         "runs",
     )
-    scaling = runs[runs["stage"] == "scaling"]
-    hook = scaling["config.comm_hook"] if "config.comm_hook" in scaling else pd.Series("none", scaling.index)
-    grad = [
-        modelsize.gradient_bytes(int(w), str(h)) for w, h in zip(scaling["config.width"], hook, strict=True)
-    ]
+    scaling = series.ddp_only(runs[runs["stage"] == "scaling"])
+    grad = gradient_bytes(scaling)
     points = pd.DataFrame(
         {
             "mode": scaling["config.mode"].to_numpy(),
@@ -152,7 +155,7 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
                 modelsize.bucket_count(g, b)
                 for g, b in zip(grad, scaling["config.bucket_cap_mb"], strict=True)
             ],
-            "step_s": (scaling["per_gpu_batch"] / scaling["images_per_s_per_gpu"]).to_numpy(float),
+            "step_s": step_seconds(scaling),
         }
     )
     single = points[points["world_size"] == 1]
@@ -161,6 +164,41 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     points["compute_s"] = points["mode"].map(compute) * points["per_gpu_batch"]
     points["excess_s"] = points["step_s"] - points["compute_s"]
     return points.reset_index(drop=True), compute
+
+
+def gradient_bytes(runs: pd.DataFrame) -> list[float]:
+    """Bytes each run's all-reduce moves per step: its `parameters` (any workload) or, in a catalog
+    without them, the ResNet-18's closed form of config.width; fp32 or 16-bit (comm hook)."""
+    hooks = runs["config.comm_hook"] if "config.comm_hook" in runs else pd.Series("none", runs.index)
+    counted = _numeric(runs, "parameters")
+    width = _numeric(runs, "config.width")
+    grad = []
+    for index, hook in hooks.items():
+        if pd.notna(counted[index]):
+            parameters = int(counted[index])
+        elif pd.notna(width[index]):
+            parameters = modelsize.parameters(int(width[index]))
+        else:
+            point = runs["point"][index] if "point" in runs else index
+            raise ValueError(
+                f"runs: scaling run {point} has neither parameters nor config.width: its gradient bytes "
+                "are unknown"
+            )
+        grad.append(modelsize.gradient_bytes_of(parameters, str(hook)))
+    return grad
+
+
+def _numeric(runs: pd.DataFrame, column: str) -> pd.Series:
+    if column not in runs:
+        return pd.Series(math.nan, index=runs.index)
+    return pd.to_numeric(runs[column], errors="coerce")
+
+
+def step_seconds(runs: pd.DataFrame) -> np.ndarray:
+    """Seconds per training step (metrics.time_per_step: per-GPU batch / per-GPU rate where the rate
+    counts images, else the trainer's own step time)."""
+    frame = runs.assign(sample_unit=series.unit_of(runs), window_filled=metrics.window_filled(runs))
+    return metrics.time_per_step(frame).to_numpy(float)
 
 
 def fit(points: pd.DataFrame, compute: dict[str, float], fixed_alpha_s: float) -> Fit:
@@ -238,21 +276,46 @@ def overlap(fit_result: Fit, model: dict) -> tuple[float, str]:
     return clipped, note + (f" (= {phi:.3g}, clipped)" if clipped != phi else "")
 
 
-def fit_table(f: Fit, phi: float, phi_note: str) -> pd.DataFrame:
+def fit_table(f: Fit, phi: float, phi_note: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The fit's quantities; with the run catalog, also the rows its workload and FSDP runs need
+    (a ResNet-18 DDP study's table has none of them)."""
+    runs = runs if runs is not None else pd.DataFrame(columns=["stage"])
     rows = [
         ("method", f.method, "", ""),
         ("points", f.n_points, "", "multi-GPU scaling runs in the fit"),
+        *excluded_rows(runs),
         ("degrees_of_freedom", f.dof, "", ""),
         ("alpha_eff", f.alpha_s / US, "us", _se(f.alpha_se_s / US)),
         ("bandwidth_eff", f.bandwidth_gb_s, "GB/s", "1 / beta_eff; " + _se(f.bandwidth_se_gb_s)),
         ("rms_residual", f.rms_residual_s * 1e3, "ms", "per step"),
         ("overlap_fraction", phi, "", phi_note),
     ]
-    rows += [
-        (f"compute_per_image[{m}]", c * 1e3, "ms", "from the 1-GPU runs")
-        for m, c in f.compute_s_per_image.items()
-    ]
+    quantity, note = _compute_words(runs)
+    rows += [(f"{quantity}[{m}]", c * 1e3, "ms", note) for m, c in f.compute_s_per_image.items()]
     return pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
+
+
+def excluded_rows(runs: pd.DataFrame) -> list[tuple]:
+    """A row counting the scaling runs of another parallelism (FSDP), left out of fit and predictions."""
+    scaling = runs[runs["stage"] == "scaling"]
+    other = scaling[series.parallelism_of(scaling) != series.DDP]
+    if other.empty:
+        return []
+    kinds = ", ".join(sorted(series.parallelism_of(other).unique()))
+    note = (
+        f"{kinds} scaling runs are not in the fit or the predictions: the model covers DDP's gradient "
+        "all-reduce only (FSDP's per-unit all-gather + reduce-scatter are not modelled)"
+    )
+    return [("runs_not_modelled", len(other), "", note)]
+
+
+def _compute_words(runs: pd.DataFrame) -> tuple[str, str]:
+    """(quantity, note) of the compute time per sample: per image for the ResNet, else per batch
+    element of the workload (an LM's sequence, whose throughput counts tokens)."""
+    unit = series.sample_unit(runs)
+    if unit == "images":
+        return "compute_per_image", "from the 1-GPU runs"
+    return "compute_per_sample", f"from the 1-GPU DDP runs; per batch element (throughput counts {unit})"
 
 
 def _se(value: float) -> str:
@@ -428,9 +491,11 @@ def analyse(
         else pd.DataFrame(columns=list(PREDICTION_COLUMNS))
     )
     extra = bench_rows(links, points, profile_overlap, model["gpus_per_node"])
-    table = fit_table(result, phi, phi_note)
+    table = fit_table(result, phi, phi_note, runs)
     if extra:
         table = pd.concat([table, pd.DataFrame(extra, columns=list(table.columns))], ignore_index=True)
+    for _, count, _, note in excluded_rows(runs):
+        log.warning("comm model: %d %s", count, note)
     log.info(
         "comm model: %s; alpha_eff %.3g us, bandwidth_eff %.3g GB/s, dof %d",
         result.method,

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from scalestudy import atomic
+from scalestudy import atomic, runconfig
 from scalestudy.analysis import cli, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
@@ -111,10 +111,18 @@ def find_peak_tflops(
 def mfu(
     images_per_s_per_gpu: float, width: int, precision: str, device_name, device, settings: dict
 ) -> float:
-    """Model FLOPs utilisation of one GPU (0..1); NaN when the device has no configured peak."""
-    peak, _ = find_peak_tflops(settings["peak_tflops"], device_name, device, precision)
+    """Model FLOPs utilisation of one GPU (0..1) of the ResNet of `width`; NaN when the device has no
+    configured peak."""
     flops = modelsize.train_flops_per_image(int(width), settings["train_flops_factor"])
-    return images_per_s_per_gpu * flops / (peak * 1e12)
+    return mfu_of_flops(images_per_s_per_gpu, flops, precision, device_name, device, settings)
+
+
+def mfu_of_flops(
+    samples_per_s_per_gpu: float, train_flops: float, precision: str, device_name, device, settings: dict
+) -> float:
+    """Model FLOPs utilisation from the training FLOPs of one sample (image, token)."""
+    peak, _ = find_peak_tflops(settings["peak_tflops"], device_name, device, precision)
+    return samples_per_s_per_gpu * train_flops / (peak * 1e12)
 
 
 NODES_COLUMN = "provenance.slurm.job_num_nodes"
@@ -191,10 +199,22 @@ def steady_or_whole_run(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mfu_of(r: pd.Series, settings: dict) -> float:
-    if pd.isna(r["config.width"]):  # not the ResNet: no FLOP count of the model here
+    """The ResNet's from its width (the closed form, modelsize); another workload's from the training
+    FLOPs per sample its trainer counted (the LM's 6N + attention per token); else NaN."""
+    if pd.notna(r["config.width"]):
+        return mfu(
+            r["images_per_s_per_gpu"],
+            r["config.width"],
+            r["precision"],
+            r["device_name"],
+            r["device"],
+            settings,
+        )
+    flops = r.get("train_flops_per_image")
+    if flops is None or pd.isna(flops):
         return math.nan
-    return mfu(
-        r["images_per_s_per_gpu"], r["config.width"], r["precision"], r["device_name"], r["device"], settings
+    return mfu_of_flops(
+        r["images_per_s_per_gpu"], flops, r["precision"], r["device_name"], r["device"], settings
     )
 
 
@@ -239,7 +259,8 @@ def _check_flops(runs: pd.DataFrame) -> None:
 
 
 def _warn_missing_peaks(runs: pd.DataFrame) -> None:
-    without_flops = runs["config.width"].isna()
+    counted = runs["train_flops_per_image"].notna() if "train_flops_per_image" in runs else False
+    without_flops = runs["config.width"].isna() & ~counted
     if without_flops.any():
         log.info("MFU left empty for %d run(s) of a workload without a FLOP count here", without_flops.sum())
     for device in runs.loc[runs["mfu"].isna() & ~without_flops, "device_name"].dropna().unique():
@@ -320,6 +341,13 @@ SENSITIVITY_COLUMNS = {
 DEFAULT_AXES = ("precision", "per_gpu_batch", "bucket_cap_mb")
 
 
+def _axis_values(sweep: pd.DataFrame, key: str) -> pd.Series:
+    """The sweep's config.<key> values, the trainer's default where the run config leaves it out."""
+    default = runconfig.DEFAULTS.get(key)
+    values = sweep.get(f"config.{key}", pd.Series(default, index=sweep.index, dtype=object))
+    return values if default is None else values.fillna(default)
+
+
 def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) -> pd.DataFrame:
     """One row per sweep point, with its per-GPU throughput gain over the 1-GPU baseline.
 
@@ -328,7 +356,13 @@ def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) ->
     are those of SENSITIVITY_COLUMNS; further axes follow the gain and best columns, sample_unit
     comes last."""
     sweep = runs[runs["stage"] == "sensitivity"]
-    require_columns(sweep, [f"config.{key}" for key in axes if key != "per_gpu_batch"], "sensitivity runs")
+    # the grid leaves a value at the trainer's default out of the run config (runconfig.DEFAULTS)
+    omitted_at_default = {key for key in axes if key in runconfig.DEFAULTS}
+    require_columns(
+        sweep,
+        [f"config.{key}" for key in axes if key != "per_gpu_batch" and key not in omitted_at_default],
+        "sensitivity runs",
+    )
     present = {source: name for source, name in SENSITIVITY_COLUMNS.items() if source in sweep}
     table = sweep[list(present)].rename(columns=present)
     for name in SENSITIVITY_COLUMNS.values():
@@ -344,7 +378,7 @@ def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) ->
     table["best"] = table["images_per_s_per_gpu"] == judged["images_per_s_per_gpu"].max()
     for key in axes:
         if key not in table:
-            table[key] = sweep[f"config.{key}"]
+            table[key] = _axis_values(sweep, key)
     table["sample_unit"] = sweep["sample_unit"]
     return table.sort_values(list(axes), kind="stable").reset_index(drop=True)
 

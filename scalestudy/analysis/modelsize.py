@@ -1,4 +1,5 @@
-"""Size of the CIFAR ResNet-18 (3x3 stride-1 stem, no max-pool) as a function of its base width.
+"""Size of the CIFAR ResNet-18 (3x3 stride-1 stem, no max-pool) as a function of its base width,
+and the gradient bytes DDP all-reduces for a model of any size (gradient_bytes_of).
 
 Closed forms, counted layer by layer (BasicBlocks [2, 2, 2, 2], widths w, 2w, 4w, 8w at 32, 16, 8
 and 4 pixels, 1x1 downsample convs, 10 classes):
@@ -35,9 +36,15 @@ def train_flops_per_image(width: int = 64, factor: float = 3.0) -> float:
 
 
 def gradient_bytes(width: int = 64, comm_hook: str = "none") -> float:
-    """Bytes one all-reduce moves per step: every parameter's gradient (fp32, or 16-bit with a hook)."""
+    """Bytes one all-reduce of the ResNet-18 of this width moves per step (gradient_bytes_of)."""
+    return gradient_bytes_of(parameters(width), comm_hook)
+
+
+def gradient_bytes_of(parameter_count: int, comm_hook: str = "none") -> float:
+    """Bytes DDP's all-reduce moves per step for a model of any workload: every parameter's gradient
+    (fp32, or 16-bit with a comm hook)."""
     try:
-        return float(parameters(width) * BYTES_PER_GRADIENT[comm_hook])
+        return float(parameter_count * BYTES_PER_GRADIENT[comm_hook])
     except KeyError as err:
         raise ValueError(f"unknown comm_hook {comm_hook!r} (one of {sorted(BYTES_PER_GRADIENT)})") from err
 

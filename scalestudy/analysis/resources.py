@@ -4,12 +4,16 @@ Three kinds of rows (column `scope`):
 
 * `grid`: what each stage of this study cost, from the runs themselves (Slurm's elapsed time where
   sacct answered, else the trainer's total_time_s), and the total;
-* `full training`: analysis.resources.full_training_epochs epochs of train_images images at each
-  measured (mode, N), at the measured mean throughput;
+* `full training`: analysis.resources.full_training_epochs epochs of train_images samples at each
+  measured (mode, parallelism, N), at the measured mean throughput;
 * `model`: the same at analysis.resources.model_world_sizes, at the throughput the communication
   model predicts from the measured collectives (comm_bench's alpha and bandwidth) where the
   benchmark ran, else on the first configured interconnect (an estimate, not a measurement; the
-  `source` column says which).
+  `source` column says which). The model is DDP's, so these rows are DDP's.
+
+Throughput (the column keeps its name images_per_s) and train_images count the runs' sample_unit:
+images for the ResNet, tokens for an LM, whose `what` then says so ("200 epochs of 50,000 tokens").
+A study of more than one parallelism (DDP and FSDP) gets a `parallelism` column after `mode`.
 
 `requested_gpu_hours` multiplies by overhead_factor (failures, restarts, queueing): the number a
 compute-time proposal asks for.
@@ -28,7 +32,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, commmodel, metrics
+from scalestudy.analysis import cli, commmodel, metrics, series
 from scalestudy.analysis.tableio import read_csv
 
 log = logging.getLogger("scalestudy.analysis.resources")
@@ -120,12 +124,15 @@ def _row(
     return dict(zip(COLUMNS, values, strict=True))
 
 
-def training_row(scope, mode, world, nodes, images_per_s, settings, source) -> dict:
+def training_row(scope, mode, world, nodes, images_per_s, settings, source, unit="images") -> dict:
     res = settings["resources"]
     wall = res["full_training_epochs"] * res["train_images"] / images_per_s / 3600.0
+    what = f"{res['full_training_epochs']} epochs"
+    if unit != "images":
+        what += f" of {res['train_images']:,} {unit}"
     return _row(
         scope,
-        f"{res['full_training_epochs']} epochs",
+        what,
         res["overhead_factor"],
         mode,
         world,
@@ -141,18 +148,25 @@ def training_row(scope, mode, world, nodes, images_per_s, settings, source) -> d
 
 
 def full_training_rows(scaling: pd.DataFrame, settings: dict) -> list[dict]:
+    """One row per measured (mode, parallelism, N), at its mean throughput."""
     gpn = settings["comm_model"]["gpus_per_node"]
+    unit = series.sample_unit(scaling)
+    scaling = scaling.assign(parallelism=series.parallelism_of(scaling))
     return [
-        training_row(
-            "full training",
-            r["mode"],
-            int(r["world_size"]),
-            _nodes(int(r["world_size"]), gpn),
-            float(r["images_per_s_mean"]),
-            settings,
-            f"measured (mean of {int(r['repeats'])} repeat(s))",
-        )
-        for _, r in scaling.sort_values(["mode", "world_size"]).iterrows()
+        {
+            **training_row(
+                "full training",
+                r["mode"],
+                int(r["world_size"]),
+                _nodes(int(r["world_size"]), gpn),
+                float(r["images_per_s_mean"]),
+                settings,
+                f"measured (mean of {int(r['repeats'])} repeat(s))",
+                unit,
+            ),
+            "parallelism": r["parallelism"],
+        }
+        for _, r in scaling.sort_values(["mode", "parallelism", "world_size"], kind="stable").iterrows()
         if r["images_per_s_mean"] > 0
     ]
 
@@ -168,11 +182,14 @@ def model_curve(prediction: pd.DataFrame, settings: dict) -> tuple[str, str]:
 
 
 def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) -> list[dict]:
-    """Unmeasured sizes at the throughput the model predicts (see model_curve)."""
+    """DDP at unmeasured sizes at the throughput the model (of DDP) predicts (see model_curve)."""
     if prediction.empty:
         return []
     link, source = model_curve(prediction, settings)
     gpn = settings["comm_model"]["gpus_per_node"]
+    unit = series.sample_unit(scaling)
+    scaling = series.ddp_only(scaling)
+    per_sample = units_per_sample(scaling, unit)
     measured = set(zip(scaling["mode"], scaling["world_size"], strict=True))
     rows = []
     for mode, group in prediction[prediction["curve"] == link].groupby("mode"):
@@ -181,11 +198,19 @@ def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) 
             hit = group[group["world_size"] == world]
             if hit.empty or (mode, world) in measured or batch is None:
                 continue
-            images_per_s = batch(world) / float(hit["step_s"].iloc[0])
-            rows.append(
-                training_row("model", mode, world, _nodes(world, gpn), images_per_s, settings, source)
-            )
+            images_per_s = per_sample * batch(world) / float(hit["step_s"].iloc[0])
+            row = training_row("model", mode, world, _nodes(world, gpn), images_per_s, settings, source, unit)
+            rows.append({**row, "parallelism": series.DDP})
     return rows
+
+
+def units_per_sample(scaling: pd.DataFrame, unit: str) -> float:
+    """What one batch element counts in the throughput's unit: 1 for images; for an LM the tokens of a
+    sequence, measured as rate per rank x step time / per-rank batch (the median over the rows)."""
+    if unit == "images":
+        return 1.0
+    ratio = scaling["images_per_s_per_gpu_mean"] * scaling["time_per_step_s_mean"] / scaling["per_gpu_batch"]
+    return float(ratio.median())
 
 
 def _global_batch_of(scaling: pd.DataFrame, mode: str):
@@ -207,7 +232,11 @@ def estimate(
         *model_rows(prediction, scaling, settings),
     ]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
-    return table.astype({"world_size": "Int64", "nodes": "Int64", "runs": "Int64", "epochs": "Int64"})
+    table = table.astype({"world_size": "Int64", "nodes": "Int64", "runs": "Int64", "epochs": "Int64"})
+    parallelism = pd.Series([row.get("parallelism", "") for row in rows], index=table.index)
+    if parallelism[parallelism != ""].nunique() > 1:
+        table.insert(table.columns.get_loc("mode") + 1, "parallelism", parallelism)
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """A constructed study: run folders that follow docs/architecture.md, with known true answers.
 
-Used by the tests and to render the example figures before (or without) real runs. Step times follow
+Used by the tests and to render the example figures before (or without) real runs. It constructs the
+ResNet-18 DDP study only (images, config.width; no FSDP or LM runs). Step times follow
 the alpha-beta model of commmodel.py exactly (plus optional multiplicative noise), so a fit must
 recover `Truth.alpha_s` and `Truth.beta_s_per_byte`; everything else (accuracy curves, GPU monitor
 samples) is shaped like real training but carries no claim.

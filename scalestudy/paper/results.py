@@ -26,8 +26,8 @@ def scaling(numbers: Numbers, data: Data) -> None:
     """The per-point macros of the DDP series (the study's reference; FSDP rows are in the table and
     the memory sentence)."""
     table = data.table("scaling")
-    if table is not None and "parallelism" in table:
-        table = table[table["parallelism"].fillna("ddp") == "ddp"]
+    if table is not None:
+        table = table[_ddp_rows(table)]
     memory(numbers, data)
     for mode in ("strong", "weak"):
         Mode = mode.capitalize()
@@ -419,6 +419,13 @@ def _bench(numbers: Numbers, data: Data) -> None:
     )
 
 
+def _ddp_rows(table: pd.DataFrame) -> pd.Series:
+    """The DDP rows of a table with a parallelism column (the numbers the text quotes), else all."""
+    if "parallelism" not in table:
+        return pd.Series(True, index=table.index)
+    return table["parallelism"].fillna("ddp").isin(["ddp", ""])
+
+
 def resources(numbers: Numbers, data: Data) -> None:
     table = data.table("resources")
     hours = data.unit.replace(" ", "-") + "-hours"
@@ -437,7 +444,7 @@ def resources(numbers: Numbers, data: Data) -> None:
         )
     for scope, prefix in (("full training", "Full"), ("model", "Model")):
         rows = (
-            table[(table["scope"] == scope) & (table["mode"] == "strong")]
+            table[(table["scope"] == scope) & (table["mode"] == "strong") & _ddp_rows(table)]
             if table is not None
             else pd.DataFrame()
         )

@@ -250,6 +250,7 @@ def resource_table(resources: pd.DataFrame, unit: str = "GPU") -> str:
         Column("scope", "Scope", align="l"),
         Column("what", "What", align="l"),
         Column("mode", "Mode", align="l"),
+        *([Column("parallelism", "Parallelism", align="l")] if "parallelism" in resources else []),
         Column("world_size", f"{unit[:1].upper()}{unit[1:]}s", blank),
         Column("nodes", "Nodes", blank),
         Column("runs", "Runs", blank),
@@ -259,7 +260,7 @@ def resource_table(resources: pd.DataFrame, unit: str = "GPU") -> str:
         Column("requested_gpu_hours", f"Request {unit}-h", number(3)),
     ]
     return booktabs(
-        resources.fillna({"mode": ""}),
+        resources.fillna({"mode": "", "parallelism": ""}),
         columns,
         "Resource estimate.",
         "resources",
