@@ -32,6 +32,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 try:
+    from scalestudy.ranges import ProfileWindow
+except ImportError:  # without scalestudy: no profiling window
+    ProfileWindow = None
+
+try:
     from scalestudy.contract import EXIT_RESUMABLE, Reporter
 except ImportError:  # the script without scalestudy installed: the same lines, written by hand
     EXIT_RESUMABLE = 75
@@ -60,6 +65,11 @@ except ImportError:  # the script without scalestudy installed: the same lines, 
         def memory(self, peak_bytes, source="script") -> None:
             self._write({"event": "memory", "peak_bytes": int(peak_bytes), "source": source})
 
+        def model(self, parameters, train_flops_per_sample=None) -> None:
+            self._write(
+                {"event": "model", "parameters": parameters, "train_flops_per_sample": train_flops_per_sample}
+            )
+
         def install_stop_handler(self) -> None:
             for signum in (signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(signum, lambda *_: setattr(self, "stop_requested", True))
@@ -68,6 +78,16 @@ except ImportError:  # the script without scalestudy installed: the same lines, 
             if self.progress:
                 with open(self.progress, "a") as handle:
                     handle.write(json.dumps(line) + "\n")
+
+
+def profile_window(config: dict, rank: int, world_size: int):
+    """The study's profiling window (the run config's `profile`, set on the profile stage's runs):
+    scalestudy's ProfileWindow writes the torch.profiler tables the profile rules read, or opens
+    nsys's capture range on a GPU. None without scalestudy or outside the study."""
+    out_dir = os.environ.get("SCALESTUDY_OUT_DIR")
+    if ProfileWindow is None or not out_dir or not config.get("profile"):
+        return None
+    return ProfileWindow(config["profile"], out_dir, rank, world_size)
 
 
 def parse_args() -> argparse.Namespace:
@@ -149,6 +169,8 @@ def main() -> int:
     rank, world_size, device = start_distributed(config.get("device", "auto"))
     global_batch = batch * world_size
     steps_per_epoch = args.samples // global_batch
+    if config.get("max_steps_per_epoch"):  # the study's cap (short demo and profile runs)
+        steps_per_epoch = min(steps_per_epoch, config["max_steps_per_epoch"])
 
     train_x, train_y, test_x, test_y = make_data(args, seed)
     torch.manual_seed(seed)  # the same initial weights on every rank
@@ -159,6 +181,9 @@ def main() -> int:
         nn.ReLU(),
         nn.Linear(args.hidden, args.classes),
     ).to(device)
+    parameters = sum(p.numel() for p in model.parameters())
+    # a linear layer's forward: 2 FLOPs per weight and sample; backward twice that
+    reporter.model(parameters, train_flops_per_sample=6 * parameters)
     train_model = DistributedDataParallel(model) if world_size > 1 else model
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
@@ -175,9 +200,12 @@ def main() -> int:
     def snapshot() -> dict:
         return {**state, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
+    window = profile_window(config, rank, world_size)
     while state["epoch"] < epochs:
         order = torch.randperm(args.samples, generator=torch.Generator().manual_seed(seed + state["epoch"]))
         for step in range(state["step_in_epoch"], steps_per_epoch):
+            if window is not None:
+                window.step(state["global_step"])
             started = time.perf_counter()
             rows = order[step * global_batch : (step + 1) * global_batch][rank::world_size]
             x, y = train_x[rows].to(device), train_y[rows].to(device)
@@ -208,6 +236,8 @@ def main() -> int:
                 f"epoch {state['epoch']}/{epochs}: test loss {test_loss:.4f} acc {test_acc:.3f}",
                 file=sys.stderr,
             )
+    if window is not None:
+        window.close()
     if device.type == "cuda":
         reporter.memory(torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated")
     return 0

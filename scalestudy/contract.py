@@ -28,6 +28,9 @@ The script reports, one JSON object per line (Reporter writes them and flushes e
         field optional)
     {"event": "memory", "peak_bytes": b, "source": "cuda_max_memory_allocated"}
         optional: this rank's peak memory (the largest reported counts)
+    {"event": "model", "parameters": n, "train_flops_per_sample": f}
+        optional: the model's parameter count (the communication model's gradient bytes) and its
+        training FLOPs per sample, forward + backward (MFU); the last reported counts
 
 A script that resumes APPENDS to the same file; a step reported again (the steps after the last
 checkpoint, repeated after a resume) counts once: its last occurrence wins.
@@ -101,6 +104,14 @@ class Reporter:
 
     def memory(self, peak_bytes: int, source: str = "script") -> None:
         self._write({"event": "memory", "peak_bytes": int(peak_bytes), "source": source})
+
+    def model(self, parameters: int, train_flops_per_sample: float | None = None) -> None:
+        """The model's size: `parameters` (the communication model's gradient bytes) and the training
+        FLOPs per sample, forward and backward (MFU); optional, once is enough."""
+        line = {"event": "model", "parameters": int(parameters)}
+        if train_flops_per_sample is not None:
+            line["train_flops_per_sample"] = float(train_flops_per_sample)
+        self._write(line)
 
     def install_stop_handler(self) -> None:
         """SIGTERM/SIGUSR1 set `stop_requested`: save a checkpoint and exit EXIT_RESUMABLE."""

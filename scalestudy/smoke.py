@@ -60,9 +60,11 @@ class SmokeFailure(RuntimeError):
 
 
 def step_run_config(config: dict, world: int) -> dict[str, Any]:
-    """A few steps of the first scaling mode's point at `world` (its real per-rank batch)."""
+    """A few steps of the first scaling mode's point at `world` (its real per-rank batch), with the
+    grid's last parallelism (fsdp where the grid has it: the more moving parts)."""
     smoke = config["smoke"]
-    point = grid.scaling_point(config, config["scaling"]["modes"][0], world, 0)
+    parallelism = config["scaling"].get("parallelism", ["ddp"])[-1]
+    point = grid.scaling_point(config, config["scaling"]["modes"][0], world, 0, parallelism)
     run = grid.run_config(config, point)
     run.update(
         stage="smoke",
@@ -84,20 +86,25 @@ def io_run_config(config: dict) -> dict[str, Any]:
 
 def saves_per_epoch(config: dict, train_images: int | None = None) -> dict[str, Any]:
     """Checkpoint saves per epoch at the grid's most frequent checkpointing: the point with the most
-    steps per epoch (the smallest global batch, max_steps_per_epoch applied)."""
-    data = config["data"]
-    synthetic = data.get("synthetic", {})
-    images = train_images or (
-        10 * synthetic.get("train_per_class", 5000) if data["source"] == "synthetic" else 50000
-    )
+    steps per epoch (the smallest global batch, max_steps_per_epoch applied). The samples per epoch
+    (train_images: images, or the LM's sequences) are the grid's; where only preprocessing knows them
+    (a downloaded corpus), max_steps_per_epoch bounds the steps, else they count as one step."""
+    images = train_images or grid.samples_per_epoch(config)
     runs = [grid.run_config(config, p) for p in grid.all_points(config)]
-    steps = max(min(images // run["global_batch"], run["max_steps_per_epoch"] or math.inf) for run in runs)
+    steps = max(_steps_per_epoch(run, images) for run in runs)
     return {
         "train_images": images,
         "steps_per_epoch": steps,
         "checkpoint_every_steps": config["train"]["checkpoint_every_steps"],
         "saves_per_epoch": math.ceil(steps / config["train"]["checkpoint_every_steps"]),
     }
+
+
+def _steps_per_epoch(run: dict[str, Any], samples: int | None) -> int:
+    cap = run["max_steps_per_epoch"] or math.inf
+    if samples:
+        return min(samples // run["global_batch"], cap)
+    return 1 if cap == math.inf else cap
 
 
 # --------------------------------------------------------------------------- io: loader + checkpoint

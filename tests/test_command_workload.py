@@ -152,6 +152,7 @@ def test_a_progress_file_over_a_resume_counts_each_step_once_last_occurrence_win
             "needs samples a number >= 0, got True",
         ),
         ('{"event": "epoch", "epoch": 0}', 'p.jsonl:2: "epoch" needs epoch an integer >= 1'),
+        ('{"event": "model", "parameters": 0}', 'p.jsonl:2: "model" needs parameters an integer >= 1'),
     ],
 )
 def test_a_bad_progress_line_is_named_with_file_and_line(tmp_path, line, message):
@@ -332,6 +333,17 @@ def test_the_example_script_with_one_rank_makes_a_run_folder_the_catalog_takes(t
     assert command.main(_argv(config, out)) == 0
     summary = _check_run_folder(out, 1, 2 * 1024 // 16)
     assert summary["provenance"]["launcher"] == "single" and not (tmp_path / "ckpt").exists()
+    results = summary["results"]  # the example's "model" line: its MLP's size and FLOPs
+    assert results["parameters"] > 0 and results["train_flops_per_image"] == 6 * results["parameters"]
+
+
+def test_a_model_line_gives_the_parameters_and_flops_under_the_trainers_keys():
+    assert command.model_results({"parameters": 10, "train_flops_per_sample": 60.0}) == {
+        "parameters": 10,
+        "train_flops_per_image": 60.0,
+        "forward_flops_per_image": 20.0,
+    }
+    assert command.model_results({}) == {}
 
 
 def _env() -> dict[str, str]:

@@ -47,7 +47,7 @@ def test_the_lm_study_reports_tokens_memory_and_both_parallelisms(lm_demo):
     scaling = pd.read_csv(workdir / "results/tables/scaling.csv")
     assert set(scaling["parallelism"]) == {"ddp", "fsdp"} and set(scaling["sample_unit"]) == {"tokens"}
     assert scaling["peak_memory_bytes"].gt(0).all()
-    fsdp = scaling[(scaling["parallelism"] == "fsdp") & (scaling["config.mode"] == "strong")]
+    fsdp = scaling[(scaling["parallelism"] == "fsdp") & (scaling["mode"] == "strong")]
     state = fsdp.set_index("world_size")["model_state_bytes_per_rank"]
     assert state[2] < 0.55 * state[1]  # FSDP2 shards parameters, gradients and AdamW's moments
     for name in ("throughput", "efficiency", "memory", "accuracy", "sensitivity"):

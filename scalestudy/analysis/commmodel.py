@@ -144,6 +144,7 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "runs",
     )
     scaling = series.ddp_only(runs[runs["stage"] == "scaling"])
+    scaling = _with_known_size(scaling)
     grad = gradient_bytes(scaling)
     points = pd.DataFrame(
         {
@@ -164,6 +165,20 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     points["compute_s"] = points["mode"].map(compute) * points["per_gpu_batch"]
     points["excess_s"] = points["step_s"] - points["compute_s"]
     return points.reset_index(drop=True), compute
+
+
+def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose gradient bytes are known (a user's script that reports no parameter count,
+    scalestudy.contract's "model" line, cannot be modelled): the others are named and left out."""
+    known = _numeric(scaling, "parameters").notna() | _numeric(scaling, "config.width").notna()
+    if not known.all():
+        points = scaling.loc[~known, "point"] if "point" in scaling else scaling.index[~known]
+        log.warning(
+            "communication model: %d scaling run(s) report no parameter count, left out: %s",
+            (~known).sum(),
+            ", ".join(map(str, points)),
+        )
+    return scaling[known]
 
 
 def gradient_bytes(runs: pd.DataFrame) -> list[float]:

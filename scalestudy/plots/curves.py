@@ -87,13 +87,21 @@ def quality(curves: pd.DataFrame, png, pdf=None, metric: str = "accuracy", targe
     return losses(curves, png, pdf, perplexity=metric == "perplexity")
 
 
+PANELS_PER_ROW = 2
+
+
 def _figure(curves: pd.DataFrame):
+    """Panels two to a row (mode x parallelism); axes left over are hidden."""
     panels = _panels(curves)
-    fig, axes = style.new_figure(wide=True, aspect=0.32, ncols=len(panels))
+    ncols = min(PANELS_PER_ROW, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = style.new_figure(wide=True, aspect=0.32 * nrows, ncols=ncols, nrows=nrows)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
     worlds = sorted(curves["world"].unique())
     colours = dict(zip(worlds, style.series_colours(len(worlds)), strict=True))
     named = curves["parallelism"].nunique() > 1
-    return fig, axes, zip(axes[0], panels, strict=True), colours, named
+    return fig, axes, list(zip(axes.flat, panels, strict=False)), colours, named
 
 
 def accuracy(curves: pd.DataFrame, png, pdf=None, target: float | None = None) -> None:
@@ -135,9 +143,11 @@ def losses(curves: pd.DataFrame, png, pdf=None, perplexity: bool = False) -> Non
         style.integer_axis(ax)
         if perplexity:
             right = ax.secondary_yaxis("right", functions=(np.exp, _log))
-            right.set_ylabel("Perplexity (exp loss)")
-        ax.legend(loc="best", ncols=2, fontsize=6)
-    axes[0, 0].set_ylabel("Loss (nats per token)" if perplexity else "Loss")
+            if ax.get_subplotspec().is_last_col():
+                right.set_ylabel("Perplexity (exp loss)")
+    panels[0][0].legend(loc="best", ncols=2, fontsize=6)  # the same lines in every panel
+    for row in axes:
+        row[0].set_ylabel("Loss (nats per token)" if perplexity else "Loss")
     style.save_figure(fig, png, pdf)
 
 

@@ -334,6 +334,7 @@ class Runner:
             "device": reports[0]["device"].split(":")[0],
             "device_name": reports[0]["device_name"],
             **dict.fromkeys(UNKNOWN_TO_THE_RUNNER),
+            **model_results(progress.model),
         }
 
     def write_run_folder(self, progress, results: dict[str, Any], reports: list[dict[str, Any]]) -> None:
@@ -380,6 +381,16 @@ UNKNOWN_TO_THE_RUNNER = (
     "train_flops_per_image",
     "peak_lr",
 )
+
+
+def model_results(model: dict[str, Any]) -> dict[str, Any]:
+    """What the script's "model" line says: its parameter count (the communication model's gradient
+    bytes) and training FLOPs per sample (MFU), under the trainer's keys."""
+    flops = model.get("train_flops_per_sample")
+    known = {"parameters": model.get("parameters"), "train_flops_per_image": flops}
+    if flops is not None:
+        known["forward_flops_per_image"] = flops / 3
+    return {key: value for key, value in known.items() if value is not None}
 
 
 # --- helpers ----------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Progress:
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)  # last occurrence wins
     epochs: dict[int, dict[str, Any]] = field(default_factory=dict)
     memory: list[dict[str, Any]] = field(default_factory=list)
+    model: dict[str, Any] = field(default_factory=dict)  # the last "model" line: parameters, FLOPs
 
     @property
     def current(self) -> Attempt:
@@ -95,6 +96,11 @@ def _take(progress: Progress, record: dict[str, Any], where: str) -> None:
     elif event == "memory":
         _check_number(record, "peak_bytes", int, 0, where)
         progress.memory.append(record)
+    elif event == "model":
+        _check_number(record, "parameters", int, 1, where)
+        if record.get("train_flops_per_sample") is not None:
+            _check_number(record, "train_flops_per_sample", (int, float), None, where)
+        progress.model = record
     # other events: left for later versions of the contract
 
 
