@@ -7,6 +7,10 @@ schedule (scalestudy.optim) -> resume -> training loop (timing, logging, checkpo
 then summary.json), every file atomically; checkpoints go to the run config's checkpoint_dir
 (scalestudy.checkpoint, or scalestudy.sharded_checkpoint for workloads that reshard).
 
+The Trainer is split along those lines: this module holds setup and the training loop; its
+resume and checkpoint methods are scalestudy.trainckpt's, its results scalestudy.trainresults',
+its state and clocks scalestudy.runstate's, the process settings scalestudy.trainenv's.
+
 Every workload's step is the same: the model maps a batch to logits over classes in its last
 dimension (ResNet: [B, 10] per image; LM: [B, T, vocab] per token), the loss is their cross-entropy
 with the targets, and a sample is one target (an image, a token): throughput, accuracy and the
@@ -46,7 +50,6 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,7 @@ from scalestudy.ranges import ProfileWindow, named_range
 from scalestudy.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.runstate import EpochProgress, History, Position, StepTimer, StopRequest, TrainingClock
+from scalestudy.trainckpt import RunCheckpoints
 from scalestudy.trainenv import (  # noqa: F401 - seed_everything: the trainer's documented name
     autocast_dtype,
     device_name,
@@ -107,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- the run ------------------------------------------------------------------------------------------
 
 
-class Trainer(RunResults):
+class Trainer(RunCheckpoints, RunResults):
     def __init__(
         self, config: dict[str, Any], given: dict[str, Any], out_dir: Path, dist_env, device, backend
     ):
@@ -187,86 +191,6 @@ class Trainer(RunResults):
         self.optimizer = optim.build_optimizer(self.model, c, self.peak_lr, sharded=self.wrapped.sharded)
         warmup_steps = round(c["warmup_epochs"] * self.steps_per_epoch)
         self.scheduler = optim.build_scheduler(self.optimizer, warmup_steps, self.total_steps)
-
-    # -- resume and checkpoints --
-
-    def resume(self) -> None:
-        """Rank 0 claims the checkpoint of this run's interrupted attempt, if there is one (any
-        other is removed: scalestudy.checkpoint.claim, scalestudy.sharded_checkpoint.claim), and
-        hands it to every rank; a sharded checkpoint's tensors every rank loads itself."""
-        found, error = None, None
-        if self.is_main:
-            try:
-                found = self.claim_checkpoint()
-            except (OSError, sharded_checkpoint.ReshardRefused) as failure:
-                # every rank must hear of it, or the others wait in the broadcast
-                error = f"checkpoint_dir {self.config['checkpoint_dir']}: {failure}"
-        found, error = distributed.broadcast_object((found, error))
-        if error:
-            raise RunConfigError(error)
-        if found is None:
-            log.info("no checkpoint in %s: starting from scratch", self.config["checkpoint_dir"])
-            return
-        state, path = found
-        if self.workload.reshardable:
-            sharded_checkpoint.load(path, self.model, self.optimizer)
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        if len(state["rng"]) == self.world_size:
-            checkpoint.set_rng_state(state["rng"][self.rank])
-        else:  # resharded: the data order does not depend on it (scalestudy.tokenloader)
-            log.info("resharded: random number generators stay seeded from seed=%d", self.config["seed"])
-        self.position = Position(**state["position"])
-        self.carry = EpochProgress(**state["epoch_progress"])
-        self.history = History(**state["history"])
-        self.resumed_from_step = self.position.global_step
-        self.history.resumes.append(self.position.global_step)
-        log.info(
-            "resumed from %s: epoch %d, step %d of it, global step %d",
-            path,
-            self.position.epoch + 1,
-            self.position.step,
-            self.position.global_step,
-        )
-
-    def claim_checkpoint(self):
-        c = self.config
-        if self.workload.reshardable:
-            return sharded_checkpoint.claim(c["checkpoint_dir"], c)
-        return checkpoint.claim(c["checkpoint_dir"], self.config_hash, c["epochs"], c)
-
-    def save_checkpoint(self, progress: EpochProgress) -> None:
-        rng_states = distributed.all_gather_object(checkpoint.rng_state())
-        state = {
-            "config_hash": self.config_hash,
-            "run_config": self.config,
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "position": asdict(self.position),
-            "sampler": {
-                "loader": self.config["loader"],
-                "seed": self.config["seed"],
-                "epoch": self.position.epoch,
-                "start_step": self.position.step,
-                "world_size": self.world_size,
-            },
-            "rng": rng_states,
-            "epoch_progress": asdict(progress),
-            "history": asdict(self.history) | {"elapsed_s": self.elapsed_s()},
-        }
-        step, directory = self.position.global_step, self.config["checkpoint_dir"]
-        if self.workload.reshardable:  # a collective: every rank writes its shards
-            state["resume_hash"] = sharded_checkpoint.resume_hash(self.config)
-            path = sharded_checkpoint.save(directory, step, self.model, self.optimizer, state, self.is_main)
-        elif self.is_main:
-            state |= {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-            path = checkpoint.save(directory, state, step)
-        else:
-            return
-        log.info("checkpoint %s", path)
 
     # -- training --
 

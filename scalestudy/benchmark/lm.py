@@ -1,0 +1,283 @@
+"""python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] [--device auto|cpu|cuda]
+    [--precision fp32|bf16] [--per-gpu-batch B] [--steps N] [--warmup W] [--parallelism ddp fsdp]
+    [--world-size R] [--out CSV]
+
+The GPT workload's training throughput (tokens/s per rank) and MFU, DDP against FSDP2: the project
+trainer runs each parallelism once (in this process at one rank, under torchrun at more) on a token
+file made for the run, and its summary.json's steady-state window gives the numbers.
+
+The tokens are random bytes through the `bytes` tokenizer (the only one the token loader knows):
+throughput does not depend on what the tokens say, and the model keeps its preset's vocabulary
+(gpt2-small: 50304), so its size and FLOPs per token are the preset's; the tokens only use its
+first 256 ids. MFU = tokens/s per rank x training FLOPs per token / the device's peak FLOP/s at
+the run's precision (analysis.peak_tflops of config/schema.yaml; on a CPU its `cpu` entry, a
+placeholder of 0.1 TFLOP/s, so a CPU's MFU is not comparable with a GPU's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalestudy import provenance, train
+from scalestudy.analysis.metrics import find_peak_tflops
+from scalestudy.analysis.settings import with_defaults
+from scalestudy.benchmark.report import Row, format_table, records, write_csv
+from scalestudy.benchmark.studyconfig import REPO
+from scalestudy.data import tokenize
+from scalestudy.progress import setup_logging
+from scalestudy.workloads import GPT_PRESETS
+
+log = logging.getLogger("scalestudy.benchmark.lm")
+
+PARALLELISMS = ("ddp", "fsdp")
+CORPUS_SEED = 1234
+TABLE_COLUMNS = (
+    "name",
+    "median",
+    "unit",
+    "ratio",
+    "vs",
+    "mfu_pct",
+    "step_time_s",
+    "model_state_mib_per_rank",
+    "peak_memory_mib",
+)
+MIB = 2**20
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalestudy.benchmark.lm",
+        description="GPT training throughput (tokens/s per rank) and MFU, DDP vs FSDP2.",
+    )
+    parser.add_argument("--preset", choices=tuple(GPT_PRESETS), default="demo", help="the model")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
+    parser.add_argument("--per-gpu-batch", type=int, default=16, help="sequences per rank and step (16)")
+    parser.add_argument("--steps", type=int, help="measured steps (default: 20 cpu, 100 cuda)")
+    parser.add_argument("--warmup", type=int, help="unmeasured steps first (default: 3 cpu, 10 cuda)")
+    parser.add_argument("--parallelism", nargs="+", choices=PARALLELISMS, default=list(PARALLELISMS))
+    parser.add_argument("--world-size", type=int, default=1, help="ranks (>1: torchrun on this node)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "lm.csv", help="CSV (atomic)")
+    parser.add_argument(
+        "--runs-dir", type=Path, help="keep the token data and the runs (summary.json, logs) here"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    args = parser.parse_args(argv)
+    for name in ("per_gpu_batch", "steps", "warmup", "world_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.runs_dir and args.runs_dir.exists() and any(args.runs_dir.iterdir()):
+        parser.error(f"--runs-dir {args.runs_dir} is not empty (its checkpoints would be resumed)")
+    cuda = use_cuda(args.device)
+    if args.device == "cuda" and not cuda:
+        parser.error("--device cuda, but torch sees no CUDA device")
+    args.device = "cuda" if cuda else "cpu"
+    args.precision = args.precision or ("bf16" if cuda else "fp32")
+    args.steps = args.steps or (100 if cuda else 20)
+    args.warmup = args.warmup or (10 if cuda else 3)
+    return args
+
+
+def use_cuda(device: str) -> bool:
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
+def seq_len(preset: str) -> int:
+    return GPT_PRESETS[preset]["seq_len"]
+
+
+def write_token_data(folder: Path, args: argparse.Namespace) -> Path:
+    """Random bytes -> the `bytes` tokenizer's packed splits: enough training windows for every
+    step of every rank, and one evaluation batch per rank of test windows."""
+    window = seq_len(args.preset) + 1
+    sequences_per_step = args.per_gpu_batch * args.world_size
+    train_tokens = (args.warmup + args.steps) * sequences_per_step * window + window
+    test_tokens = sequences_per_step * window
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "corpus.bin"
+    rng = np.random.default_rng(CORPUS_SEED)
+    rng.integers(0, 256, train_tokens + test_tokens, dtype=np.uint8).tofile(corpus)
+    test_fraction = test_tokens / (train_tokens + test_tokens)
+    tokenize.tokenize(corpus, folder / "packed", test_fraction, "bytes", seq_len(args.preset))
+    return folder / "packed"
+
+
+def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, workdir: Path) -> dict[str, Any]:
+    steps = args.warmup + args.steps
+    global_batch = args.per_gpu_batch * args.world_size
+    return {
+        "workload": "gpt",
+        "gpt": {"preset": args.preset},
+        "parallelism": parallelism,
+        "data_dir": str(data_dir),
+        "checkpoint_dir": str(workdir / parallelism / "ckpt"),
+        "device": args.device,
+        "precision": args.precision,
+        "world_size": args.world_size,
+        "per_gpu_batch": args.per_gpu_batch,
+        "global_batch": global_batch,
+        "base_batch": global_batch,
+        "epochs": 1,
+        "lr": 6e-4,  # AdamW's (nanoGPT's GPT-2 rate), not the ResNet's SGD default; no effect on speed
+        "weight_decay": 0.1,
+        "max_steps_per_epoch": steps,
+        "eval_max_batches": 1,
+        "checkpoint_every_steps": 0,
+        "measure_warmup_steps": args.warmup,
+        "measure_steps": args.steps,
+        "measure_intervals": min(4, args.steps),
+        "log_every_steps": max(1, steps // 5),
+        "monitor_interval_s": 1.0,
+    }
+
+
+def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[str, Any]:
+    """One training run; its summary.json's results. In this process at one rank, else torchrun."""
+    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", log_level]
+    if config["world_size"] == 1:
+        code = train.main(argv)
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node", str(config["world_size"]), "-m", "scalestudy.train", *argv]
+        code = subprocess.run(command, cwd=REPO, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"the {config['parallelism']} run failed with exit code {code} (its log above)")
+    results = json.loads((out_dir / "summary.json").read_text())["results"]
+    if not results["window_filled"]:
+        raise RuntimeError(f"the {config['parallelism']} run did not fill its measurement window")
+    return results
+
+
+def peak_tflops(results: dict[str, Any]) -> tuple[float, str | None]:
+    """The analysis defaults' peak for the run's device and effective precision (NaN: none known)."""
+    peaks = with_defaults({})["peak_tflops"]
+    return find_peak_tflops(peaks, results["device_name"], results["device"], results["precision_effective"])
+
+
+def result_row(args: argparse.Namespace, results: dict[str, Any]) -> dict:
+    """The columns of one run next to report.records' own: what ran, where, and its memory."""
+    return {
+        "parallelism": results["parallelism"],
+        "preset": args.preset,
+        "precision": args.precision,
+        "precision_effective": results["precision_effective"],
+        "device": results["device"],
+        "device_name": results["device_name"],
+        "world_size": results["world_size"],
+        "per_gpu_batch": results["per_gpu_batch"],
+        "seq_len": seq_len(args.preset),
+        "parameters": results["parameters"],
+        "train_flops_per_token": results["train_flops_per_image"],
+        "tokens_per_s_per_rank": results["images_per_s_per_gpu"],
+        "tokens_per_s": results["images_per_s"],
+        "step_time_s": results["step_time_s"],
+        "warmup_steps": results["warmup_steps"],
+        "measured_steps": results["measured_steps"],
+        "peak_memory_bytes": results["peak_memory_bytes"],
+        "peak_memory_source": results["peak_memory_source"],
+        "peak_memory_mib": results["peak_memory_bytes"] / MIB,
+        "model_state_bytes_per_rank": results["model_state_bytes_per_rank"],
+        "model_state_mib_per_rank": results["model_state_bytes_per_rank"] / MIB,
+        "final_train_loss": results["final_train_loss"],
+    }
+
+
+def table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dict]:
+    """report.records of the runs (tokens/s per rank, the ratio to the first run, MFU against the
+    device's peak), with every run's own columns. All runs share the device and precision."""
+    first = next(iter(runs))
+    peak, peak_key = peak_tflops(runs[first])
+    settings = (
+        f"{args.preset}, {args.precision}, {args.world_size} x {args.per_gpu_batch} x {seq_len(args.preset)}"
+        " tokens a step"
+    )
+    rows = [
+        Row(
+            "lm",
+            parallelism,
+            "tokens/s per rank",
+            (results["images_per_s_per_gpu"],),
+            settings,
+            baseline=first if parallelism != first else None,
+            flops_per_item=results["train_flops_per_image"],
+        )
+        for parallelism, results in runs.items()
+    ]
+    context = {
+        "peak_tflops": peak,
+        "peak_tflops_key": peak_key,
+        **provenance.git_state(),
+        "torch": torch_version(),
+        "cores": os.cpu_count(),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
+    table_records = records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
+    return [
+        {**record, **result_row(args, results)}
+        for record, results in zip(table_records, runs.values(), strict=True)
+    ]
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="scalestudy-lm-bench-") as tmp:
+        workdir = args.runs_dir or Path(tmp)
+        data_dir = write_token_data(workdir, args)
+        for number, parallelism in enumerate(args.parallelism, 1):
+            log.info(
+                "run %d of %d: %s, preset %s, %s, %d rank(s) x %d sequences, %d + %d steps",
+                number,
+                len(args.parallelism),
+                parallelism,
+                args.preset,
+                args.precision,
+                args.world_size,
+                args.per_gpu_batch,
+                args.warmup,
+                args.steps,
+            )
+            config = run_config(args, parallelism, data_dir, workdir)
+            runs[parallelism] = run_trainer(config, workdir / parallelism / "run", args.log_level)
+    return table(args, runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(getattr(logging, args.log_level))
+    args.parallelism = list(dict.fromkeys(args.parallelism))
+    try:
+        rows = measure(args)
+    except RuntimeError as error:
+        log.error("%s", error)
+        return 1
+    print(format_table(rows, TABLE_COLUMNS))
+    if rows[0]["device"] == "cpu":
+        print("MFU on a CPU is against the placeholder peak analysis.peak_tflops.cpu (not a measured rate)")
+    write_csv(args.out, rows)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""python -m scalestudy.benchmark.lm on the CPU: the demo GPT, a few steps at one rank, DDP and FSDP2.
+The CSV's numbers are checked against the runs' summary.json (MFU a known answer of them)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from scalestudy.benchmark import lm
+from scalestudy.tokenloader import load_tokens
+from scalestudy.workloads import gpt_model
+
+CPU_PLACEHOLDER_TFLOPS = 0.1  # config/schema.yaml analysis.peak_tflops.cpu
+ARGS = ["--device", "cpu", "--per-gpu-batch", "4", "--warmup", "1", "--steps", "4", "--log-level", "WARNING"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def benchmark(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lm-bench")
+    argv = [*ARGS, "--out", str(folder / "lm.csv"), "--runs-dir", str(folder / "runs")]
+    assert lm.main(argv) == 0
+    runs = folder / "runs"
+    summaries = {
+        parallelism: json.loads((runs / parallelism / "run" / "summary.json").read_text())["results"]
+        for parallelism in lm.PARALLELISMS
+    }
+    return pd.read_csv(folder / "lm.csv").set_index("name"), summaries
+
+
+def test_both_parallelisms_are_measured_in_tokens(benchmark):
+    table, summaries = benchmark
+    assert list(table.index) == ["ddp", "fsdp"]
+    assert (table["unit"] == "tokens/s per rank").all() and (table["median"] > 0).all()
+    for parallelism, results in summaries.items():
+        row = table.loc[parallelism]
+        assert results["parallelism"] == row["parallelism"] == parallelism
+        assert results["sample_unit"] == "tokens" and results["window_filled"]
+        assert results["measured_steps"] == 4 and results["warmup_steps"] == 1
+        assert row["median"] == pytest.approx(results["images_per_s_per_gpu"])
+        assert row["preset"] == "demo" and row["precision"] == "fp32" and row["device"] == "cpu"
+        assert row["device_name"] == results["device_name"]
+    cfg = gpt_model.config_from({"preset": "demo"}, 256)
+    assert (table["parameters"] == gpt_model.parameter_count(cfg)).all()
+    assert (table["train_flops_per_token"] == gpt_model.train_flops_per_token(cfg)).all()
+
+
+def test_mfu_is_tokens_per_second_times_flops_over_the_cpu_placeholder_peak(benchmark):
+    table, summaries = benchmark
+    for parallelism, results in summaries.items():
+        achieved = results["images_per_s_per_gpu"] * results["train_flops_per_image"]
+        expected_pct = 100 * achieved / (CPU_PLACEHOLDER_TFLOPS * 1e12)
+        assert table.loc[parallelism, "mfu_pct"] == pytest.approx(expected_pct, rel=1e-9)
+        assert table.loc[parallelism, "peak_tflops"] == CPU_PLACEHOLDER_TFLOPS
+        assert table.loc[parallelism, "peak_tflops_key"] == "cpu"
+    ratio = summaries["fsdp"]["images_per_s_per_gpu"] / summaries["ddp"]["images_per_s_per_gpu"]
+    assert table.loc["fsdp", "ratio"] == pytest.approx(ratio) and table.loc["fsdp", "vs"] == "ddp"
+
+
+def test_fsdp_at_one_rank_holds_the_whole_model_state(benchmark):
+    table, summaries = benchmark
+    assert summaries["fsdp"]["model_state_bytes_per_rank"] == summaries["ddp"]["model_state_bytes_per_rank"]
+    # fp32 parameters, gradients and AdamW's two moments: 16 bytes a parameter
+    assert table.loc["ddp", "model_state_bytes_per_rank"] == 16 * table.loc["ddp", "parameters"]
+    assert (table["peak_memory_bytes"] > 0).all() and (table["peak_memory_source"] == "cpu_peak_rss").all()
+
+
+def test_the_token_data_holds_exactly_the_windows_the_runs_need(tmp_path):
+    args = lm.parse_args([*ARGS, "--world-size", "2"])
+    data = lm.write_token_data(tmp_path, args)
+    window = lm.seq_len("demo") + 1
+    train, test = load_tokens(data, "train"), load_tokens(data, "test")
+    assert len(train) // window == (1 + 4) * 4 * 2 + 1  # every step of both ranks, and one spare
+    assert len(test) // window == 4 * 2  # one evaluation batch per rank
+    assert train.max() < 256 and np.unique(train).size > 200  # random bytes, the byte vocabulary
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "--steps must be at least 1, got 0"),
+        (["--world-size", "0"], "--world-size must be at least 1"),
+        (["--precision", "fp16"], "invalid choice: 'fp16'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        lm.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_used_runs_dir_is_refused(tmp_path, capsys):
+    (tmp_path / "ddp").mkdir()
+    with pytest.raises(SystemExit):
+        lm.parse_args(["--runs-dir", str(tmp_path)])
+    assert "is not empty" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        lm.parse_args(["--device", "cuda"])
+    assert "torch sees no CUDA device" in capsys.readouterr().err
