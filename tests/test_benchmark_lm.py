@@ -4,6 +4,7 @@ The CSV's numbers are checked against the runs' summary.json (MFU a known answer
 from __future__ import annotations
 
 import json
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from scalestudy.workloads import gpt_model
 
 CPU_PLACEHOLDER_TFLOPS = 0.1  # config/schema.yaml analysis.peak_tflops.cpu
 ARGS = ["--device", "cpu", "--per-gpu-batch", "4", "--warmup", "1", "--steps", "4", "--log-level", "WARNING"]
+REPEATS = 2
 
 
 @pytest.fixture(autouse=True)
@@ -29,28 +31,39 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def benchmark(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm-bench")
-    argv = [*ARGS, "--out", str(folder / "lm.csv"), "--runs-dir", str(folder / "runs")]
-    assert lm.main(argv) == 0
     runs = folder / "runs"
+    argv = [*ARGS, "--repeats", str(REPEATS), "--out", str(folder / "lm.csv"), "--runs-dir", str(runs)]
+    assert lm.main(argv) == 0
     summaries = {
-        parallelism: json.loads((runs / parallelism / "run" / "summary.json").read_text())["results"]
+        parallelism: [
+            json.loads((runs / f"{parallelism}-{repeat}" / "run" / "summary.json").read_text())["results"]
+            for repeat in range(REPEATS)
+        ]
         for parallelism in lm.PARALLELISMS
     }
     return pd.read_csv(folder / "lm.csv").set_index("name"), summaries
+
+
+def _rate(repeats: list[dict]) -> float:
+    """The median over the repeats of the window's tokens/s per rank."""
+    return statistics.median(results["images_per_s_per_gpu"] for results in repeats)
 
 
 def test_both_parallelisms_are_measured_in_tokens(benchmark):
     table, summaries = benchmark
     assert list(table.index) == ["ddp", "fsdp"]
     assert (table["unit"] == "tokens/s per rank").all() and (table["median"] > 0).all()
-    for parallelism, results in summaries.items():
+    for parallelism, repeats in summaries.items():
         row = table.loc[parallelism]
-        assert results["parallelism"] == row["parallelism"] == parallelism
-        assert results["sample_unit"] == "tokens" and results["window_filled"]
-        assert results["measured_steps"] == 4 and results["warmup_steps"] == 1
-        assert row["median"] == pytest.approx(results["images_per_s_per_gpu"])
+        rates = [results["images_per_s_per_gpu"] for results in repeats]
+        assert row["median"] == pytest.approx(_rate(repeats)) and row["repeats"] == REPEATS
+        assert (row["min"], row["max"]) == pytest.approx((min(rates), max(rates)))
+        for results in repeats:
+            assert results["parallelism"] == row["parallelism"] == parallelism
+            assert results["sample_unit"] == "tokens" and results["window_filled"]
+            assert results["measured_steps"] == 4 and results["warmup_steps"] == 1
         assert row["preset"] == "demo" and row["precision"] == "fp32" and row["device"] == "cpu"
-        assert row["device_name"] == results["device_name"]
+        assert row["device_name"] == repeats[0]["device_name"]
     cfg = gpt_model.config_from({"preset": "demo"}, 256)
     assert (table["parameters"] == gpt_model.parameter_count(cfg)).all()
     assert (table["train_flops_per_token"] == gpt_model.train_flops_per_token(cfg)).all()
@@ -58,21 +71,22 @@ def test_both_parallelisms_are_measured_in_tokens(benchmark):
 
 def test_mfu_is_tokens_per_second_times_flops_over_the_cpu_placeholder_peak(benchmark):
     table, summaries = benchmark
-    for parallelism, results in summaries.items():
-        achieved = results["images_per_s_per_gpu"] * results["train_flops_per_image"]
+    for parallelism, repeats in summaries.items():
+        achieved = _rate(repeats) * repeats[0]["train_flops_per_image"]
         expected_pct = 100 * achieved / (CPU_PLACEHOLDER_TFLOPS * 1e12)
         assert table.loc[parallelism, "mfu_pct"] == pytest.approx(expected_pct, rel=1e-9)
         assert table.loc[parallelism, "peak_tflops"] == CPU_PLACEHOLDER_TFLOPS
         assert table.loc[parallelism, "peak_tflops_key"] == "cpu"
-    ratio = summaries["fsdp"]["images_per_s_per_gpu"] / summaries["ddp"]["images_per_s_per_gpu"]
+    ratio = _rate(summaries["fsdp"]) / _rate(summaries["ddp"])
     assert table.loc["fsdp", "ratio"] == pytest.approx(ratio) and table.loc["fsdp", "vs"] == "ddp"
 
 
 def test_fsdp_at_one_rank_holds_the_whole_model_state(benchmark):
     table, summaries = benchmark
-    assert summaries["fsdp"]["model_state_bytes_per_rank"] == summaries["ddp"]["model_state_bytes_per_rank"]
+    states = {results["model_state_bytes_per_rank"] for repeats in summaries.values() for results in repeats}
+    assert len(states) == 1  # DDP's and FSDP2's at one rank, every repeat
     # fp32 parameters, gradients and AdamW's two moments: 16 bytes a parameter
-    assert table.loc["ddp", "model_state_bytes_per_rank"] == 16 * table.loc["ddp", "parameters"]
+    assert (table["model_state_bytes_per_rank"] == 16 * table["parameters"]).all()
     assert (table["peak_memory_bytes"] > 0).all() and (table["peak_memory_source"] == "cpu_peak_rss").all()
 
 

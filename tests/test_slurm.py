@@ -305,7 +305,7 @@ def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
 
     def change(config: dict) -> None:
         config["scaling"].update(modes=["strong"], parallelism=["fsdp"])
-        config["train"].update(epochs=2, max_steps_per_epoch=6, checkpoint_every_steps=4)
+        config["train"].update(epochs=3, max_steps_per_epoch=6, checkpoint_every_steps=4)  # 18 >= 3 + 12
         config["cluster"]["ranks_per_node"] = 1
 
     configfile = write_config(workdir, "slurm-lm.yaml", change, base="config/demo-gpt.yaml")

@@ -32,6 +32,7 @@ import numpy as np
 from scalestudy import provenance, train
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
+from scalestudy.benchmark.measure import median
 from scalestudy.benchmark.report import Row, format_table, records, write_csv
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
@@ -68,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="measured steps (default: 20 cpu, 100 cuda)")
     parser.add_argument("--warmup", type=int, help="unmeasured steps first (default: 3 cpu, 10 cuda)")
     parser.add_argument("--parallelism", nargs="+", choices=PARALLELISMS, default=list(PARALLELISMS))
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each parallelism, interleaved; the median (3)"
+    )
     parser.add_argument("--world-size", type=int, default=1, help="ranks (>1: torchrun on this node)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "lm.csv", help="CSV (atomic)")
     parser.add_argument(
@@ -75,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     args = parser.parse_args(argv)
-    for name in ("per_gpu_batch", "steps", "warmup", "world_size"):
+    for name in ("per_gpu_batch", "steps", "warmup", "repeats", "world_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -117,7 +121,7 @@ def write_token_data(folder: Path, args: argparse.Namespace) -> Path:
     return folder / "packed"
 
 
-def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, workdir: Path) -> dict[str, Any]:
+def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, checkpoints: Path) -> dict:
     steps = args.warmup + args.steps
     global_batch = args.per_gpu_batch * args.world_size
     return {
@@ -125,7 +129,7 @@ def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, workd
         "gpt": {"preset": args.preset},
         "parallelism": parallelism,
         "data_dir": str(data_dir),
-        "checkpoint_dir": str(workdir / parallelism / "ckpt"),
+        "checkpoint_dir": str(checkpoints),
         "device": args.device,
         "precision": args.precision,
         "world_size": args.world_size,
@@ -169,39 +173,43 @@ def peak_tflops(results: dict[str, Any]) -> tuple[float, str | None]:
     return find_peak_tflops(peaks, results["device_name"], results["device"], results["precision_effective"])
 
 
-def result_row(args: argparse.Namespace, results: dict[str, Any]) -> dict:
-    """The columns of one run next to report.records' own: what ran, where, and its memory."""
+def result_row(args: argparse.Namespace, repeats: list[dict[str, Any]]) -> dict:
+    """The columns of one parallelism's runs next to report.records' own: what ran, where, its
+    memory (the largest of the repeats) and the repeats' median rates."""
+    first = repeats[0]
+    peak_memory = max(results["peak_memory_bytes"] for results in repeats)
+    model_state = max(results["model_state_bytes_per_rank"] for results in repeats)
     return {
-        "parallelism": results["parallelism"],
+        "parallelism": first["parallelism"],
         "preset": args.preset,
         "precision": args.precision,
-        "precision_effective": results["precision_effective"],
-        "device": results["device"],
-        "device_name": results["device_name"],
-        "world_size": results["world_size"],
-        "per_gpu_batch": results["per_gpu_batch"],
+        "precision_effective": first["precision_effective"],
+        "device": first["device"],
+        "device_name": first["device_name"],
+        "world_size": first["world_size"],
+        "per_gpu_batch": first["per_gpu_batch"],
         "seq_len": seq_len(args.preset),
-        "parameters": results["parameters"],
-        "train_flops_per_token": results["train_flops_per_image"],
-        "tokens_per_s_per_rank": results["images_per_s_per_gpu"],
-        "tokens_per_s": results["images_per_s"],
-        "step_time_s": results["step_time_s"],
-        "warmup_steps": results["warmup_steps"],
-        "measured_steps": results["measured_steps"],
-        "peak_memory_bytes": results["peak_memory_bytes"],
-        "peak_memory_source": results["peak_memory_source"],
-        "peak_memory_mib": results["peak_memory_bytes"] / MIB,
-        "model_state_bytes_per_rank": results["model_state_bytes_per_rank"],
-        "model_state_mib_per_rank": results["model_state_bytes_per_rank"] / MIB,
-        "final_train_loss": results["final_train_loss"],
+        "parameters": first["parameters"],
+        "train_flops_per_token": first["train_flops_per_image"],
+        "tokens_per_s": median([results["images_per_s"] for results in repeats]),
+        "step_time_s": median([results["step_time_s"] for results in repeats]),
+        "warmup_steps": first["warmup_steps"],
+        "measured_steps": first["measured_steps"],
+        "peak_memory_bytes": peak_memory,
+        "peak_memory_source": first["peak_memory_source"],
+        "peak_memory_mib": peak_memory / MIB,
+        "model_state_bytes_per_rank": model_state,
+        "model_state_mib_per_rank": model_state / MIB,
+        "final_train_loss": first["final_train_loss"],
     }
 
 
-def table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dict]:
-    """report.records of the runs (tokens/s per rank, the ratio to the first run, MFU against the
-    device's peak), with every run's own columns. All runs share the device and precision."""
+def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """report.records of the runs (the median tokens/s per rank over the repeats, the ratio to the
+    first parallelism, MFU against the device's peak), with every parallelism's own columns. All
+    runs share the device and precision."""
     first = next(iter(runs))
-    peak, peak_key = peak_tflops(runs[first])
+    peak, peak_key = peak_tflops(runs[first][0])
     settings = (
         f"{args.preset}, {args.precision}, {args.world_size} x {args.per_gpu_batch} x {seq_len(args.preset)}"
         " tokens a step"
@@ -211,12 +219,12 @@ def table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dic
             "lm",
             parallelism,
             "tokens/s per rank",
-            (results["images_per_s_per_gpu"],),
+            tuple(results["images_per_s_per_gpu"] for results in repeats),
             settings,
             baseline=first if parallelism != first else None,
-            flops_per_item=results["train_flops_per_image"],
+            flops_per_item=repeats[0]["train_flops_per_image"],
         )
-        for parallelism, results in runs.items()
+        for parallelism, repeats in runs.items()
     ]
     context = {
         "peak_tflops": peak,
@@ -228,8 +236,8 @@ def table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dic
     }
     table_records = records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
     return [
-        {**record, **result_row(args, results)}
-        for record, results in zip(table_records, runs.values(), strict=True)
+        {**record, **result_row(args, repeats)}
+        for record, repeats in zip(table_records, runs.values(), strict=True)
     ]
 
 
@@ -240,25 +248,30 @@ def torch_version() -> str:
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
-    runs: dict[str, dict[str, Any]] = {}
+    """Every parallelism `repeats` times, interleaved (ddp, fsdp, ddp, ...): a machine's drift
+    (other jobs, clocks) falls on all of them alike."""
+    runs: dict[str, list[dict[str, Any]]] = {parallelism: [] for parallelism in args.parallelism}
+    total = args.repeats * len(args.parallelism)
     with tempfile.TemporaryDirectory(prefix="scalestudy-lm-bench-") as tmp:
         workdir = args.runs_dir or Path(tmp)
         data_dir = write_token_data(workdir, args)
-        for number, parallelism in enumerate(args.parallelism, 1):
-            log.info(
-                "run %d of %d: %s, preset %s, %s, %d rank(s) x %d sequences, %d + %d steps",
-                number,
-                len(args.parallelism),
-                parallelism,
-                args.preset,
-                args.precision,
-                args.world_size,
-                args.per_gpu_batch,
-                args.warmup,
-                args.steps,
-            )
-            config = run_config(args, parallelism, data_dir, workdir)
-            runs[parallelism] = run_trainer(config, workdir / parallelism / "run", args.log_level)
+        for repeat in range(args.repeats):
+            for parallelism in args.parallelism:
+                log.info(
+                    "run %d of %d: %s, preset %s, %s, %d rank(s) x %d sequences, %d + %d steps",
+                    sum(map(len, runs.values())) + 1,
+                    total,
+                    parallelism,
+                    args.preset,
+                    args.precision,
+                    args.world_size,
+                    args.per_gpu_batch,
+                    args.warmup,
+                    args.steps,
+                )
+                folder = workdir / f"{parallelism}-{repeat}"
+                config = run_config(args, parallelism, data_dir, folder / "ckpt")
+                runs[parallelism].append(run_trainer(config, folder / "run", args.log_level))
     return table(args, runs)
 
 
