@@ -364,8 +364,21 @@ def baseline(numbers: Numbers, data: Data) -> None:
         else ("not reached" if row is not None and len(row) else NOT_MEASURED),
         source + "time_to_target_s",
     )
+    numbers.add(
+        "BaselineLoader", _loader_words(first_value(row, "config.loader"), data), source + "config.loader"
+    )
     numbers.add("BaselineQuality", _quality_sentence(numbers, row, data), source + "final_test_*")
     numbers.add("QualityCaption", _quality_caption(numbers, data), "runs.csv workload (its metric)")
+
+
+LOADER_WORDS = {"dataloader": "the classic data loader", "tensor": "the in-memory tensor loader"}
+
+
+def _loader_words(loader, data: Data) -> str:
+    """What fed the baseline: the ResNet's loader setting; the LM's token loader; a script's own."""
+    if data.workload == RESNET:
+        return LOADER_WORDS.get(str(loader), "the configured data loader")
+    return "the token loader" if data.workload == GPT else "the script's own data loading"
 
 
 def _quality_caption(numbers: Numbers, data: Data) -> str:
