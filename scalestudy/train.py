@@ -138,6 +138,7 @@ class Trainer(RunCheckpoints, RunResults):
             )
         elif parallel.needs_process_group(c, self.world_size):
             parallel.init_single_rank_group(self.backend)
+        parallel.reset_peak_memory(self.device)  # the run's peak, not an earlier one's in this process
         self.ranks = distributed.all_gather_object(self._rank_info())
         self.t0 = self.ranks[0]["time"]
         hosts = {r["host"] for r in self.ranks}

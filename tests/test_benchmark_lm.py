@@ -20,20 +20,16 @@ ARGS = ["--device", "cpu", "--per-gpu-batch", "4", "--warmup", "1", "--steps", "
 REPEATS = 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def benchmark(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm-bench")
     runs = folder / "runs"
     argv = [*ARGS, "--repeats", str(REPEATS), "--out", str(folder / "lm.csv"), "--runs-dir", str(runs)]
-    assert lm.main(argv) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # the trainer's processes: one core each on a shared machine
+        patch.setenv("SLURM_PROCID", "3")  # as in a Slurm job step: the benchmark must not pass it on
+        patch.setenv("SLURM_NTASKS", "4")
+        assert lm.main(argv) == 0
     summaries = {
         parallelism: [
             json.loads((runs / f"{parallelism}-{repeat}" / "run" / "summary.json").read_text())["results"]

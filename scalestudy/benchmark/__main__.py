@@ -1,5 +1,6 @@
 """python -m scalestudy.benchmark [--device auto|cpu|cuda] [--width W] [--batch B] [--repeats R] [--out CSV]
 python -m scalestudy.benchmark dag [--configfile config/bench-grid.yaml] [--repeats R] [--profile] [--out CSV]
+python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] ...: the GPT's tokens/s and MFU, DDP vs FSDP2
 
 The first form measures, in one run on this machine: the matmul rate (the MFU denominator), the data
 pipeline (project TensorLoader vs DataLoader + PIL), training (project trainer vs the reference

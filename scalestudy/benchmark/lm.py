@@ -1,10 +1,11 @@
 """python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] [--device auto|cpu|cuda]
     [--precision fp32|bf16] [--per-gpu-batch B] [--steps N] [--warmup W] [--parallelism ddp fsdp]
-    [--world-size R] [--out CSV]
+    [--repeats R] [--world-size R] [--out CSV] [--runs-dir DIR]
 
 The GPT workload's training throughput (tokens/s per rank) and MFU, DDP against FSDP2: the project
-trainer runs each parallelism once (in this process at one rank, under torchrun at more) on a token
-file made for the run, and its summary.json's steady-state window gives the numbers.
+trainer runs each parallelism --repeats times, interleaved, each run in a process of its own (under
+torchrun with several ranks) on a token file made for the benchmark; the median over the repeats of
+the runs' steady-state windows (summary.json) is reported.
 
 The tokens are random bytes through the `bytes` tokenizer (the only one the token loader knows):
 throughput does not depend on what the tokens say, and the model keeps its preset's vocabulary
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy import provenance, train
+from scalestudy import provenance
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
 from scalestudy.benchmark.measure import median
@@ -55,6 +56,10 @@ TABLE_COLUMNS = (
     "peak_memory_mib",
 )
 MIB = 2**20
+RANK_VARIABLES = frozenset(
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+    + ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS")
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=1, help="ranks (>1: torchrun on this node)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "lm.csv", help="CSV (atomic)")
     parser.add_argument(
-        "--runs-dir", type=Path, help="keep the token data and the runs (summary.json, logs) here"
+        "--runs-dir", type=Path, help="keep the token data and the runs (summary.json, metrics.csv) here"
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     args = parser.parse_args(argv)
@@ -151,20 +156,28 @@ def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, check
 
 
 def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[str, Any]:
-    """One training run; its summary.json's results. In this process at one rank, else torchrun."""
+    """One training run in a process of its own (under torchrun with several ranks); its summary.json's
+    results. Its own process: the peak memory (the CPU's peak RSS, CUDA's peak allocation) is the run's,
+    not that of the runs before it."""
     argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", log_level]
-    if config["world_size"] == 1:
-        code = train.main(argv)
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += ["--nproc-per-node", str(config["world_size"]), "-m", "scalestudy.train", *argv]
-        code = subprocess.run(command, cwd=REPO, check=False).returncode
+    ranks = config["world_size"]
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    command = [*launcher, "-m", "scalestudy.train", *argv]
+    code = subprocess.run(command, cwd=REPO, env=single_node_environment(), check=False).returncode
     if code != 0:
         raise RuntimeError(f"the {config['parallelism']} run failed with exit code {code} (its log above)")
     results = json.loads((out_dir / "summary.json").read_text())["results"]
     if not results["window_filled"]:
         raise RuntimeError(f"the {config['parallelism']} run did not fill its measurement window")
     return results
+
+
+def single_node_environment() -> dict[str, str]:
+    """This environment without a launcher's rank variables (torchrun's, or srun's when the benchmark
+    itself runs in a Slurm job): the benchmark launches its ranks itself, on this node."""
+    return {key: value for key, value in os.environ.items() if key not in RANK_VARIABLES}
 
 
 def peak_tflops(results: dict[str, Any]) -> tuple[float, str | None]:
@@ -232,7 +245,8 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
         **provenance.git_state(),
         "torch": torch_version(),
         "cores": os.cpu_count(),
-        "load_1m": round(os.getloadavg()[0], 2),
+        "load_1m_start": args.load_1m_start,
+        "load_1m_end": round(os.getloadavg()[0], 2),
     }
     table_records = records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
     return [
@@ -279,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level))
     args.parallelism = list(dict.fromkeys(args.parallelism))
+    args.load_1m_start = round(os.getloadavg()[0], 2)  # a shared machine: others' load, in the CSV
     try:
         rows = measure(args)
     except RuntimeError as error:
