@@ -204,6 +204,15 @@ class RunConfigError(ValueError):
     """The run config (or the environment it runs in) is unusable; the message names the key."""
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line every rank program takes: the run config (JSON or a file) and the run folder."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-config-json", help="the run config as a JSON object")
+    source.add_argument("--run-config", type=Path, help="a JSON file holding the run config")
+    parser.add_argument("--out-dir", type=Path, required=True, help="the run folder (rank 0 writes it)")
+    parser.add_argument("--log-level", default="INFO")
+
+
 def load_run_config(
     args: argparse.Namespace, validated: bool = True
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -64,6 +64,7 @@ from scalestudy import (
     optim,
     parallel,
     provenance,
+    runconfig,
     sharded_checkpoint,
     steady,
     torchopts,
@@ -100,11 +101,7 @@ log = logging.getLogger("scalestudy.train")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m scalestudy.train", description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run-config-json", help="the run config as a JSON object")
-    source.add_argument("--run-config", type=Path, help="a JSON file holding the run config")
-    parser.add_argument("--out-dir", type=Path, required=True, help="the run folder (rank 0 writes it)")
-    parser.add_argument("--log-level", default="INFO")
+    runconfig.add_arguments(parser)
     return parser.parse_args(argv)
 
 

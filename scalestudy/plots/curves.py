@@ -104,19 +104,25 @@ def _figure(curves: pd.DataFrame):
     return fig, axes, list(zip(axes.flat, panels, strict=False)), colours, named
 
 
-def accuracy(curves: pd.DataFrame, png, pdf=None, target: float | None = None) -> None:
-    """Mean test accuracy over repeats per epoch (band: min to max over repeats)."""
-    fig, axes, panels, colours, named = _figure(curves)
+def _filled_panels(curves: pd.DataFrame, panels, named: bool):
+    """(axes, the panel's runs, its title) for each panel with runs; the others say they have none."""
     for ax, (mode, parallelism) in panels:
         subset = curves[(curves["mode"] == mode) & (curves["parallelism"] == parallelism)]
         if subset.empty:
             style.placeholder_note(ax, "No scaling runs.")
             continue
+        yield ax, subset, _title(mode, parallelism, named)
+
+
+def accuracy(curves: pd.DataFrame, png, pdf=None, target: float | None = None) -> None:
+    """Mean test accuracy over repeats per epoch (band: min to max over repeats)."""
+    fig, axes, panels, colours, named = _figure(curves)
+    for ax, subset, title in _filled_panels(curves, panels, named):
         for world, group in subset.groupby("world"):
             _draw(ax, group, "test_acc", colours[world], style.count(world))
         if target is not None:
             style.threshold(ax, target, f"target {target:.0%}")
-        ax.set_title(_title(mode, parallelism, named))
+        ax.set_title(title)
         ax.set_xlabel("Epoch")
         style.integer_axis(ax)
         ax.set_ylim(0.0, 1.0)
@@ -130,15 +136,11 @@ def losses(curves: pd.DataFrame, png, pdf=None, perplexity: bool = False) -> Non
     """Train (dashed) and test (solid) loss per epoch, mean over repeats; perplexity = exp(test
     loss) on the right axis where the workload reports it."""
     fig, axes, panels, colours, named = _figure(curves)
-    for ax, (mode, parallelism) in panels:
-        subset = curves[(curves["mode"] == mode) & (curves["parallelism"] == parallelism)]
-        if subset.empty:
-            style.placeholder_note(ax, "No scaling runs.")
-            continue
+    for ax, subset, title in _filled_panels(curves, panels, named):
         for world, group in subset.groupby("world"):
             _draw(ax, group, "test_loss", colours[world], f"{style.count(world)}, test")
             _draw(ax, group, "train_loss", colours[world], f"{style.count(world)}, train", linestyle="--")
-        ax.set_title(_title(mode, parallelism, named))
+        ax.set_title(title)
         ax.set_xlabel("Epoch")
         style.integer_axis(ax)
         if perplexity:

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic, contract, distributed, monitor, provenance
+from scalestudy import atomic, contract, distributed, monitor, provenance, runconfig
 from scalestudy.progress import setup_logging
 from scalestudy.runconfig import DEFAULTS, RULES, RunConfigError
 from scalestudy.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
@@ -64,11 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m scalestudy.workloads.command", description=__doc__.splitlines()[0]
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run-config-json", help="the run config as a JSON object")
-    source.add_argument("--run-config", type=Path, help="a JSON file holding the run config")
-    parser.add_argument("--out-dir", type=Path, required=True, help="the run folder (rank 0 writes it)")
-    parser.add_argument("--log-level", default="INFO")
+    runconfig.add_arguments(parser)
     return parser.parse_args(argv)
 
 
