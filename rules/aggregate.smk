@@ -5,9 +5,8 @@ ANALYSIS_LOGS = "results/logs/analysis"
 STAGES = ("baseline", "scaling", "sensitivity", "profile")
 # Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
 PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
-# The sensitivity sweep's run-config keys in order (sensitivity.axes; a config written before the
-# axes existed sweeps the three fixed ones).
-SENSITIVITY_AXES = list(config["sensitivity"].get("axes") or ["precision", "per_gpu_batch", "bucket_cap_mb"])
+# The sensitivity sweep's run-config keys, in the order of the point names (grid.sensitivity_axes).
+SENSITIVITY_AXES = grid.sensitivity_axes(config)
 
 
 RUN_SUMMARIES = [path for stage in STAGES for path in run_files(stage, "summary.json")]

@@ -181,12 +181,32 @@ def scaling_point(config: dict, mode: str, world: int, repeat: int, parallelism:
     return Point("scaling", f"{mode}/{prefix}w{world}_r{repeat}", world, tuple(overrides.items()))
 
 
+# The order of the axes in a point's name: these first (the default sweep's fp32/bs16_bucket1), then
+# the other keys alphabetically. Not the config's order: a tool that rewrites the YAML with sorted
+# keys must not rename (and so re-run) every point.
+NAME_ORDER = ("precision", "per_gpu_batch", "bucket_cap_mb")
+
+
+def axis_rank(key: str) -> tuple[int, str]:
+    return (NAME_ORDER.index(key) if key in NAME_ORDER else len(NAME_ORDER), key)
+
+
+def sensitivity_axes(config: dict) -> list[str]:
+    """The sweep's run-config keys in NAME_ORDER: the order of the names, the table's columns and
+    the heatmap's axes, whatever order the config lists them in."""
+    return sorted(config["sensitivity"]["axes"], key=axis_rank)
+
+
 def sensitivity_name(values: dict[str, Any]) -> str:
-    """The point's name: the first axis's value as a folder, then `<prefix><value>` of the others
-    joined by '_' (the default axes: fp32/bs16_bucket1)."""
-    (_, first), *rest = values.items()
-    labels = [f"{AXIS_PREFIXES.get(key, f'{key}-')}{format_value(value)}" for key, value in rest]
-    return "/".join([format_value(first), "_".join(labels)]) if labels else format_value(first)
+    """The point's name: `<prefix><value>` of each axis (precision's bare value), in NAME_ORDER; the
+    first is a folder, the others are joined by '_' (the default axes: fp32/bs16_bucket1)."""
+    labels = [
+        format_value(value)
+        if key == "precision"
+        else f"{AXIS_PREFIXES.get(key, f'{key}-')}{format_value(value)}"
+        for key, value in sorted(values.items(), key=lambda item: axis_rank(item[0]))
+    ]
+    return "/".join([labels[0], "_".join(labels[1:])]) if len(labels) > 1 else labels[0]
 
 
 def sensitivity_point(config: dict, values: dict[str, Any]) -> Point:
@@ -237,8 +257,8 @@ def scaling_points(config: dict) -> list[Point]:
 
 
 def sensitivity_points(config: dict) -> list[Point]:
-    """The product of the axes' values (the first axis varies slowest)."""
-    axes = config["sensitivity"]["axes"]
+    """The product of the axes' values (the first axis of sensitivity_axes varies slowest)."""
+    axes = {key: config["sensitivity"]["axes"][key] for key in sensitivity_axes(config)}
     return [
         sensitivity_point(config, dict(zip(axes, values, strict=True)))
         for values in itertools.product(*axes.values())

@@ -168,7 +168,7 @@ def sweep_of(axes: dict, world_size: int = 2) -> list[tuple[str, dict]]:
     return [(point.name, grid.run_config(config, point)) for point in grid.sensitivity_points(config)]
 
 
-def test_any_run_config_keys_are_axes_in_their_order():
+def test_any_run_config_keys_are_axes_in_the_order_of_the_names():
     axes = {
         "optimizer": ["sgd", "adamw"],
         "per_gpu_batch": [16],
@@ -177,28 +177,42 @@ def test_any_run_config_keys_are_axes_in_their_order():
     }
     sweep = sweep_of(axes, world_size=4)
     assert [name for name, _ in sweep] == [
-        "sgd/bs16_grad_clip-null_nesterov-true",
-        "sgd/bs16_grad_clip-0.5_nesterov-true",
-        "adamw/bs16_grad_clip-null_nesterov-true",
-        "adamw/bs16_grad_clip-0.5_nesterov-true",
+        "bs16/grad_clip-null_nesterov-true_optimizer-sgd",
+        "bs16/grad_clip-null_nesterov-true_optimizer-adamw",
+        "bs16/grad_clip-0.5_nesterov-true_optimizer-sgd",
+        "bs16/grad_clip-0.5_nesterov-true_optimizer-adamw",
     ]
     for name, run in sweep:
         assert run["point"] == name and run["global_batch"] == 16 * 4 and run["world_size"] == 4
-        assert run["optimizer"] == name.split("/")[0]
+        assert run["optimizer"] == name.rsplit("optimizer-", 1)[1]
         assert run.get("grad_clip") == (0.5 if "clip-0.5" in name else None)  # null: the default, left out
 
 
-def test_one_axis_names_its_points_by_value_alone():
+def test_one_axis_names_its_points_by_its_label_alone():
     sweep = sweep_of({"per_gpu_batch": [8, 16]})
     assert [(name, run["per_gpu_batch"], run["global_batch"]) for name, run in sweep] == [
-        ("8", 8, 16),
-        ("16", 16, 32),
+        ("bs8", 8, 16),
+        ("bs16", 16, 32),
     ]
+
+
+def test_point_names_do_not_depend_on_the_order_the_config_lists_the_axes_in():
+    """A YAML tool that sorts the keys renames (and so re-runs) no point."""
+    listed = {"precision": ["fp32"], "per_gpu_batch": [16], "bucket_cap_mb": [1], "lr": [0.1]}
+    sorted_keys = dict(sorted(listed.items()))
+    assert (
+        [n for n, _ in sweep_of(listed)]
+        == [n for n, _ in sweep_of(sorted_keys)]
+        == ["fp32/bs16_bucket1_lr-0.1"]
+    )
 
 
 def test_the_sweep_keeps_the_stage_settings():
     sweep = sweep_of({"lr": [0.1, 0.025], "per_gpu_batch": [16], "channels_last": [False]})
-    assert [name for name, _ in sweep] == ["0.1/bs16_channels_last-false", "0.025/bs16_channels_last-false"]
+    assert [name for name, _ in sweep] == [
+        "bs16/channels_last-false_lr-0.1",
+        "bs16/channels_last-false_lr-0.025",
+    ]
     assert [(run["lr"], run["epochs"], run["channels_last"]) for _, run in sweep] == [
         (0.1, 1, False),
         (0.025, 1, False),
