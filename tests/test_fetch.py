@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -103,7 +104,14 @@ def payload(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 @pytest.fixture
 def server(payload: bytes) -> Iterator[FileServer]:
-    state = FileServer({NAME: payload})
+    with serving({NAME: payload}) as state:
+        yield state
+
+
+@contextlib.contextmanager
+def serving(files: dict[str, bytes]) -> Iterator[FileServer]:
+    """A FileServer of `files` on 127.0.0.1 (a free port) while the block runs."""
+    state = FileServer(files)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.state = state  # type: ignore[attr-defined]
     state.port = httpd.server_address[1]

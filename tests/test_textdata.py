@@ -7,10 +7,8 @@ import json
 import math
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from scalestudy.data import textcorpus
 from scalestudy.data import tokenize as tokenizing
 from scalestudy.data.fetch import Expected, fetch, part_path
-from tests.test_fetch import FAST, FileServer, _Handler
+from tests.test_fetch import FAST, FileServer, serving
 
 CORPUS = "corpus.txt"
 
@@ -145,16 +143,8 @@ def test_fetch_command_line_text_needs_a_source(tmp_path):
 def corpus_server(monkeypatch) -> Iterator[FileServer]:
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    state = FileServer({CORPUS: _corpus_bytes(60_000, 11)})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.state = state  # type: ignore[attr-defined]
-    state.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with serving({CORPUS: _corpus_bytes(60_000, 11)}) as state:
+        yield state
 
 
 def test_fetch_text_resumes_an_interrupted_download_and_verifies_it(corpus_server, tmp_path):
