@@ -5,7 +5,8 @@
 
 from snakemake.utils import min_version, validate
 
-from scalestudy import configcheck, provenance
+from scalestudy import provenance
+from scalestudy.plan import configcheck
 
 min_version("9.0")
 

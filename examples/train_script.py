@@ -32,12 +32,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 try:
-    from scalestudy.ranges import ProfileWindow
+    from scalestudy.train.ranges import ProfileWindow
 except ImportError:  # without scalestudy: no profiling window
     ProfileWindow = None
 
 try:
-    from scalestudy.contract import EXIT_RESUMABLE, Reporter
+    from scalestudy.workloads.command.contract import EXIT_RESUMABLE, Reporter
 except ImportError:  # the script without scalestudy installed: the same lines, written by hand
     EXIT_RESUMABLE = 75
 

@@ -1,4 +1,4 @@
-# comm: the collective benchmark (scalestudy/commbench.py). Per world size > 1 of the scaling grid,
+# comm: the collective benchmark (scalestudy/preflight/collectives.py). Per world size > 1 of the scaling grid,
 # one job shaped like that size's training jobs (same nodes, ranks per node, image, nccl: settings)
 # times all-reduce, all-gather and reduce-scatter on the study's backend as nccl-tests does; then
 # the rows are combined (results/comm/busbw.csv) and alpha and beta fitted per world size and
@@ -33,10 +33,10 @@ rule comm_bench:
         f"{COMM_LOGS}/w{{world}}.log",
     benchmark:
         "results/benchmarks/comm/w{world}.tsv"
-    # No container: here: scalestudy.launch puts the image around each rank.
+    # No container: here: scalestudy.launch.launcher puts the image around each rank.
     conda: SOFTWARE_ENV
     shell:
-        "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.commbench --"
+        "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.preflight.collectives --"
         " run --settings-json {params.settings:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -55,7 +55,7 @@ rule table_comm_bench:
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
-        "python -m scalestudy.commbench fit --bench {input.bench:q} --busbw-out {output.busbw:q}"
+        "python -m scalestudy.preflight.collectives fit --bench {input.bench:q} --busbw-out {output.busbw:q}"
         " --fit-out {output.fit:q} > {log:q} 2>&1"
 
 

@@ -11,8 +11,11 @@ from typing import NamedTuple
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from scalestudy import cluster, grid, imagedigest, workloads
-from scalestudy import launch as _launch
+from scalestudy import workloads
+from scalestudy.plan import cluster
+from scalestudy.plan import grid
+from scalestudy.launch import container_image as imagedigest
+from scalestudy.launch import launcher as _launch
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
 WORKLOAD = workloads.of_config(config)
@@ -94,7 +97,7 @@ def image_input():
     return [IMAGE_BUILD, IMAGE_DIGEST] if IMAGE_BUILD else [IMAGE_DIGEST]
 
 
-# Provenance (scalestudy.launch and scalestudy.provenance read these): the image, and the file with
+# Provenance (scalestudy.launch.launcher and scalestudy.provenance read these): the image, and the file with
 # its sha256, which rule image_digest (container.smk) computes once per image; nothing is hashed
 # here. APPTAINERENV_* survive apptainer's --cleanenv.
 IMAGE_DIGEST = imagedigest.digest_path(IMAGE)

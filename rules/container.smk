@@ -5,12 +5,12 @@
 #   `apptainer exec`. A local .sif need not exist when the DAG is built, only when a job runs, and
 #   Snakemake does not know that this rule makes it: jobs list image_input() as an input, so the
 #   build comes first.
-# - training rules have no `container:` (Snakemake would wrap srun itself); scalestudy.launch puts
+# - training rules have no `container:` (Snakemake would wrap srun itself); scalestudy.launch.launcher puts
 #   `apptainer exec` around every rank, on every node: launch_spec(..., containerized=CONTAINERIZED).
 # container.prebuilt names an existing image instead; then nothing is built.
 # - rule image_digest hashes the image once (after build_image, or once for a prebuilt image) into
 #   results/image/<image name>.sha256.json; every containerized job lists it (image_input()), and
-#   the launcher and provenance read the sha256 from it (scalestudy/imagedigest.py).
+#   the launcher and provenance read the sha256 from it (scalestudy/launch/container_image.py).
 # (The image's settings and image_input() are in common.smk.)
 # User strings reach params only through params functions: Snakemake does not format a function's
 # value, so a `{` in a setting is never taken for a wildcard.
@@ -49,4 +49,4 @@ if CONTAINERIZED:
         localrule: True
         conda: SOFTWARE_ENV
         shell:
-            "python -m scalestudy.imagedigest --image {input:q} --out {output:q} > {log:q} 2>&1"
+            "python -m scalestudy.launch.container_image --image {input:q} --out {output:q} > {log:q} 2>&1"

@@ -63,7 +63,7 @@ rule profile_run:
         run_log("profile"),
     benchmark:
         run_benchmark("profile")
-    # No container: here: scalestudy.launch puts the image (and nsys) around each rank.
+    # No container: here: scalestudy.launch.launcher puts the image (and nsys) around each rank.
     conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.profiling.run --launch-json {params.launch:q}"

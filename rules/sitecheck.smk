@@ -2,12 +2,12 @@
 # starts two ranks exactly as a training job does (srun, the image around each rank, the nccl:
 # environment) and checks the host driver against the image's CUDA, that torch sees the job's GPUs,
 # the network interfaces named in NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, and that the process
-# group initialises (scalestudy/sitecheck.py; docs/slurm.md, "Site check"). A failure stops the
+# group initialises (scalestudy/preflight/site.py; docs/slurm.md, "Site check"). A failure stops the
 # workflow with one paragraph saying what to change; every training rule waits for the result.
 
 import re
 
-from scalestudy import sitecheck
+from scalestudy.preflight import site as sitecheck
 
 SITE_CHECK = config["site_check"]
 SITE_NAME = sitecheck.site_name(cluster.settings(config)["partition"])
@@ -37,10 +37,10 @@ rule site_check:
         },
     log:
         "results/logs/site/{site}.log",
-    # No container: here: scalestudy.launch puts the image around each rank, as for training.
+    # No container: here: scalestudy.launch.launcher puts the image around each rank, as for training.
     conda: SOFTWARE_ENV
     shell:
-        "python -m scalestudy.sitecheck run --launch-json {params.launch:q} --site {wildcards.site:q}"
+        "python -m scalestudy.preflight.site run --launch-json {params.launch:q} --site {wildcards.site:q}"
         " --backend {params.backend:q} --device {params.device:q} --timeout-s {params.timeout:q}"
         " --out {output:q} > {log:q} 2>&1"
 

@@ -1,9 +1,9 @@
-# smoke: minutes of checks before the study (scalestudy/smoke.py). The data loader alone and the
+# smoke: minutes of checks before the study (scalestudy/preflight/smoke.py). The data loader alone and the
 # checkpoint's size and bandwidth (smoke_io, a one-rank job), and a few training steps through
-# scalestudy.launch at world size 1 and at the grid's largest (smoke_step, jobs shaped like those
+# scalestudy.launch.launcher at world size 1 and at the grid's largest (smoke_step, jobs shaped like those
 # training jobs; NCCL_DEBUG=INFO on GPUs). Every training job waits for them (TRAINING_GATES).
 
-from scalestudy import smoke as _smoke
+from scalestudy.preflight import smoke as _smoke
 
 SMOKE_DIR = _smoke.SMOKE_DIR
 SMOKE_LOGS = "results/logs/smoke"
@@ -41,7 +41,7 @@ if SMOKE_IO:
             "results/benchmarks/smoke/io.tsv"
         conda: SOFTWARE_ENV
         shell:
-            "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.smoke --"
+            "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.preflight.smoke --"
             " io --run-config-json {params.run:q} --settings-json {params.settings:q}"
             " --epoch-json {params.epoch:q} --out {output.result:q} > {log:q} 2>&1"
 
@@ -68,10 +68,10 @@ rule smoke_step:
         f"{SMOKE_LOGS}/train_w{{world}}.log",
     benchmark:
         "results/benchmarks/smoke/train_w{world}.tsv"
-    # No container: here: scalestudy.launch puts the image around each rank.
+    # No container: here: scalestudy.launch.launcher puts the image around each rank.
     conda: SOFTWARE_ENV
     shell:
-        "python -m scalestudy.smoke step --launch-json {params.launch:q} --run-config-json {params.run:q}"
+        "python -m scalestudy.preflight.smoke step --launch-json {params.launch:q} --run-config-json {params.run:q}"
         " --out-dir {params.out_dir:q} --out {output.result:q} > {log:q} 2>&1"
 
 
@@ -97,7 +97,7 @@ rule table_smoke:
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
-        "python -m scalestudy.smoke table --inputs {input.results:q} --out {output.table:q} > {log:q} 2>&1"
+        "python -m scalestudy.preflight.smoke table --inputs {input.results:q} --out {output.table:q} > {log:q} 2>&1"
         " && printf '%s\\n' {input.results:q} > {output.passed:q}"
 
 

@@ -29,10 +29,10 @@ rule system:
         f"{SYSTEM_LOGS}/compute.log",
     benchmark:
         "results/benchmarks/system/compute.tsv"
-    # No container: here: scalestudy.sysinfo puts the image around each per-node task.
+    # No container: here: scalestudy.preflight.system puts the image around each per-node task.
     conda: SOFTWARE_ENV
     shell:
-        "python -m scalestudy.sysinfo describe {params.args:q} --kind compute"
+        "python -m scalestudy.preflight.system describe {params.args:q} --kind compute"
         " --launch-json {params.launch:q} --index {output.index:q} > {log:q} 2>&1"
 
 
@@ -50,7 +50,7 @@ rule system_cpu:
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
-        "python -m scalestudy.sysinfo describe {params.args:q} --kind cpu --index {output.index:q}"
+        "python -m scalestudy.preflight.system describe {params.args:q} --kind cpu --index {output.index:q}"
         " > {log:q} 2>&1"
 
 
@@ -68,7 +68,7 @@ rule table_system:
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
-        "python -m scalestudy.sysinfo table --index {input.index:q} --out {output:q} > {log:q} 2>&1"
+        "python -m scalestudy.preflight.system table --index {input.index:q} --out {output:q} > {log:q} 2>&1"
 
 
 SYSTEM_TARGETS = [rules.table_system.output[0]]

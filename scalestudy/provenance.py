@@ -22,8 +22,8 @@ GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
 GIT_DIRTY_ENV = "SCALESTUDY_GIT_DIRTY"
 IMAGE_ENV = "SCALESTUDY_IMAGE"
 IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"
-# Set by scalestudy.launch in a Slurm job's batch step: the job as `scontrol show job` describes it
-# (JSON), and the attempt (Snakemake's retry count, from the rule; scalestudy.attemptlog).
+# Set by scalestudy.launch.launcher in a Slurm job's batch step: the job as `scontrol show job` describes it
+# (JSON), and the attempt (Snakemake's retry count, from the rule; scalestudy.launch.attempt_logs).
 SLURM_JOB_ENV = "SCALESTUDY_SLURM_JOB"
 ATTEMPT_ENV = "SCALESTUDY_ATTEMPT"
 
@@ -121,7 +121,7 @@ def _scontrol_value(value: str | None) -> str | None:
 
 
 def slurm_job_env(environ=os.environ, runner=subprocess.run) -> dict[str, str]:
-    """{SLURM_JOB_ENV: JSON of the job's record} for the ranks (scalestudy.launch), where this is a
+    """{SLURM_JOB_ENV: JSON of the job's record} for the ranks (scalestudy.launch.launcher), where this is a
     Slurm job and scontrol answers; the ranks may run in an image without scontrol."""
     job_id = environ.get("SLURM_JOB_ID")
     record = slurm_job_record(job_id, runner) if job_id else {}
@@ -214,8 +214,9 @@ def collect(
 
 
 def _recorded_image_sha256() -> str | None:
-    """The image's sha256 from rule image_digest's file (scalestudy.imagedigest; never hashed here)."""
-    from scalestudy import imagedigest
+    """The image's sha256 from rule image_digest's file (scalestudy.launch.container_image; never hashed
+    here)."""
+    from scalestudy.launch import container_image as imagedigest
 
     image = os.environ.get(IMAGE_ENV)
     return imagedigest.recorded_sha256(image) if image else None

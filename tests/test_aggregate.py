@@ -8,7 +8,8 @@ import subprocess
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import accounting, aggregate, settings, synthetic
+from scalestudy.analysis import accounting, aggregate, settings
+from scalestudy.analysis import constructed_study as synthetic
 
 SACCT_OUTPUT = """\
 1001|COMPLETED|00:10:05|

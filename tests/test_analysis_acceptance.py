@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import acceptance, metrics, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 
 SETTINGS = settings.resolved({})
 CRITERIA = SETTINGS["acceptance"]

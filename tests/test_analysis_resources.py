@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import commmodel, metrics, resources, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 
 
 def analysis(**res):

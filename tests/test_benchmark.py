@@ -245,10 +245,10 @@ def test_project_variants_add_channels_last_on_the_cpu_only_when_nobody_chose():
 
 def test_marker_times_take_the_first_matching_line():
     lines = [
-        ("2026-01-01T00:00:00 INFO scalestudy.train: model: ResNet-18", 1.0),
-        ("2026-01-01T00:00:00 INFO scalestudy.train: training: 1 ranks", 1.5),
-        ("2026-01-01T00:00:01 INFO scalestudy.train: epoch 1/1 step 1/3 | loss 2.3", 2.0),
-        ("2026-01-01T00:00:01 INFO scalestudy.train: epoch 1/1 step 2/3 | loss 2.2", 3.0),
+        ("2026-01-01T00:00:00 INFO scalestudy.train.trainer: model: ResNet-18", 1.0),
+        ("2026-01-01T00:00:00 INFO scalestudy.train.trainer: training: 1 ranks", 1.5),
+        ("2026-01-01T00:00:01 INFO scalestudy.train.trainer: epoch 1/1 step 1/3 | loss 2.3", 2.0),
+        ("2026-01-01T00:00:01 INFO scalestudy.train.trainer: epoch 1/1 step 2/3 | loss 2.2", 3.0),
     ]
     seen = project.marker_times(lines)
     assert seen == {"model_built": 1.0, "loop_entered": 1.5, "first_step": 2.0}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from scalestudy.benchmark import lm
-from scalestudy.tokenloader import load_tokens
-from scalestudy.workloads import gpt_model
+from scalestudy.workloads.gpt import model as gpt_model
+from scalestudy.workloads.gpt.loader import load_tokens
 
 CPU_PLACEHOLDER_TFLOPS = 0.1  # config/schema.yaml analysis.peak_tflops.cpu
 ARGS = ["--device", "cpu", "--per-gpu-batch", "4", "--warmup", "1", "--steps", "4", "--log-level", "WARNING"]

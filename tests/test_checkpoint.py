@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalestudy import checkpoint
+from scalestudy.train.checkpoint import single_file as checkpoint
 
 
 def _state(step: int, size: int = 1000) -> dict:
@@ -78,7 +78,7 @@ def test_a_damaged_newest_file_is_skipped_with_a_warning(tmp_path, caplog, damag
     else:
         data = data[: len(data) // 2]
     newest.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         state, path = checkpoint.load_latest(tmp_path)
     assert state["step"] == 1
     assert newest.name in caplog.text and "checksum" in caplog.text
@@ -88,7 +88,7 @@ def test_a_file_that_matches_its_name_but_does_not_load_is_skipped(tmp_path, cap
     checkpoint.save(tmp_path, _state(1), 1)
     junk = b"not a torch file"
     (tmp_path / f"ckpt-000000002-{checkpoint._digest(junk)}.pt").write_bytes(junk)
-    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.load_latest(tmp_path)[0]["step"] == 1
     assert "does not load" in caplog.text
 
@@ -111,7 +111,7 @@ def test_a_checkpoint_of_another_run_config_is_removed_with_a_warning(tmp_path, 
     checkpoint.save(folder, _run_state(5, epoch=0, config_hash="old1"), 5)
     newest = checkpoint.save(folder, _run_state(10, epoch=1, config_hash="old1"), 10)
     (folder / ".ckpt-000000011-0000000000000000.pt.x.tmp").write_bytes(b"partial")
-    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.claim(folder, "new2", epochs=2, config={"lr": 0.2}) is None
     assert not folder.exists()  # emptied, so removed
     assert all(text in caplog.text for text in (newest.name, "old1", "new2", "lr: 0.1 -> 0.2"))
@@ -124,7 +124,7 @@ def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):
     last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
     checkpoint.finished(folder, "abc", keep=True)
     assert {path.name for path in folder.iterdir()} >= {last.name, checkpoint.FINISHED}
-    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.claim(folder, "abc", epochs=2) is None
     assert not folder.exists() and last.name in caplog.text and "finished" in caplog.text
 
@@ -141,7 +141,7 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_outputs_resumes(tmp_p
     writing its run folder. It resumes (no step left) to write its outputs, not to train again."""
     folder = tmp_path / "ckpt"
     last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
-    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         state, path = checkpoint.claim(folder, "abc", epochs=2)
     assert path == last and state["position"]["epoch"] == 2 and "never written" in caplog.text
 

@@ -1,4 +1,4 @@
-"""scalestudy.cluster: Slurm resources per grid point, launch specs, container and site settings."""
+"""scalestudy.plan.cluster: Slurm resources per grid point, launch specs, container and site settings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import cluster
+from scalestudy.plan import cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((REPO / "config/schema.yaml").read_text())
@@ -186,7 +186,7 @@ def test_nccl_list_and_exclusion_syntax_passes():
 
 
 def test_the_schema_carries_the_patterns_the_code_checks():
-    from scalestudy import configcheck
+    from scalestudy.plan import configcheck
 
     container, site = (
         SCHEMA["properties"]["container"]["properties"],
@@ -268,7 +268,7 @@ def test_the_plugin_refuses_nothing_of_ours_and_quotes_a_hostile_account(real_st
 def test_the_preview_command_prints_every_grid_point(tmp_path):
     pytest.importorskip("snakemake_executor_plugin_slurm")
     result = subprocess.run(
-        [sys.executable, "-m", "scalestudy.cluster", "--configfile", "config/config.yaml"],
+        [sys.executable, "-m", "scalestudy.plan.cluster", "--configfile", "config/config.yaml"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -281,7 +281,7 @@ def test_the_preview_command_prints_every_grid_point(tmp_path):
 
 def test_the_controller_modules_import_no_heavy_library():
     code = (
-        "import sys, scalestudy.cluster, scalestudy.launch;"
+        "import sys, scalestudy.plan.cluster, scalestudy.launch.launcher;"
         "heavy = [m for m in ('torch', 'numpy', 'pandas') if m in sys.modules];"
         "assert not heavy, heavy"
     )

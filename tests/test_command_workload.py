@@ -1,4 +1,4 @@
-"""The command workload: the user's own script through the runner (scalestudy.workloads.command).
+"""The command workload: the user's own script through the runner (scalestudy.workloads.command.runner).
 
 Known answers for the window and the progress file; the contract's Reporter; the runner with tiny
 standard-library scripts (errors, checkpoint folder); and the example DDP script end to end with
@@ -21,11 +21,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy import contract, steady
 from scalestudy.analysis.aggregate import summary_row
-from scalestudy.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
-from scalestudy.workloads import command
-from scalestudy.workloads.command_progress import ProgressError, read_progress, step_results
+from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
+from scalestudy.train import steady
+from scalestudy.workloads.command import contract
+from scalestudy.workloads.command import runner as command
+from scalestudy.workloads.command.progress import ProgressError, read_progress, step_results
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_script.py"
@@ -226,7 +227,7 @@ def test_a_reporter_outside_scalestudy_writes_nothing(tmp_path):
 FAKE = textwrap.dedent(
     """
     import json, os, sys
-    from scalestudy.contract import Reporter
+    from scalestudy.workloads.command.contract import Reporter
     reporter = Reporter.from_env()
     steps, mode = int(sys.argv[1]), sys.argv[2]
     state = reporter.checkpoint_dir / "state.json"

@@ -1,5 +1,5 @@
 """The collective benchmark: nccl-tests' bandwidth arithmetic, the alpha-beta fit with known answers,
-real gloo ranks through scalestudy.launch, and its acceptance row."""
+real gloo ranks through scalestudy.launch.launcher, and its acceptance row."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy import commbench
 from scalestudy.analysis import acceptance
+from scalestudy.preflight import collectives as commbench
 from tests.conftest import REPO, snakemake_env
 
 MIB = 1 << 20
@@ -202,7 +202,7 @@ def launch_bench(tmp_path, world, settings):
     out = tmp_path / f"w{world}.csv"
     command = [
         sys.executable, "-m", "scalestudy.launch", "--launch-json", json.dumps(spec),
-        "--module", "scalestudy.commbench", "--",
+        "--module", "scalestudy.preflight.collectives", "--",
         "run", "--settings-json", json.dumps(settings), "--out", str(out),
     ]  # fmt: skip
     result = subprocess.run(
@@ -261,16 +261,33 @@ def test_busbw_acceptance_row_at_the_largest_message():
 
 
 def test_launch_starts_the_benchmark_module_as_every_rank(capsys):
-    from scalestudy import launch
+    from scalestudy.launch import launcher as launch
 
     spec = {"world_size": 4, "nodes": 2, "tasks_per_node": 2, "launcher": "srun"}
-    command = launch.build_command(spec, ["run", "--out", "x.csv"], module="scalestudy.commbench")
-    assert command[0] == "srun" and command[-5:] == ["-m", "scalestudy.commbench", "run", "--out", "x.csv"]
-    local = launch.build_command({**spec, "launcher": "local"}, ["run"], module="scalestudy.commbench")
-    assert local[local.index("torch.distributed.run") :][-3:] == ["-m", "scalestudy.commbench", "run"]
-    argv = ["--launch-json", '{"world_size": 1, "launcher": "local"}', "--module", "scalestudy.commbench"]
+    command = launch.build_command(spec, ["run", "--out", "x.csv"], module="scalestudy.preflight.collectives")
+    assert command[0] == "srun" and command[-5:] == [
+        "-m",
+        "scalestudy.preflight.collectives",
+        "run",
+        "--out",
+        "x.csv",
+    ]
+    local = launch.build_command(
+        {**spec, "launcher": "local"}, ["run"], module="scalestudy.preflight.collectives"
+    )
+    assert local[local.index("torch.distributed.run") :][-3:] == [
+        "-m",
+        "scalestudy.preflight.collectives",
+        "run",
+    ]
+    argv = [
+        "--launch-json",
+        '{"world_size": 1, "launcher": "local"}',
+        "--module",
+        "scalestudy.preflight.collectives",
+    ]
     assert launch.main([*argv, "--dry-run", "--", "fit"]) == 0
-    assert capsys.readouterr().out.split()[-3:] == ["-m", "scalestudy.commbench", "fit"]
+    assert capsys.readouterr().out.split()[-3:] == ["-m", "scalestudy.preflight.collectives", "fit"]
     assert launch.build_command({**spec, "launcher": "local"}, [])[-1] == launch.TRAINER_MODULE  # default
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import commmodel, modelsize, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 
 ALPHA = 8e-6
 BETA = 1 / 40e9
@@ -172,7 +172,8 @@ def test_cli_writes_tables(tmp_path):
     assert len(pd.read_csv(out["residuals"])) == 2
 
 
-# --- the measured collectives (scalestudy.commbench) in the model ------------------------------------
+# --- the measured collectives (scalestudy.preflight.collectives) in the model
+# ------------------------------------
 
 
 def bench_fit(rows):

@@ -176,7 +176,7 @@ def test_the_image_is_rebuilt_when_the_definition_or_the_pins_change(workflow):
 
 def test_containerized_jobs_wait_for_the_image_and_a_prebuilt_one_is_never_built(workflow):
     """Under --sdm apptainer every job runs in the image (CPU rules through `container:`, training
-    ranks through scalestudy.launch), so every job lists it as an input: the build comes first."""
+    ranks through scalestudy.launch.launcher), so every job lists it as an input: the build comes first."""
     output = dry_run(workflow)
     blocks = re.split(r"\n(?=(?:local)?rule \w+:\n)", output)
     inputs = {
@@ -206,7 +206,7 @@ DIGEST = "results/image/scalestudy.sif.sha256.json"
 
 def test_the_image_is_hashed_once_by_a_rule_never_when_the_workflow_is_parsed(workflow):
     """The sha256 of a multi-GB image: one job (rule image_digest) per image, read by every job."""
-    from scalestudy import imagedigest
+    from scalestudy.launch import container_image as imagedigest
 
     image = workflow / "containers" / "scalestudy.sif"
     image.write_bytes(b"an image of a few GB" * 1000)
@@ -227,7 +227,7 @@ def test_the_image_is_hashed_once_by_a_rule_never_when_the_workflow_is_parsed(wo
 
 def test_the_image_carries_the_compat_libraries_the_site_check_points_to(definition):
     """The site check's remedy for a driver older than 580 names /usr/local/cuda/compat."""
-    from scalestudy import sitecheck
+    from scalestudy.preflight import site as sitecheck
 
     header, sections = definition
     cuda = re.search(r"nvidia/cuda:(\d+)\.(\d+)", header["from"])
@@ -237,7 +237,8 @@ def test_the_image_carries_the_compat_libraries_the_site_check_points_to(definit
 
 def test_provenance_reads_the_digest_file_of_the_image(tmp_path, monkeypatch):
     """CPU rules get no sha256 from the Snakefile any more: provenance reads rule image_digest's file."""
-    from scalestudy import imagedigest, provenance
+    from scalestudy import provenance
+    from scalestudy.launch import container_image as imagedigest
 
     image = tmp_path / "image.sif"
     image.write_bytes(b"image bytes")

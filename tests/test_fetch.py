@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scalestudy.data import fetch as fetching
-from scalestudy.data import synthetic
+from scalestudy.data import synthetic_cifar as synthetic
 from scalestudy.data.fetch import AllSourcesFailed, Expected, fetch
 
 NAME = "cifar-10-python.tar.gz"

@@ -7,8 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, commmodel, metrics, settings, synthetic
-from scalestudy.plots import curves, model, monitor, scaling, sensitivity, style
+from scalestudy.analysis import aggregate, commmodel, metrics, settings
+from scalestudy.analysis import constructed_study as synthetic
+from scalestudy.plots import comm_model as model
+from scalestudy.plots import curves, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main
 
 SETTINGS = settings.resolved({})

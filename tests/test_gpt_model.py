@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalestudy.workloads.gpt_model import (
+from scalestudy.workloads.gpt.model import (
     GPT,
     PRESETS,
     Block,

@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from scalestudy import grid
+from scalestudy.plan import grid
 from tests.conftest import REPO
 
 

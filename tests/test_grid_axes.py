@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from scalestudy import configcheck, grid, runconfig
+from scalestudy.plan import configcheck, grid, runconfig
 from tests.conftest import REPO
 
 SCHEMA = REPO / "config/schema.yaml"
@@ -107,7 +107,7 @@ def test_the_omitted_keys_have_the_trainers_defaults():
 
 
 def test_the_run_config_rules_name_the_models_norms():
-    from scalestudy import model
+    from scalestudy.workloads.resnet_cifar import model
 
     assert runconfig.RULES["norm"].choices == model.NORMS
 
@@ -293,7 +293,7 @@ def test_an_epoch_of_unknown_length_gets_one_profiled_epoch():
 def test_the_config_check_and_the_grid_import_no_heavy_library():
     """The Snakefile runs both when it parses the workflow (docs/architecture.md: no torch there)."""
     code = (
-        "import sys, yaml; from scalestudy import configcheck, grid;"
+        "import sys, yaml; from scalestudy.plan import configcheck, grid;"
         "config = yaml.safe_load(open('config/demo.yaml'));"
         "configcheck.check(config, 'config/schema.yaml'); grid.all_points;"
         "heavy = [m for m in ('torch', 'numpy', 'pandas') if m in sys.modules];"

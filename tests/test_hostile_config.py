@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import cluster, configcheck
-from scalestudy.data import synthetic
+from scalestudy.data import synthetic_cifar as synthetic
+from scalestudy.plan import cluster, configcheck
 from tests.conftest import REPO, copy_workflow, recorded_calls, snakemake_env, stub_apptainer
 
 SCHEMA_PATH = REPO / "config/schema.yaml"

@@ -1,4 +1,4 @@
-"""scalestudy.launch: the command lines that start the ranks (plain, torchrun, srun + apptainer)."""
+"""scalestudy.launch.launcher: the command lines that start the ranks (plain, torchrun, srun + apptainer)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalestudy import cluster, distributed, launch
-from scalestudy.data.synthetic import generate_arrays
+from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.launch import launcher as launch
+from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import cluster
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = ["--run-config-json", '{"a": 1}', "--out-dir", "results/runs/x"]
@@ -188,10 +190,11 @@ def test_main_reports_a_missing_image_or_launcher_clearly(tmp_path):
 
 def test_main_execs_the_trainer_and_passes_its_exit_status(tmp_path):
     fake = tmp_path / "scalestudy"
-    fake.mkdir()
+    (fake / "train").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    shutil.copy(REPO / "scalestudy/launch.py", fake / "launch.py")  # pure stdlib, no package imports
-    (fake / "train.py").write_text(
+    (fake / "train/__init__.py").write_text("")
+    shutil.copytree(REPO / "scalestudy/launch", fake / "launch")  # the launcher: pure stdlib
+    (fake / "train/__main__.py").write_text(
         "import os, sys\n"
         "print('ARGS', sys.argv[1:], os.environ['NCCL_DEBUG'], os.environ['OMP_NUM_THREADS'])\n"
         "sys.exit(75)\n"
@@ -204,8 +207,9 @@ def test_main_execs_the_trainer_and_passes_its_exit_status(tmp_path):
 
 
 def test_the_launcher_reads_the_image_digest_file_and_never_hashes(tmp_path, monkeypatch):
-    """Rule image_digest hashes the image once (scalestudy.imagedigest); the launcher reads its file."""
-    from scalestudy import imagedigest
+    """Rule image_digest hashes the image once (scalestudy.launch.container_image); the launcher reads its
+    file."""
+    from scalestudy.launch import container_image as imagedigest
     from tests.conftest import stub_apptainer
 
     monkeypatch.chdir(tmp_path)
@@ -228,7 +232,7 @@ def test_the_launcher_reads_the_image_digest_file_and_never_hashes(tmp_path, mon
 
 ARMED_CHILD = (
     "import sys, time\n"
-    "from scalestudy import distributed\n"
+    "from scalestudy.launch import rendezvous as distributed\n"
     "pid = int(sys.argv[1]) if len(sys.argv) > 1 else None\n"
     "print('armed', distributed.die_with_parent(pid), flush=True)\n"
     "time.sleep(60)\n"
@@ -303,7 +307,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_killing_the_torchrun_agent_of_a_two_rank_run_ends_both_ranks_and_writes_nothing(tmp_path):
-    """The agent (scalestudy.launch exec'd into torchrun) is SIGKILLed mid-training: both ranks
+    """The agent (scalestudy.launch.launcher exec'd into torchrun) is SIGKILLed mid-training: both ranks
     are gone within seconds, and no summary.json appears."""
     data = tmp_path / "packed"
     data.mkdir()

@@ -19,9 +19,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from scalestudy import sharded_checkpoint, train
-from scalestudy.data import textcorpus, tokenize
-from scalestudy.workloads import gpt_model
+from scalestudy.data import synthetic_text as textcorpus
+from scalestudy.data import tokenize
+from scalestudy.train import trainer as train
+from scalestudy.train.checkpoint import dcp as sharded_checkpoint
+from scalestudy.workloads.gpt import model as gpt_model
 
 REPO = Path(__file__).resolve().parent.parent
 GPT = {"layers": 2, "heads": 2, "d_model": 32, "seq_len": 32, "vocab_size": None}

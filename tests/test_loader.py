@@ -7,9 +7,9 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scalestudy import loader
 from scalestudy.data.preprocess import load_packed
-from scalestudy.loader import ClassicLoader, TensorLoader
+from scalestudy.workloads.resnet_cifar import loader
+from scalestudy.workloads.resnet_cifar.loader import ClassicLoader, TensorLoader
 
 N_TRAIN, N_TEST = 203, 37  # not multiples of the batch or the world size, on purpose
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import metrics, modelsize, settings, stats
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 
 SETTINGS = settings.resolved({})
 T1 = 0.2  # seconds per step on one GPU

@@ -5,7 +5,12 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from scalestudy.model import FrozenStatsBatchNorm2d, build_model, count_flops, count_parameters
+from scalestudy.workloads.resnet_cifar.model import (
+    FrozenStatsBatchNorm2d,
+    build_model,
+    count_flops,
+    count_parameters,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from scalestudy import atomic, monitor
+from scalestudy import atomic
 from scalestudy.analysis import acceptance, gpumonitor, settings
-from scalestudy.monitor import COLUMNS, GpuMonitor
+from scalestudy.train import gpu_monitor as monitor
+from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
 
 UUIDS = (
     "GPU-0a1b2c3d-0000-1111-2222-333344445555",

@@ -10,7 +10,7 @@ import pytest
 
 from scalestudy import paper
 from scalestudy.analysis import acceptance, commmodel, metrics, resources, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 from tests.conftest import REPO
 
 SETTINGS = settings.resolved({})

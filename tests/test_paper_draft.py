@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from scalestudy.analysis import acceptance, commmodel, metrics, resources, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import build, draft, numbers, tables
 from scalestudy.paper.numbers import NOT_MEASURED, Numbers, defined_names
 from scalestudy.paper.spell import spell

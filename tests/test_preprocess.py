@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from scalestudy.data import cifar_format as fmt
-from scalestudy.data import preprocess, synthetic
+from scalestudy.data import preprocess
+from scalestudy.data import synthetic_cifar as synthetic
 from scalestudy.data.preprocess import ArchiveError
 
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEED = 10, 4, 5

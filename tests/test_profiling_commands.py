@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import launch
+from scalestudy.launch import launcher as launch
 from scalestudy.profiling import ncu, nsys, run, tool
 from scalestudy.profiling.schema import STEP_RANGE
 
@@ -139,7 +139,7 @@ def test_ncu_profiles_named_kernels_inside_the_step_ranges_of_the_steady_window(
     assert pairs["--target-processes"] == "all"
     # nothing before the trainer's cudaProfilerStart (the profile window) is profiled ...
     assert pairs["--profile-from-start"] == "off"
-    # ... and of that only kernels inside the NVTX "step" ranges the trainer pushes (scalestudy.ranges)
+    # ... and of that only kernels inside the NVTX "step" ranges the trainer pushes (scalestudy.train.ranges)
     assert "--nvtx" in prefix and pairs["--nvtx-include"] == f"{STEP_RANGE}/" == "step/"
     assert pairs["--kernel-name-base"] == "function" and pairs["--kernel-name"] == "regex:^(sm80|void)"
     assert pairs["--launch-count"] == "40" and "--launch-skip" not in prefix
@@ -158,7 +158,7 @@ def test_ncu_profiles_named_kernels_inside_the_step_ranges_of_the_steady_window(
 
 
 def test_the_nvtx_range_ncu_filters_on_is_one_the_trainer_pushes_around_each_step():
-    """ncu's --nvtx-include names a range by string: it must be the trainer's (scalestudy.ranges)."""
+    """ncu's --nvtx-include names a range by string: it must be the trainer's (scalestudy.train.ranges)."""
     import ast
 
     tree = ast.parse((Path(__file__).resolve().parent.parent / "scalestudy" / "train.py").read_text())

@@ -360,7 +360,7 @@ def test_the_trainers_named_ranges_are_the_ones_parsed():
     """The parsers look for the trainer's `step` and `data` ranges and skip every named range."""
     source = Path(__file__).resolve().parent.parent / "scalestudy" / "train.py"
     if not source.is_file():
-        pytest.skip("scalestudy/train.py not there")
+        pytest.skip("scalestudy/train/trainer.py not there")
     used = set(re.findall(r'named_range\("(\w+)"\)', source.read_text()))
     assert {STEP_RANGE, DATA_RANGE} <= used
     assert used <= set(NAMED_RANGES), used - set(NAMED_RANGES)

@@ -11,7 +11,7 @@ from scalestudy.profiling.breakdown import breakdown_rows, overlap_row  # noqa: 
 from scalestudy.profiling.schema import CATEGORIES  # noqa: E402
 
 try:
-    from scalestudy.ranges import ProfileWindow, named_range
+    from scalestudy.train.ranges import ProfileWindow, named_range
 except ImportError:  # the trainer's ranges module not there: the same ranges by hand
     ProfileWindow = None
     named_range = torch.profiler.record_function

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import checkpoint, provenance, runconfig
+from scalestudy import provenance
+from scalestudy.plan import runconfig
+from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.conftest import REPO, copy_workflow, run_snakemake
 from tests.test_workflow import job_stats
 

@@ -1,4 +1,4 @@
-"""scalestudy.sitecheck: the driver/CUDA rule, the interface rules and every message (known answers),
+"""scalestudy.preflight.site: the driver/CUDA rule, the interface rules and every message (known answers),
 the real two-rank gloo check on this CPU, and rule site_check gating the training rules."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import sitecheck
+from scalestudy.preflight import site as sitecheck
 from tests.conftest import run_snakemake, snakemake_env
 
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
@@ -202,7 +202,14 @@ def spec(**env):
 
 
 def run_check(out: Path, launch_spec: dict) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "scalestudy.sitecheck", "run", "--launch-json", json.dumps(launch_spec)]
+    command = [
+        sys.executable,
+        "-m",
+        "scalestudy.preflight.site",
+        "run",
+        "--launch-json",
+        json.dumps(launch_spec),
+    ]
     command += ["--backend", "gloo", "--device", "cpu", "--timeout-s", "60", "--out", str(out)]
     return subprocess.run(command, capture_output=True, text=True, env=snakemake_env(), timeout=300)
 
@@ -274,7 +281,7 @@ def test_the_site_check_job_has_its_short_wall_time_and_no_checkpoint_signal():
     import yaml
     from snakemake.utils import validate
 
-    from scalestudy import cluster
+    from scalestudy.plan import cluster
     from tests.conftest import REPO
 
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())

@@ -37,7 +37,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from scalestudy import attemptlog, cluster
+from scalestudy.launch import attempt_logs as attemptlog
+from scalestudy.plan import cluster
 from tests.conftest import REPO, copy_workflow, snakemake_env
 
 pytestmark = pytest.mark.slurm

@@ -14,7 +14,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from scalestudy import attemptlog, grid, launch, provenance
+from scalestudy import provenance
+from scalestudy.launch import attempt_logs as attemptlog
+from scalestudy.launch import launcher as launch
+from scalestudy.plan import grid
 from tests.conftest import REPO
 
 SCONTROL = (

@@ -9,8 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from scalestudy import runconfig, smoke
 from scalestudy.analysis import acceptance, settings
+from scalestudy.plan import runconfig
+from scalestudy.preflight import smoke
 from tests.conftest import REPO, run_snakemake
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -85,7 +86,7 @@ def test_a_loader_below_its_target_fails_naming_the_key():
 def test_checkpoint_bandwidth_of_the_real_model(packed, tmp_path):
     import torch
 
-    from scalestudy import model
+    from scalestudy.workloads.resnet_cifar import model
 
     directory = tmp_path / "ckpt"
     result = smoke.checkpoint_bandwidth(loader_run(packed), repeats=2, directory=str(directory))

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scalestudy.steady import SteadyWindow, interval_sizes
+from scalestudy.train.steady import SteadyWindow, interval_sizes
 
 IMAGES = 64  # images per step, all ranks
 
@@ -135,7 +135,7 @@ def test_bad_sizes_are_refused():
         SteadyWindow(5, 0, 4)
 
 
-# --- grid points that cannot fill their window (scalestudy.grid.window_problems) -------------------
+# --- grid points that cannot fill their window (scalestudy.plan.grid.window_problems) -------------------
 
 
 def _study(name: str) -> dict:
@@ -146,13 +146,13 @@ def _study(name: str) -> dict:
 
 @pytest.mark.parametrize("name", ["config.yaml", "demo.yaml"])
 def test_every_point_of_the_shipped_studies_fills_its_window(name):
-    from scalestudy import grid
+    from scalestudy.plan import grid
 
     assert grid.window_problems(_study(name)) == []
 
 
 def test_a_point_too_short_for_its_window_is_named_with_its_arithmetic():
-    from scalestudy import grid
+    from scalestudy.plan import grid
 
     config = _study("config.yaml")
     config["train"]["epochs"] = 20  # weak scaling at 16 GPUs: 50000/16/256 = 12 steps x 20 = 240 < 250
@@ -169,7 +169,7 @@ def test_a_point_too_short_for_its_window_is_named_with_its_arithmetic():
 
 
 def test_the_run_config_carries_the_window_and_the_inductor_cache():
-    from scalestudy import grid
+    from scalestudy.plan import grid
 
     config = _study("config.yaml")
     run = grid.run_config(config, grid.baseline_point(config))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from scalestudy.data import cifar_format as fmt
-from scalestudy.data import synthetic
+from scalestudy.data import synthetic_cifar as synthetic
 
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEED = 10, 4, 7
 BATCH_NAMES = (*fmt.TRAIN_BATCHES, fmt.TEST_BATCH, fmt.META)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scalestudy import sysinfo
+from scalestudy.preflight import system as sysinfo
 
 # `nvidia-smi topo -m` on a 4-GPU node with two NICs, in the layout the driver prints (tab-separated,
 # the header underlined with ANSI codes by newer drivers, then the legend and the NIC legend).
@@ -295,7 +295,7 @@ def test_per_node_command_under_slurm_and_here():
         "--label",
     ]
     assert "--gres=gpu:4" in command
-    assert command[-5:] == ["-m", "scalestudy.sysinfo", "describe-here", "--kind", "compute"]
+    assert command[-5:] == ["-m", "scalestudy.preflight.system", "describe-here", "--kind", "compute"]
     imaged = sysinfo.per_node_command(
         {**spec, "image": "img.sif", "apptainer_args": ["--nv"]}, ["x"], in_batch
     )

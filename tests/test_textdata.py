@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from scalestudy.data import textcorpus
+from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize as tokenizing
 from scalestudy.data.fetch import Expected, fetch, part_path
 from tests.test_fetch import FAST, FileServer, serving

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from scalestudy import loader
 from scalestudy.data import tokenize as tokenizing
 from scalestudy.data.preprocess import PackedDataError
-from scalestudy.tokenloader import SEED_STRIDE, TokenLoader, load_tokens, read_manifest, train_order
+from scalestudy.workloads.gpt.loader import SEED_STRIDE, TokenLoader, load_tokens, read_manifest, train_order
+from scalestudy.workloads.resnet_cifar import loader
 
 
 def _tokens(count: int) -> np.ndarray:

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from scalestudy import torchopts
+from scalestudy.train import torch_options as torchopts
 
 
 def test_ddp_options_take_what_the_installed_torch_offers(monkeypatch):

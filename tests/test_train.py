@@ -25,8 +25,13 @@ import pandas as pd
 import pytest
 import torch
 
-from scalestudy import checkpoint, distributed, model, provenance, runconfig, train
-from scalestudy.data.synthetic import generate_arrays
+from scalestudy import provenance
+from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import runconfig
+from scalestudy.train import trainer as train
+from scalestudy.train.checkpoint import single_file as checkpoint
+from scalestudy.workloads.resnet_cifar import model
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = {

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from scalestudy import runconfig, train
+from scalestudy.plan import runconfig
+from scalestudy.train import trainer as train
 
 VALID = {
     "data_dir": "d",

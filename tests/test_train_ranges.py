@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from scalestudy.ranges import ProfileWindow, check_profile, named_range
+from scalestudy.train.ranges import ProfileWindow, check_profile, named_range
 
 
 def _steps(window: ProfileWindow, count: int) -> list[bool]:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import aggregate, metrics, settings
-from scalestudy.analysis.synthetic import run_row
+from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import numbers, tables
 from scalestudy.plots import curves, memory, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main

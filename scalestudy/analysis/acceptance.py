@@ -263,7 +263,7 @@ BUSBW_COLUMNS = ("collective", "world_size", "placement", "bytes", "time_s", "bu
 
 def busbw_rows(busbw: pd.DataFrame | None, minimum: float | None) -> list[dict]:
     """All-reduce bus bandwidth at the largest benchmarked message, per world size and placement
-    (scalestudy.commbench), against analysis.acceptance.busbw_min_gb_s (informative when null)."""
+    (scalestudy.preflight.collectives), against analysis.acceptance.busbw_min_gb_s (informative when null)."""
     name = "all-reduce bus bandwidth at the largest message (comm_bench)"
     target = f">= {minimum:g} GB/s" if minimum is not None else "no link rate configured, GB/s"
     measured = None

@@ -72,7 +72,7 @@ def summary_row(path: str | Path) -> dict[str, Any]:
         "point": run["point"],
         "run_dir": str(Path(path).parent),
         "status": "completed" if resumed is None else "completed (resumed)",
-        # The Snakemake attempt that made it; every attempt's log is kept (scalestudy.attemptlog).
+        # The Snakemake attempt that made it; every attempt's log is kept (scalestudy.launch.attempt_logs).
         "attempts": (summary.get("provenance") or {}).get("attempt"),
         "hosts": _hosts(summary.get("provenance") or {}),
         "job_id": accounting.job_id(summary),

@@ -33,7 +33,7 @@ interconnect, with the fitted/assumed phi. The ring latency term 2(N-1) alpha gr
 NCCL switches to tree algorithms at scale, so predictions far beyond the measurements are a
 pessimistic bound.
 
-Where the collective benchmark ran (results/tables/comm_bench_fit.csv, scalestudy.commbench), its
+Where the collective benchmark ran (results/tables/comm_bench_fit.csv, scalestudy.preflight.collectives), its
 measured all-reduce alpha and bus bandwidth give one more curve, MEASURED_CURVE: the intra-node fit
 up to gpus_per_node, the inter-node fit beyond (the intra-node one, said in the curve's name, when no
 inter-node size was measured); the same bandwidth derives phi when measured_bandwidth_gb_s is null.
@@ -79,7 +79,7 @@ RESIDUAL_COLUMNS = (
 )
 FIT_CURVE = "fit (as measured)"
 MEASURED_CURVE = "measured collectives (comm_bench)"
-INTRA, INTER = "intra-node", "inter-node"  # scalestudy.commbench's placements
+INTRA, INTER = "intra-node", "inter-node"  # scalestudy.preflight.collectives's placements
 BENCH_FIT_COLUMNS = ("collective", "world_size", "nodes", "placement", "link_alpha_s", "bandwidth_gb_s", "r2")
 OVERLAP_COLUMNS = ("world_size", "tool", "communication_s", "exposed_communication_s", "steps")
 PREDICTION_COLUMNS = ("mode", "curve", "world_size", "compute_s", "exposed_comm_s", "step_s", "efficiency")
@@ -169,7 +169,8 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 
 def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     """The runs whose gradient bytes are known (a user's script that reports no parameter count,
-    scalestudy.contract's "model" line, cannot be modelled): the others are named and left out."""
+    scalestudy.workloads.command.contract's "model" line, cannot be modelled): the others are named and
+    left out."""
     known = _numeric(scaling, "parameters").notna() | _numeric(scaling, "config.width").notna()
     if not known.all():
         points = scaling.loc[~known, "point"] if "point" in scaling else scaling.index[~known]
@@ -529,7 +530,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--prediction-out", required=True, help="Predicted efficiency per mode, interconnect, N."
     )
-    parser.add_argument("--bench-fit", help="comm_bench_fit.csv (scalestudy.commbench), optional.")
+    parser.add_argument(
+        "--bench-fit", help="comm_bench_fit.csv (scalestudy.preflight.collectives), optional."
+    )
     parser.add_argument("--profile-overlap", help="results/profile/overlap.csv, optional.")
     args = parser.parse_args(argv)
     settings = cli.start(args)

@@ -1,6 +1,6 @@
 """The GPU monitor's samples for the analysis: read, limited to the measurement window, summarised.
 
-A run's `gpu_monitor.csv` (scalestudy.monitor: columns and units) covers the whole run, start-up and
+A run's `gpu_monitor.csv` (scalestudy.train.gpu_monitor: columns and units) covers the whole run, start-up and
 evaluation included. When the run's summary.json (written by the same job, in the same folder)
 records its measurement window, only the samples inside it count in the per-GPU summary that the
 acceptance criteria use: inside `results.measure_segments_s` (the window's unpaused stretches, so

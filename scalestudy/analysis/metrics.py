@@ -1,7 +1,7 @@
 """Scaling metrics from the run catalog: throughput, speedup, efficiency, MFU, time to target.
 
 Definitions (X = global images/s, x = images/s per GPU, both from the run's steady-state window,
-summary.json's images_per_s; scalestudy/steady.py):
+summary.json's images_per_s; scalestudy/train/steady.py):
 
 * a run whose window was not filled (window_filled false) keeps its place in the tables with its
   whole-run rates (whole_run_images_per_s: every epoch, one-off costs included), marked:
@@ -38,10 +38,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from scalestudy import atomic, runconfig
+from scalestudy import atomic
 from scalestudy.analysis import cli, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
+from scalestudy.plan import runconfig
 
 log = logging.getLogger("scalestudy.analysis.metrics")
 

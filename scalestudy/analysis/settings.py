@@ -98,7 +98,7 @@ def load(analysis_json: str | None = None, config_path: str | Path | None = None
         return resolved(json.loads(analysis_json) if analysis_json else {})
     import yaml
 
-    from scalestudy import cluster
+    from scalestudy.plan import cluster
 
     config = yaml.safe_load(Path(config_path).read_text()) or {}
     return resolved(config.get("analysis"), cluster.ranks_per_node(config))

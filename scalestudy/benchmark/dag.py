@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from scalestudy import grid
 from scalestudy.benchmark.studyconfig import REPO
+from scalestudy.plan import grid
 
 WORKFLOW_FILES = ("Snakefile", "/rules/", "/scalestudy/")
 

@@ -1,4 +1,5 @@
-"""The two data pipelines compared: the project's batched tensor augmentation (scalestudy.loader)
+"""The two data pipelines compared: the project's batched tensor augmentation
+(scalestudy.workloads.resnet_cifar.loader)
 and the tutorial one, torchvision transforms on PIL images in a DataLoader with worker processes.
 
 Both deliver what a training step consumes: normalised float batches [B, 3, 32, 32] and int64
@@ -20,9 +21,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from scalestudy import loader as project_loader
 from scalestudy.data.preprocess import load_packed, output_names
-from scalestudy.data.synthetic import generate_arrays
+from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.workloads.resnet_cifar import loader as project_loader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 T = TypeVar("T")
@@ -110,7 +111,8 @@ def on_fresh_pass(loader: DataLoader, work: Callable[[Iterator[Batch]], T]) -> T
 
 
 def tensor_loader(data_dir: str | Path, batch: int, device, channels_last: bool = False, seed: int = 0):
-    """The project's batched pipeline (scalestudy.loader.TensorLoader) over the packed training split."""
+    """The project's batched pipeline (scalestudy.workloads.resnet_cifar.loader.TensorLoader) over the
+    packed training split."""
     images, labels = load_packed(data_dir, "train")
     return project_loader.TensorLoader(
         images, labels, batch_size=batch, device=device, channels_last=channels_last, seed=seed

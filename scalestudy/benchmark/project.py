@@ -5,7 +5,7 @@ the spawn): the model built (its first log line: imports, data and model done), 
 loop entered (optimizer, resume), and the first step logged. A run config with max_steps_per_epoch=1 logs
 step 1 (the epoch's last step is always logged), so process start -> first step is the job's
 fixed cost. Throughput is the trainer's own images_per_s from summary.json: its steady-state
-window (scalestudy.steady), which the benchmark's run config makes the epochs after the first.
+window (scalestudy.train.steady), which the benchmark's run config makes the epochs after the first.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalestudy import grid
+from scalestudy.plan import grid
 
 MARKERS = {
     "model_built": re.compile(r"scalestudy\.train: model: "),

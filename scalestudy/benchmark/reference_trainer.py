@@ -1,6 +1,6 @@
 """The reference trainer, written the plain tutorial way: fp32, a DataLoader of PIL transforms, no
 channels_last, no compile, no mixed precision, a bare SGD loop. Only the network is shared with the
-project (scalestudy.model), so both train the same CIFAR ResNet-18 at the same width.
+project (scalestudy.workloads.resnet_cifar.model), so both train the same CIFAR ResNet-18 at the same width.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn, optim
 
-from scalestudy.model import build_model
+from scalestudy.workloads.resnet_cifar.model import build_model
 
 
 class ReferenceTrainer:

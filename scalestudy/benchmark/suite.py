@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from scalestudy import model
 from scalestudy.benchmark import matmul, pipelines, project
 from scalestudy.benchmark.measure import interleave, timed_rate
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row
+from scalestudy.workloads.resnet_cifar import model
 
 REFERENCE = "reference trainer"
 TENSOR_FACTOR = 10  # the TensorLoader's samples are this many times longer: comparable wall times

@@ -5,7 +5,7 @@
     python -m scalestudy.data.fetch --source text --out results/data/corpus.txt --url URL \\
         [--mirror PATH ...] [--sha256 ...]      (a text corpus has no default URL)
     python -m scalestudy.data.fetch --source synthetic-text --out results/data/corpus.txt \\
-        --text-bytes 600000 --seed 1234          (the offline demo corpus, scalestudy.data.textcorpus)
+        --text-bytes 600000 --seed 1234          (the offline demo corpus, scalestudy.data.synthetic_text)
 
 A source is a local path (a file, or a folder holding a file named like the output), a file:// URL
 or an http(s) URL. Local copies are copied (never linked: the output is this run's file, with the
@@ -328,7 +328,7 @@ def make_synthetic(
     out: Path, train_per_class: int, test_per_class: int, seed: int, expected: Expected
 ) -> Path:
     """Write the synthetic archive to `out`, verified against `expected` (to pin its checksum)."""
-    from scalestudy.data import synthetic  # numpy only when needed
+    from scalestudy.data import synthetic_cifar as synthetic
 
     source = f"synthetic archive (seed {seed}, {train_per_class}/{test_per_class} per class)"
     with atomic_path(out) as tmp:
@@ -340,7 +340,7 @@ def make_synthetic(
 
 def make_synthetic_text(out: Path, n_bytes: int, seed: int, expected: Expected) -> Path:
     """Write the synthetic text corpus to `out`, verified against `expected` (to pin its checksum)."""
-    from scalestudy.data import textcorpus
+    from scalestudy.data import synthetic_text as textcorpus
 
     with atomic_path(out) as tmp:
         textcorpus.write_corpus(tmp, n_bytes, seed)

@@ -387,7 +387,8 @@ def comm_model(numbers: Numbers, data: Data) -> None:
 
 
 def _bench(numbers: Numbers, data: Data) -> None:
-    """The measured all-reduce's alpha and bandwidth (comm_bench_fit.csv, scalestudy.commbench) at the
+    """The measured all-reduce's alpha and bandwidth (comm_bench_fit.csv, scalestudy.preflight.collectives)
+    at the
     largest world size benchmarked."""
     bench = data.table("comm_bench_fit")
     rows = bench[bench["collective"] == "all_reduce"] if bench is not None and "collective" in bench else None

@@ -207,7 +207,7 @@ def distinct(frame: pd.DataFrame | None, column: str) -> list[str]:
     return sorted({str(v) for v in frame[column].dropna() if str(v) not in ("", "nan")})
 
 
-# results/tables/system.csv (scalestudy.sysinfo, one row per host): macro -> (columns, how one host
+# results/tables/system.csv (scalestudy.preflight.system, one row per host): macro -> (columns, how one host
 # reads); "none" is what sysinfo writes where a host has no such device.
 NONE = "none"
 

@@ -76,7 +76,7 @@ def _monitor(args, settings):
 
 
 def _comm_model(args, settings):
-    from scalestudy.plots import model
+    from scalestudy.plots import comm_model as model
 
     prediction = read_csv(args.prediction, ["mode", "curve", "world_size", "efficiency"])
     fit = read_csv(args.fit, ["quantity", "value"]) if args.fit else None
@@ -84,7 +84,7 @@ def _comm_model(args, settings):
 
 
 def _comm_busbw(args, settings):
-    from scalestudy.plots import commbench
+    from scalestudy.plots import comm_busbw as commbench
 
     busbw = read_csv(args.busbw, ["collective", "world_size", "placement", "bytes", "time_s", "busbw_gb_s"])
     commbench.busbw_figure(busbw, args.png, args.pdf, args.bucket_mb)
@@ -121,7 +121,7 @@ INPUTS = {
     },
     "rows": {"help": "The axis along the heatmap's rows (default: the last axis but one)."},
     "cols": {"help": "The axis along the heatmap's columns (default: the last axis)."},
-    "busbw": {"help": "results/comm/busbw.csv (scalestudy.commbench)."},
+    "busbw": {"help": "results/comm/busbw.csv (scalestudy.preflight.collectives)."},
     "bucket_mb": {"type": float, "nargs": "*", "default": [], "help": "DDP bucket sizes (MiB) to mark."},
 }
 

@@ -9,7 +9,7 @@ Which kernels `run` profiles:
 
 - *when*: only inside the profile point's window of steady-state steps. The trainer opens it at
   `profile.start_step` (past cudnn autotuning, compilation and the first epoch's one-off work) with
-  cudaProfilerStart and closes it after `profile.steps` steps (`scalestudy.ranges.ProfileWindow`);
+  cudaProfilerStart and closes it after `profile.steps` steps (`scalestudy.train.ranges.ProfileWindow`);
   ncu runs with `--profile-from-start off`, so nothing before the window counts, and with
   `--nvtx --nvtx-include step/` only kernels inside the trainer's NVTX `step` ranges (not evaluation,
   logging or checkpoints) are candidates;
@@ -19,7 +19,7 @@ Which kernels `run` profiles:
 - at most `--launch-count` launches, each replayed with `--set full --clock-control none` (the GPU
   keeps its own clocks, as in training).
 
-The ncu prefix goes inside the one rank (`scalestudy.launch.build_command`'s rank prefix); the
+The ncu prefix goes inside the one rank (`scalestudy.launch.launcher.build_command`'s rank prefix); the
 report is exported with `ncu --import R --csv --page raw --print-units base` and parsed
 (`parse_raw`). Counting launches from the process start (the former `launch_skip`) landed on
 whatever kernel came N-th (cudnn.benchmark's trial launches count too) and is refused.
@@ -45,8 +45,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import grid
 from scalestudy.atomic import write_json, write_text
+from scalestudy.plan import grid
 from scalestudy.profiling import nsys
 from scalestudy.profiling.categorize import category
 from scalestudy.profiling.run import (

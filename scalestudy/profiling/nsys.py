@@ -1,7 +1,7 @@
 """Nsight Systems: the per-rank profiling prefix, and `nsys stats` exports to CSV (stdlib only).
 
 `nsys profile` must run *inside* srun (and inside the container), once per rank: `nsys profile
-srun ...` would trace only the launcher. The prefix goes through `scalestudy.launch.build_command`'s
+srun ...` would trace only the launcher. The prefix goes through `scalestudy.launch.launcher.build_command`'s
 `rank_prefix`, and every rank writes its own report, `<dir>/<job>_r<rank>.nsys-rep`. The capture
 is the trainer's profiling window (cudaProfilerStart/Stop, `--capture-range=cudaProfilerApi`);
 `--capture-range-end=stop` lets the run finish and write its results after the window. No CPU

@@ -28,8 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import grid
 from scalestudy.atomic import write_json
+from scalestudy.plan import grid
 from scalestudy.profiling import nsys
 from scalestudy.profiling.tool import Resolution, find_binary, find_gpu, resolve
 from scalestudy.progress import setup_logging
@@ -55,7 +55,7 @@ def train_args(run: dict, out_dir: str | Path) -> list[str]:
 
 def launcher_kind(spec: dict) -> str:
     """srun or local: what the launcher will use here (`auto` is srun in a Slurm batch step)."""
-    from scalestudy import launch
+    from scalestudy.launch import launcher as launch
 
     return launch.resolve_launcher(launch.check_spec(spec), os.environ)
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scalestudy.profiling.run", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--launch-json", required=True, help="launch spec (scalestudy.launch)")
+    parser.add_argument("--launch-json", required=True, help="launch spec (scalestudy.launch.launcher)")
     parser.add_argument("--run-config-json", required=True, help="the profile point's run config")
     parser.add_argument("--out-dir", required=True, type=Path, help="the run folder")
     parser.add_argument("--record", required=True, type=Path, help="where to record the tool used")

@@ -47,7 +47,7 @@ METHODS = {
     "torch_device": "torch.profiler self device time per kernel; overlap is the lower bound",
 }
 
-# The trainer's named ranges (scalestudy.ranges): one `step` range per training step, holding
+# The trainer's named ranges (scalestudy.train.ranges): one `step` range per training step, holding
 # `data`, `forward`, `backward` and `optimizer`; `eval` around evaluation.
 STEP_RANGE = "step"
 DATA_RANGE = "data"

@@ -2,14 +2,14 @@
 imports this when it parses the workflow); the torch parts live in the workload's own module.
 
 Every rank runs `python -m scalestudy.train` whatever the workload (a command workload's run config
-it hands to scalestudy.workloads.command). A workload says how to build its model and data (the
+it hands to scalestudy.workloads.command.runner). A workload says how to build its model and data (the
 build functions of its RUNTIME_MODULES entry, imported by the trainer), the unit it counts
 throughput in, its quality metric, which fetched and packed data files it needs, and which keys of
 the config's `model:` section go into its run configs.
 
     resnet18-cifar10  the reference study: ResNet-18 (CIFAR stem) on CIFAR-10, images
     gpt               a GPT-style decoder LM on a byte-tokenised text corpus, tokens
-    command           the user's own training script (scalestudy.workloads.command), in its unit
+    command           the user's own training script (scalestudy.workloads.command.runner), in its unit
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ def runtime(name: str):
     return importlib.import_module(RUNTIME_MODULES[name])
 
 
-RUNTIME_MODULES = {"resnet18-cifar10": "scalestudy.workloads.cifar", "gpt": "scalestudy.workloads.gpt"}
+RUNTIME_MODULES = {
+    "resnet18-cifar10": "scalestudy.workloads.resnet_cifar.workload",
+    "gpt": "scalestudy.workloads.gpt.workload",
+}
 
 
 def get(name: str) -> Workload:

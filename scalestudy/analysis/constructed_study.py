@@ -1,0 +1,248 @@
+"""A constructed study: run folders that follow docs/architecture.md, with known true answers.
+
+Used by the tests and to render the example figures before (or without) real runs. It constructs the
+ResNet-18 DDP study only (images, config.width; no FSDP or LM runs). Step times follow
+the alpha-beta model of commmodel.py exactly (plus optional multiplicative noise), so a fit must
+recover `Truth.alpha_s` and `Truth.beta_s_per_byte`; everything else (accuracy curves, GPU monitor
+samples) is shaped like real training but carries no claim.
+
+    python -m scalestudy.analysis.constructed_study --config config/config.yaml --out-dir /tmp/study
+    [--no-gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scalestudy import atomic
+from scalestudy.analysis import commmodel, modelsize, settings
+from scalestudy.plan import grid
+from scalestudy.plan.runfiles import MONITOR_COLUMNS
+
+STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The constants the constructed runs are generated from."""
+
+    compute_s_per_image: float = 40e-6  # fp32 compute per image (H100-class ResNet-18 CIFAR)
+    half_precision_speedup: float = 1.8  # fp16/bf16 compute is this much faster
+    alpha_s: float = 8e-6  # exposed latency per ring step
+    beta_s_per_byte: float = 1 / 40e9  # exposed inverse bandwidth
+    noise: float = 0.0  # relative std of multiplicative noise on step times
+    train_images: int = 50_000
+    gpu: bool = True
+    gpu_name: str = "NVIDIA H800"
+    power_limit_w: float = 700.0  # H800 SXM
+    gpus_per_node: int = 8
+    seed: int = 0
+
+
+def step_time(truth: Truth, run: dict, rng: np.random.Generator) -> float:
+    speed = 1.0 if run["precision"] == "fp32" else truth.half_precision_speedup
+    grad = modelsize.gradient_bytes(run["width"], run["comm_hook"])
+    buckets = modelsize.bucket_count(grad, run["bucket_cap_mb"])
+    comm = commmodel.ring_allreduce_s(run["world_size"], grad, buckets, truth.alpha_s, truth.beta_s_per_byte)
+    scale = run["width"] ** 2 / 64**2
+    clean = truth.compute_s_per_image * scale * run["per_gpu_batch"] / speed + float(comm)
+    return clean * (1.0 + truth.noise * rng.standard_normal()) if truth.noise else clean
+
+
+def accuracy_curve(run: dict, epochs: int, rng: np.random.Generator) -> np.ndarray:
+    """Test accuracy per epoch: saturating, slower per epoch for large global batches, seed jitter."""
+    tau = 0.9 * (run["global_batch"] / 128) ** 0.3
+    clean = 0.93 * (1.0 - np.exp(-np.arange(1, epochs + 1) / tau))
+    return np.clip(clean + rng.normal(0.0, 0.008, epochs), 0.0, 1.0)
+
+
+def metrics_frame(run: dict, step_s: float, truth: Truth, rng: np.random.Generator) -> pd.DataFrame:
+    epochs = run["epochs"]
+    steps = math.ceil(truth.train_images / run["global_batch"])
+    if run["max_steps_per_epoch"]:
+        steps = min(steps, run["max_steps_per_epoch"])
+    epoch_time = np.full(epochs, steps * step_s)
+    epoch_time[0] *= 1.15  # the first epoch warms up (and the summary's median skips it)
+    ips = steps * run["global_batch"] / epoch_time
+    acc = accuracy_curve(run, epochs, rng)
+    return pd.DataFrame(
+        {
+            "epoch": np.arange(1, epochs + 1),
+            "train_loss": 2.3 * (1 - acc) + 0.05,
+            "train_acc": np.minimum(acc + 0.03, 1.0),
+            "test_loss": 2.3 * (1 - acc) + 0.1,
+            "test_acc": acc,
+            "epoch_time_s": epoch_time,
+            "images_per_s": ips,
+            "images_per_s_per_gpu": ips / run["world_size"],
+            "global_batch": run["global_batch"],
+            "per_gpu_batch": run["per_gpu_batch"],
+            "world_size": run["world_size"],
+            "lr": run["lr"],
+            "wall_time_s": np.cumsum(epoch_time * 1.05),
+        }
+    )
+
+
+def results_of(run: dict, metrics: pd.DataFrame, step_s: float, truth: Truth) -> dict:
+    later = metrics.iloc[1:] if len(metrics) > 1 else metrics
+    reached = metrics[metrics["test_acc"] >= run["target_accuracy"]]
+    return {
+        "epochs": run["epochs"],
+        "steps": int(len(metrics) * round(metrics["epoch_time_s"].iloc[-1] / step_s)),
+        "world_size": run["world_size"],
+        "global_batch": run["global_batch"],
+        "per_gpu_batch": run["per_gpu_batch"],
+        "images_per_s": float(later["images_per_s"].median()),
+        "images_per_s_per_gpu": float(later["images_per_s_per_gpu"].median()),
+        "epoch_time_s": float(later["epoch_time_s"].median()),
+        "step_time_s": step_s,
+        "final_test_acc": float(metrics["test_acc"].iloc[-1]),
+        "best_test_acc": float(metrics["test_acc"].max()),
+        "final_train_loss": float(metrics["train_loss"].iloc[-1]),
+        "time_to_target_s": float(reached["wall_time_s"].iloc[0]) if len(reached) else None,
+        "target_accuracy": run["target_accuracy"],
+        "total_time_s": float(metrics["wall_time_s"].iloc[-1]) + STARTUP_S + 2.0,
+        # the steady-state window on the monitor's clock (t0 = job start): after the first epoch
+        "measure_start_s": STARTUP_S + float(metrics["wall_time_s"].iloc[0] if len(metrics) > 1 else 0.0),
+        "measure_end_s": STARTUP_S + float(metrics["wall_time_s"].iloc[-1]),
+        "resumed_from_step": None,
+        "device": "cuda" if truth.gpu else "cpu",
+        "device_name": truth.gpu_name if truth.gpu else "x86_64",
+        "backend": "nccl" if truth.gpu else "gloo",
+    }
+
+
+def monitor_frame(run: dict, results: dict, truth: Truth, rng: np.random.Generator) -> pd.DataFrame:
+    """NVML-like samples, one row per GPU and sample; busier (higher SM, power) when compute dominates,
+    idle during start-up and after training. SM activity (GPM) sits below kernel activity, as on a real
+    GPU where kernels do not fill every SM."""
+    times = np.linspace(0.0, results["total_time_s"], 80)
+    training = (times >= STARTUP_S) & (times <= results["measure_end_s"])
+    comm_share = 1.0 - 1.0 / (1.0 + 0.08 * math.log2(run["world_size"]))
+    frames = []
+    for rank in range(run["world_size"]):
+        host, gpu = f"gpu{rank // truth.gpus_per_node + 1:03d}", rank % truth.gpus_per_node
+        busy = np.clip(97 * (1 - comm_share) + rng.normal(0, 1.5, times.size), 0, 100)
+        busy[~training | (np.arange(times.size) % 20 == 19)] *= 0.3  # start-up, evaluation, the end
+        power_w = 90 + 5.0 * busy
+        frames.append(
+            pd.DataFrame(
+                {
+                    "time_s": times,
+                    "host": host,
+                    "gpu_index": gpu,
+                    "gpu_uuid": f"GPU-{rank:08x}",
+                    "gpu_name": truth.gpu_name,
+                    "rank": rank,
+                    "sm_active_pct": 0.9 * busy,
+                    "kernel_active_pct": np.minimum(busy + 3.0, 100.0),
+                    "mem_util_pct": busy * 0.6,
+                    "power_w": power_w,
+                    "power_limit_w": truth.power_limit_w,
+                    "power_fraction": power_w / truth.power_limit_w,
+                    "pcie_rx_mb_s": 900 + rng.normal(0, 80, times.size),
+                    "pcie_tx_mb_s": 300 + rng.normal(0, 30, times.size),
+                    "mem_used_mb": 20_000.0,
+                    "temperature_c": 40 + 0.35 * busy,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)[list(MONITOR_COLUMNS)]
+
+
+def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np.random.Generator) -> Path:
+    run = grid.run_config(config, point)
+    nodes = math.ceil(run["world_size"] / truth.gpus_per_node)
+    out = root / point.run_dir
+    step_s = step_time(truth, run, rng)
+    metrics = metrics_frame(run, step_s, truth, rng)
+    results = results_of(run, metrics, step_s, truth)
+    prov = {
+        "host": "gpu001",
+        "seed": run["seed"],
+        "git_commit": "0" * 40,
+        "slurm": {
+            "job_id": str(1000 + rng.integers(0, 10**6)),
+            "job_nodelist": f"gpu[001-{nodes:03d}]",
+            "job_num_nodes": str(nodes),
+        },
+    }
+    atomic.write_json(out / "summary.json", {"run": run, "results": results, "provenance": prov})
+    atomic.write_csv(out / "metrics.csv", metrics)
+    if truth.gpu:
+        atomic.write_csv(out / "gpu_monitor.csv", monitor_frame(run, results, truth, rng))
+    else:
+        atomic.write_csv(out / "gpu_monitor.csv", pd.DataFrame(columns=list(MONITOR_COLUMNS)))
+        atomic.write_json(
+            out / "gpu_monitor.json", {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
+        )
+    return out
+
+
+def make_study(root: str | Path, config: dict, truth: Truth = Truth()) -> list[Path]:
+    """Write every grid point's run folder of `config` under root; returns the folders."""
+    rng = np.random.default_rng(truth.seed)
+    return [write_run(Path(root), config, point, truth, rng) for point in grid.all_points(config)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="Study config (YAML) whose grid is constructed.")
+    parser.add_argument("--out-dir", required=True, help="Root under which results/runs/... is written.")
+    parser.add_argument("--no-gpu", action="store_true", help="Construct a CPU study (no monitor samples).")
+    parser.add_argument("--noise", type=float, default=0.02, help="Relative step-time noise (default 0.02).")
+    args = parser.parse_args()
+    truth = Truth(noise=args.noise, gpu=not args.no_gpu)
+    folders = make_study(args.out_dir, settings.study_config(args.config), truth)
+    print(f"{len(folders)} run folders under {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------- in-memory catalog rows
+
+
+def run_row(
+    stage: str,
+    world: int,
+    per_gpu_batch: int,
+    step_s: float,
+    mode: str | None = None,
+    repeat: int = 0,
+    **extra,
+) -> dict:
+    """One run-catalog row (the runs.csv columns the analysis reads) of a run with this step time."""
+    per_gpu = per_gpu_batch / step_s
+    row = {
+        "stage": stage,
+        "point": f"{mode or stage}/w{world}_r{repeat}",
+        "world_size": world,
+        "per_gpu_batch": per_gpu_batch,
+        "global_batch": per_gpu_batch * world,
+        "images_per_s": per_gpu * world,
+        "images_per_s_per_gpu": per_gpu,
+        "epoch_time_s": 50_000 / (per_gpu * world),
+        "total_time_s": 3600.0,
+        "final_test_acc": 0.9,
+        "time_to_target_s": 1000.0,
+        "device": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "config.mode": mode,
+        "config.repeat": repeat,
+        "config.precision": "bf16",
+        "config.width": 64,
+        "config.bucket_cap_mb": 25,
+        "config.comm_hook": "none",
+    }
+    row.update(extra)
+    return row

@@ -1,0 +1,474 @@
+"""Where and how the study's jobs run on Slurm: resources, the launch spec and the image.
+
+Every site-specific setting is in ONE place, the `cluster:` section of the config (with
+`container:` for the image and `nccl:` for the ranks' network environment); config/schema.yaml
+documents each key and its default, docs/slurm.md how they fit together. This module turns them
+into:
+
+- `train_resources(config, world_size, attempt)`: the Snakemake resources of a training job, which
+  the Slurm executor plugin (>= 2.7.1) turns into sbatch options (see docs/slurm.md for the map);
+- `light_resources(config, attempt)`: the resources of a cheap CPU job;
+- `launch_spec(config, world_size)`: what `python -m scalestudy.launch` needs to start the ranks;
+- `on_submit_host(config, rule)`, `container_image(config)`, `image_build_target(config)`.
+
+Pure standard library (the Snakefile imports it when it parses the workflow). `python -m
+scalestudy.plan.cluster --configfile config/config.yaml` prints every grid point's sbatch options.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+import shlex
+from typing import Any
+
+from scalestudy.plan import configcheck
+
+# Defaults of the `cluster:` section; config/schema.yaml carries the same values (a test checks).
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    "partition": None,
+    "cpu_partition": None,
+    "account": None,
+    "qos": None,
+    "constraint": None,
+    "gpus_per_node": 4,
+    "gpu_type": None,
+    "ranks_per_node": None,
+    "cpus_per_rank": 8,
+    "mem_mb_per_rank": 16000,
+    "runtime_minutes": 60,
+    "runtime_growth": 2.0,
+    "max_runtime_minutes": 2880,
+    "mem_growth": 1.5,
+    "signal_lead_s": 300,
+    "exclusive": False,
+    "sbatch_extra": [],
+    "launcher": "auto",
+    "light_cpus": 2,
+    "light_mem_mb": 8000,
+    "light_runtime_minutes": 60,
+    "submit_host_rules": ["fetch", "build_image", "*figure*", "table_*", "paper*"],
+}
+
+CONTAINER_DEFAULTS: dict[str, Any] = {
+    "sif": "containers/scalestudy.sif",
+    "prebuilt": None,
+    "definition": "containers/scalestudy.def",
+    "build_args": ["--fakeroot"],
+    "apptainer_args": ["--nv"],
+    "binds": [],
+    "python": "python",
+}
+
+# The resources of a training job; every call returns every key. A value of None means "not set"
+# (Snakemake drops a resource whose callable returns None, so the plugin adds no option for it).
+TRAIN_RESOURCE_KEYS: tuple[str, ...] = (
+    "nodes",
+    "tasks",
+    "tasks_per_gpu",
+    "cpus_per_task",
+    "mem_mb",
+    "runtime",
+    "gres",
+    "slurm_partition",
+    "slurm_account",
+    "qos",
+    "constraint",
+    "slurm_extra",
+    "mpi",
+)
+LIGHT_RESOURCE_KEYS: tuple[str, ...] = (
+    "cpus_per_task",
+    "mem_mb",
+    "runtime",
+    "slurm_partition",
+    "slurm_account",
+    "qos",
+)
+
+LAUNCHERS = ("auto", "local", "srun")
+# Slurm names (partition, account, qos, GRES type) and features, image paths and the ranks'
+# environment values: no whitespace or shell syntax (the patterns and why: scalestudy.plan.configcheck).
+_NAME = re.compile(configcheck.SLURM_NAME)
+_CONSTRAINT = re.compile(configcheck.SLURM_CONSTRAINT)
+_PATH = re.compile(configcheck.SAFE_PATH)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_VALUE = re.compile(configcheck.ENV_VALUE)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def settings(config: dict) -> dict[str, Any]:
+    """The `cluster:` section with its defaults filled in, checked; errors name the key."""
+    merged = _merged(config, "cluster", CLUSTER_DEFAULTS)
+    _check_numbers(merged)
+    for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
+        _check_optional(merged, key, _NAME)
+    _check_optional(merged, "constraint", _CONSTRAINT)
+    if merged["launcher"] not in LAUNCHERS:
+        raise ValueError(f"cluster.launcher must be one of {LAUNCHERS}, got {merged['launcher']!r}")
+    if not isinstance(merged["exclusive"], bool):
+        raise ValueError(f"cluster.exclusive must be true or false, got {merged['exclusive']!r}")
+    _check_strings(merged, "sbatch_extra")
+    _check_strings(merged, "submit_host_rules")
+    return merged
+
+
+def _check_numbers(cluster: dict[str, Any]) -> None:
+    _check_int(cluster, "gpus_per_node", minimum=0)
+    _check_int(cluster, "signal_lead_s", minimum=0)
+    for key in ("cpus_per_rank", "mem_mb_per_rank", "runtime_minutes", "max_runtime_minutes"):
+        _check_int(cluster, key, minimum=1)
+    for key in ("light_cpus", "light_mem_mb", "light_runtime_minutes"):
+        _check_int(cluster, key, minimum=1)
+    if cluster["ranks_per_node"] is not None:
+        _check_int(cluster, "ranks_per_node", minimum=1)
+    elif cluster["gpus_per_node"] == 0:
+        raise ValueError("cluster.ranks_per_node must be set when cluster.gpus_per_node is 0 (CPU nodes)")
+    for key in ("runtime_growth", "mem_growth"):
+        value = cluster[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+            raise ValueError(f"cluster.{key} must be a number >= 1, got {value!r}")
+    if cluster["signal_lead_s"] >= 60 * cluster["runtime_minutes"]:
+        raise ValueError(
+            f"cluster.signal_lead_s={cluster['signal_lead_s']} must be shorter than "
+            f"cluster.runtime_minutes={cluster['runtime_minutes']} (the signal would come at the start)"
+        )
+
+
+def container_settings(config: dict) -> dict[str, Any]:
+    """The `container:` section with its defaults filled in, checked."""
+    merged = _merged(config, "container", CONTAINER_DEFAULTS)
+    for key in ("sif", "definition", "python"):
+        _check_path(merged, key)
+    if merged["prebuilt"] is not None:
+        _check_path(merged, "prebuilt")
+    for key in ("build_args", "apptainer_args", "binds"):
+        _check_strings(merged, key)
+    return merged
+
+
+def nccl_env(config: dict) -> dict[str, str]:
+    """The `nccl:` section as environment variables (true/false -> 1/0)."""
+    section = config.get("nccl") or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"nccl must be a mapping of environment variables, got {section!r}")
+    env = {}
+    for name, value in section.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ValueError(f"nccl: {name!r} is not a valid environment variable name")
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, str | int | float):
+            raise ValueError(f"nccl.{name} must be a string, number or boolean, got {value!r}")
+        if isinstance(value, str) and not _ENV_VALUE.match(value):
+            meaning = configcheck.PATTERN_MEANINGS[configcheck.ENV_VALUE]
+            raise ValueError(f"nccl.{name} must be {meaning}, got {value!r}")
+        env[name] = str(value)
+    return env
+
+
+def _merged(config: dict, section: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    given = config.get(section) or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"{section} must be a mapping, got {given!r}")
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown {section} setting(s) {unknown}; known: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
+def _check_int(values: dict, key: str, minimum: int) -> None:
+    value = values[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"cluster.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_optional(values: dict, key: str, pattern: re.Pattern) -> None:
+    value = values[key]
+    if value is not None and not (isinstance(value, str) and pattern.match(value)):
+        raise ValueError(f"cluster.{key} must be null or a name like {pattern.pattern}, got {value!r}")
+
+
+def _check_strings(values: dict, key: str) -> None:
+    value = values[key]
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{key} must be a list of non-empty strings, got {value!r}")
+
+
+def _check_path(values: dict, key: str) -> None:
+    """A path Snakemake may put unquoted into a shell command (the image) or take for a pattern."""
+    value = values[key]
+    if not (isinstance(value, str) and _PATH.match(value)):
+        meaning = configcheck.PATTERN_MEANINGS[configcheck.SAFE_PATH]
+        raise ValueError(f"container.{key} must be {meaning}, got {value!r}")
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def ranks_per_node(config: dict) -> int:
+    """Ranks on one node: cluster.ranks_per_node, else one per GPU (cluster.gpus_per_node)."""
+    return _ranks_per_node(settings(config))
+
+
+def layout(config: dict, world_size: int) -> tuple[int, int]:
+    """(nodes, ranks per node) of a world size: as few nodes as fit, the same ranks on each."""
+    return _layout(settings(config), world_size)
+
+
+def gres(config: dict, tasks_per_node: int) -> str | None:
+    """The per-node GPU request ('gpu:4', 'gpu:a100:4'): one GPU per rank; None on CPU nodes."""
+    return _gres(settings(config), tasks_per_node)
+
+
+def _ranks_per_node(cluster: dict[str, Any]) -> int:
+    return cluster["ranks_per_node"] or cluster["gpus_per_node"]
+
+
+def _layout(cluster: dict[str, Any], world_size: int) -> tuple[int, int]:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world size must be an integer >= 1, got {world_size!r}")
+    per_node = _ranks_per_node(cluster)
+    nodes = math.ceil(world_size / per_node)
+    if world_size % nodes:
+        raise ValueError(
+            f"world size {world_size} does not split evenly over {nodes} nodes of at most {per_node} "
+            "ranks (cluster.ranks_per_node / cluster.gpus_per_node); choose a world size that does"
+        )
+    return nodes, world_size // nodes
+
+
+def _gres(cluster: dict[str, Any], tasks_per_node: int) -> str | None:
+    if cluster["gpus_per_node"] == 0:
+        return None
+    if tasks_per_node > cluster["gpus_per_node"]:
+        raise ValueError(
+            f"cluster.ranks_per_node={tasks_per_node} exceeds cluster.gpus_per_node="
+            f"{cluster['gpus_per_node']} (one GPU per rank)"
+        )
+    kind = f"{cluster['gpu_type']}:" if cluster["gpu_type"] else ""
+    return f"gpu:{kind}{tasks_per_node}"
+
+
+def _grown(base: float, growth: float, attempt: int) -> int:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"attempt must be an integer >= 1, got {attempt!r}")
+    return math.ceil(base * growth ** (attempt - 1))
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def train_resources(config: dict, world_size: int, attempt: int) -> dict[str, Any]:
+    """Snakemake resources of a training job (keys: TRAIN_RESOURCE_KEYS; None = not set).
+
+    The job runs the rule's shell once in the batch step (the `mpi` key, present for every world
+    size, tells the jobstep plugin so; its value is falsy for one rank because the plugin refuses
+    an MPI job with one task) and scalestudy.launch.launcher starts the ranks with srun. Wall time and
+    memory grow with the attempt; the trainer checkpoints on the --signal and resumes when retried.
+    """
+    cluster = settings(config)
+    nodes, per_node = _layout(cluster, world_size)
+    runtime = min(
+        _grown(cluster["runtime_minutes"], cluster["runtime_growth"], attempt), cluster["max_runtime_minutes"]
+    )
+    mem_mb = _grown(cluster["mem_mb_per_rank"] * per_node, cluster["mem_growth"], attempt)
+    resources = {
+        "nodes": nodes,
+        "tasks": world_size,
+        # 0: the plugin adds no --ntasks-per-gpu (it conflicts with --ntasks-per-node, and it
+        # would bind each rank to one GPU, which breaks CUDA IPC/NVLink between the node's ranks).
+        "tasks_per_gpu": 0,
+        "cpus_per_task": cluster["cpus_per_rank"],
+        "mem_mb": mem_mb,
+        "runtime": runtime,
+        "gres": _gres(cluster, per_node),
+        "slurm_partition": cluster["partition"],
+        "slurm_account": cluster["account"],
+        "qos": cluster["qos"],
+        "constraint": cluster["constraint"],
+        "slurm_extra": slurm_extra(cluster, per_node),
+        "mpi": "srun" if world_size > 1 else "",
+    }
+    assert tuple(resources) == TRAIN_RESOURCE_KEYS
+    return resources
+
+
+def slurm_extra(cluster: dict, tasks_per_node: int) -> str:
+    """sbatch options the plugin has no resource for, each shell-quoted (the plugin runs a shell)."""
+    options = [f"--ntasks-per-node={tasks_per_node}"]
+    if cluster["signal_lead_s"]:
+        # To every job step (the ranks), not the batch shell (Snakemake) -- hence no "B:".
+        options.append(f"--signal=USR1@{cluster['signal_lead_s']}")
+    if cluster["exclusive"]:
+        options.append("--exclusive")
+    options.extend(cluster["sbatch_extra"])
+    return " ".join(shlex.quote(option) for option in options)
+
+
+def light_resources(config: dict, attempt: int) -> dict[str, Any]:
+    """Resources of a cheap CPU job (data preparation, tables, figures) on cluster.cpu_partition."""
+    cluster = settings(config)
+    resources = {
+        "cpus_per_task": cluster["light_cpus"],
+        "mem_mb": _grown(cluster["light_mem_mb"], cluster["mem_growth"], attempt),
+        "runtime": min(
+            _grown(cluster["light_runtime_minutes"], cluster["runtime_growth"], attempt),
+            cluster["max_runtime_minutes"],
+        ),
+        "slurm_partition": cluster["cpu_partition"] or cluster["partition"],
+        "slurm_account": cluster["account"],
+        "qos": cluster["qos"],
+    }
+    assert tuple(resources) == LIGHT_RESOURCE_KEYS
+    return resources
+
+
+def on_submit_host(config: dict, rule_name: str) -> bool:
+    """Whether a rule runs on the submit host (Snakemake's localrule) rather than as a job."""
+    return any(fnmatch.fnmatchcase(rule_name, pattern) for pattern in settings(config)["submit_host_rules"])
+
+
+# --------------------------------------------------------------------------- container
+
+
+def container_image(config: dict) -> str:
+    """The image every containerized job uses: container.prebuilt, else the one built here."""
+    container = container_settings(config)
+    return container["prebuilt"] or container["sif"]
+
+
+def image_build_target(config: dict) -> str | None:
+    """The .sif rules/container.smk builds, or None when a prebuilt image is configured."""
+    container = container_settings(config)
+    return None if container["prebuilt"] else container["sif"]
+
+
+# --------------------------------------------------------------------------- launch
+
+
+THREAD_POOL_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def launch_spec(config: dict, world_size: int, containerized: bool = False) -> dict[str, Any]:
+    """The launch spec of scalestudy.launch.launcher for one grid point (docs/architecture.md).
+
+    `containerized`: run each rank in the image (the workflow passes True when it runs with
+    --software-deployment-method apptainer, see rules/container.smk).
+    """
+    cluster = settings(config)
+    container = container_settings(config)
+    nodes, per_node = _layout(cluster, world_size)
+    # Every thread pool of a rank sized to its CPUs. Snakemake exports MKL_NUM_THREADS (and
+    # OMP_NUM_THREADS) = the job's threads, i.e. all ranks' CPUs: left so, two ranks on two cores ran
+    # 4 MKL threads and trained 3.7x slower (27 s vs 7.4 s, measured on the demo's w2 point).
+    threads = str(cluster["cpus_per_rank"])
+    env = {name: threads for name in THREAD_POOL_ENV}
+    env.update(nccl_env(config))
+    return {
+        "launcher": cluster["launcher"],
+        "world_size": world_size,
+        "nodes": nodes,
+        "tasks_per_node": per_node,
+        "cpus_per_task": cluster["cpus_per_rank"],
+        "gpus_per_node": per_node if cluster["gpus_per_node"] else 0,
+        "gres": _gres(cluster, per_node),
+        "image": container_image(config) if containerized else None,
+        "apptainer_args": list(container["apptainer_args"]),
+        "binds": list(container["binds"]),
+        "python": container["python"],
+        "env": env,
+    }
+
+
+# --------------------------------------------------------------------------- sbatch preview
+
+
+class _PreviewJob:
+    """Just enough of a Snakemake job for the plugin's sbatch-command builder."""
+
+    def __init__(self, name: str, resources: dict[str, Any], threads: int) -> None:
+        self.name = name
+        self.threads = threads
+        self.resources = _Resources({key: value for key, value in resources.items() if value is not None})
+
+    def is_group(self) -> bool:
+        return False
+
+
+class _Resources(dict):
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError as missing:
+            raise AttributeError(name) from missing
+
+
+def sbatch_command(resources: dict[str, Any], threads: int = 1, rule: str = "scaling_run") -> str:
+    """The sbatch call the Slurm executor plugin makes for these resources (imports the plugin)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    job = _PreviewJob(rule, resources, threads)
+    validate_slurm_extra(job)
+    account = resources.get("slurm_account")
+    partition = resources.get("slurm_partition")
+    params = {
+        "run_uuid": "<run-uuid>",
+        "slurm_logfile": f".snakemake/slurm_logs/rule_{rule}/%j.log",
+        "comment_str": f"rule_{rule}",
+        "account": f" -A {shlex.quote(account)}" if account else "",
+        "partition": f" -p {shlex.quote(partition)}" if partition else "",
+        "workdir": None,
+    }
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def _load_config(path: str, schema: str) -> dict:
+    """A config file with the schema's defaults filled in, as the Snakefile sees it."""
+    import yaml
+    from snakemake.utils import validate
+
+    with open(path) as handle:
+        config = yaml.safe_load(handle)
+    validate(config, schema)
+    configcheck.check(config, schema)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print every grid point's Slurm request: what `snakemake --profile profiles/slurm` submits."""
+    import argparse
+
+    from scalestudy.plan import grid
+
+    parser = argparse.ArgumentParser(prog="python -m scalestudy.plan.cluster", description=main.__doc__)
+    parser.add_argument("--configfile", default="config/config.yaml")
+    parser.add_argument("--schema", default="config/schema.yaml")
+    parser.add_argument("--attempt", type=int, default=1)
+    args = parser.parse_args(argv)
+    config = _load_config(args.configfile, args.schema)
+    for point in grid.all_points(config):
+        resources = train_resources(config, point.world_size, args.attempt)
+        print(describe(config, point.world_size, resources, f"{point.stage} {point.name}"))
+        command = sbatch_command(resources, threads=point.world_size, rule=f"{point.stage}_run")
+        print(f"    sbatch {command.split(' --comment ', 1)[1].split(' ', 1)[1].strip()}")
+    return 0
+
+
+def describe(config: dict, world_size: int, resources: dict[str, Any], name: str) -> str:
+    """One line a user can check: 'scaling strong/w8_r0: world 8 = 2 nodes x 4 ranks, ...'."""
+    nodes, per_node = layout(config, world_size)
+    gpus = f", --gres={resources['gres']} per node" if resources["gres"] else ", CPU only"
+    return (
+        f"{name}: world {world_size} = {nodes} node(s) x {per_node} rank(s){gpus}, "
+        f"{resources['cpus_per_task']} CPUs/rank, {resources['mem_mb']} MB/node, {resources['runtime']} min"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""The checks of a config that JSON Schema validation lets through, run before any job is planned.
+
+The Snakefile calls `check(config, "config/schema.yaml")` right after snakemake.utils.validate.
+It walks the config along the schema, so a key added to the schema later is covered without a
+change here, and refuses, in one line naming every offending key:
+
+- an integer key holding a float or a boolean: JSON Schema counts 2.0 as an integer, and a world
+  size of 2.0 would otherwise surface as a MissingInputException on `w2.0` that names no key;
+- a string that does not match its key's `pattern`. The patterns below keep values that reach a
+  shell unquoted to characters no shell treats specially: Snakemake puts the container image path
+  as it is into its `apptainer exec` command line, and a path with braces would be taken for a
+  wildcard. Values the project quotes (`{params.x:q}`, shlex.quote) or passes as one argv item need
+  no pattern: they may hold any character (data.url, cluster.sbatch_extra, study.title, ...);
+- settings that are each valid but do not fit together or the grid: a sensitivity axis that is no
+  run-config key the sweep may set, or a value that key refuses or a run folder cannot be named
+  by; a data source the workload cannot read; a command workload without its script.
+
+Pure standard library apart from PyYAML, read only when a schema is given as a path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from scalestudy import workloads
+
+# A local path or command name: nothing a shell expands or splits, no wildcard braces, no leading
+# "-" (an option) and no ":" (an image URL such as docker://). The image path goes unquoted into
+# Snakemake's apptainer command (container.sif, container.prebuilt).
+SAFE_PATH = r"^[A-Za-z0-9_.+@%,=/][A-Za-z0-9_.+@%,=/-]*$"
+# A Slurm partition, account, QOS or GRES type.
+SLURM_NAME = r"^[A-Za-z0-9_.+-]+$"
+# A Slurm feature expression (sbatch -C 'a100&ib'); the executor plugin quotes it.
+SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|!*\[\]():,-]+$"
+# An environment value of the ranks (nccl:). It passes through apptainer's environment setup, which
+# runs in a shell interpreter, so it carries no shell syntax (a conservative choice, not checked
+# against a real Apptainer here). Covers NCCL's list and exclusion syntax: '^docker0,lo',
+# '=mlx5_0:1,mlx5_1:1', '/tmp/nccl.%h.%p.log'.
+ENV_VALUE = r"^[A-Za-z0-9_.,:=^/%@+-]*$"
+# A unit of throughput (workload.command.sample_unit): it appears in figures, tables and LaTeX.
+UNIT_NAME = r"^[A-Za-z][A-Za-z0-9-]*$"
+
+PATTERN_MEANINGS = {
+    SAFE_PATH: "a local path of letters, digits and _ . + @ % , = / - (no whitespace, quotes, braces, "
+    "':' or other shell syntax; not starting with -)",
+    SLURM_NAME: "a Slurm name of letters, digits and _ . + -",
+    SLURM_CONSTRAINT: "a Slurm feature expression of letters, digits and _ . & | ! * [ ] ( ) : , -",
+    ENV_VALUE: "an environment value of letters, digits and _ . , : = ^ / % @ + - (no whitespace, "
+    "quotes or shell syntax)",
+    UNIT_NAME: "a unit name: a letter, then letters, digits and - (samples, tokens, images)",
+}
+# The data sources each kind of workload data (scalestudy.workloads.DataKind) is fetched from.
+SOURCES_OF_DATA = {
+    workloads.CIFAR10.name: ("cifar10", "synthetic"),
+    workloads.TEXT.name: ("text", "synthetic"),
+}
+
+
+class ConfigError(ValueError):
+    """A config value the workflow must not start with; the message names each key."""
+
+
+def check(config: Mapping[str, Any], schema: Mapping[str, Any] | str | os.PathLike) -> None:
+    """Raise ConfigError naming every key whose value the schema's types or patterns refuse."""
+    if not isinstance(schema, Mapping):
+        schema = load_schema(schema)
+    problems = list(problems_of(config, schema))
+    if not problems:  # the checks across keys assume the values have their types
+        problems = [*axes_problems(config), *workload_problems(config, schema)]
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def load_schema(path: str | os.PathLike) -> dict:
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def problems_of(
+    value: Any, node: Mapping[str, Any], root: Mapping | None = None, key: str = ""
+) -> Iterator[str]:
+    """One line per value under `node` that is not what the schema means (walks the config)."""
+    root = node if root is None else root
+    node = resolve(node, root)
+    for part in node.get("allOf", []):
+        yield from problems_of(value, part, root, key)
+    yield from _leaf_problems(value, node, key)
+    if isinstance(value, Mapping):
+        properties, extra = node.get("properties", {}), node.get("additionalProperties")
+        for name, item in value.items():
+            sub = properties.get(name, extra if isinstance(extra, Mapping) else None)
+            if sub is not None:
+                yield from problems_of(item, sub, root, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        for index, item in enumerate(value):
+            yield from problems_of(item, node["items"], root, f"{key}[{index}]")
+
+
+def resolve(node: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Follow a local $ref ("#/$defs/positive_int"); other nodes as they are."""
+    while "$ref" in node:
+        target: Any = root
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def _leaf_problems(value: Any, node: Mapping[str, Any], key: str) -> Iterator[str]:
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    if "integer" in types and "number" not in types:
+        wrong_kind = isinstance(value, bool) and "boolean" not in types
+        if wrong_kind or isinstance(value, float):
+            yield f"{key} must be an integer, got {value!r}"
+    pattern = node.get("pattern")
+    if pattern and isinstance(value, str) and not re.search(pattern, value):
+        meaning = PATTERN_MEANINGS.get(pattern, f"a string matching {pattern}")
+        yield f"{key} = {value!r} is not allowed: it must be {meaning}"
+
+
+def axes_problems(config: Mapping[str, Any]) -> list[str]:
+    """sensitivity.axes: each key a run-config key the sweep may set, each value one that key takes
+    (scalestudy.plan.runconfig.RULES) and that can name a run folder; per_gpu_batch among them."""
+    from scalestudy.plan import grid, runconfig
+
+    axes = (config.get("sensitivity") or {}).get("axes") or {}
+    problems = []
+    for key, values in axes.items():
+        where = f"sensitivity.axes.{key}" if re.fullmatch(r"\w+", key) else f"sensitivity.axes[{key!r}]"
+        rule = runconfig.RULES.get(key)
+        if rule is None:
+            problems.append(
+                f"{where}: no run-config key is called {key!r} (see scalestudy/plan/runconfig.py)"
+            )
+        elif key in grid.NOT_AXES or rule.kind == "object":
+            problems.append(f"{where}: {key} is set by the grid or the workload, not by a sweep axis")
+        else:
+            problems += [
+                f"{where}[{index}] = {value!r} {problem}"
+                for index, value in enumerate(values)
+                if (problem := _axis_value_problem(rule, value))
+            ]
+    if axes and "per_gpu_batch" not in axes:
+        problems.append(
+            "sensitivity.axes needs per_gpu_batch: the per-GPU batch sizes of the sweep (one is enough)"
+        )
+    return problems
+
+
+def _axis_value_problem(rule: Any, value: Any) -> str | None:
+    from scalestudy.plan import grid
+
+    if not rule.accepts(value):
+        return f"must be {rule.describe()}"
+    if not grid.is_name_part(grid.format_value(value)):
+        return "cannot name a run folder: letters, digits and _ . = + - only"
+    return None
+
+
+def workload_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """The data source fits the workload; a command workload names its script; a text corpus is
+    not looked for under CIFAR-10's URL and checksum (the defaults of data.url, md5, size_bytes)."""
+    section = config.get("workload") or {}
+    name = section.get("name", workloads.DEFAULT)
+    data = config.get("data") or {}
+    source = data.get("source")
+    problems = []
+    if name in workloads.WORKLOADS:
+        sources = SOURCES_OF_DATA.get(workloads.get(name).data.name)
+        if sources and source not in sources:
+            problems.append(
+                f"data.source = {source!r} does not fit workload.name = {name!r}: use {' or '.join(sources)}"
+            )
+    if name == "command" and not (section.get("command") or {}).get("script"):
+        problems.append(
+            "workload.command.script is required with workload.name = 'command': the script to run"
+        )
+    problems += _fsdp_problems(config, name)
+    if source == "text":
+        defaults = schema.get("properties", {}).get("data", {}).get("properties", {})
+        problems += [
+            f"data.{key} = {data[key]!r} is CIFAR-10's archive's (the default): give the text corpus's"
+            for key in ("url", "md5", "size_bytes")
+            if key in data and data[key] == defaults.get(key, {}).get("default")
+        ]
+    return problems
+
+
+def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:
+    """FSDP2 shards the LM's transformer blocks; the ResNet trains with DDP only (its trainer refuses
+    fsdp, so say it before any job)."""
+    if name != workloads.DEFAULT:
+        return []
+    places = {
+        "train.parallelism": [(config.get("train") or {}).get("parallelism")],
+        "scaling.parallelism": (config.get("scaling") or {}).get("parallelism") or [],
+        "sensitivity.axes.parallelism": ((config.get("sensitivity") or {}).get("axes") or {}).get(
+            "parallelism"
+        )
+        or [],
+    }
+    return [
+        f"{where} = fsdp is for the gpt workload: {name} trains with ddp"
+        for where, values in places.items()
+        if "fsdp" in values
+    ]

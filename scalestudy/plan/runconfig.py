@@ -1,0 +1,299 @@
+"""The trainer's run config: its keys, their defaults and allowed values, and its validation.
+
+A run config is one JSON object (the grid writes it: scalestudy.plan.grid.run_config); the trainer fills
+the keys it is not given from DEFAULTS and refuses, before any training starts, a config whose
+values it cannot run, with one message that names every bad key (RunConfigError, exit code
+EXIT_BAD_CONFIG). RULES holds each key's type and range; JSON's true/false never pass as numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalestudy import workloads
+
+log = logging.getLogger("scalestudy.train")
+
+REQUIRED = ("data_dir", "checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
+DEFAULTS: dict[str, Any] = {
+    "stage": None,  # stage, point, mode, repeat, nodes: recorded, not used
+    "point": None,
+    "mode": None,
+    "repeat": 0,
+    "nodes": 1,
+    "max_steps_per_epoch": None,
+    "eval_max_batches": None,
+    "lr": 0.1,
+    "base_batch": 128,
+    "lr_scaling": "linear",
+    "warmup_epochs": 0,
+    "momentum": 0.9,
+    "weight_decay": 0.0005,
+    "nesterov": True,
+    "label_smoothing": 0.0,
+    "precision": "fp32",
+    "bucket_cap_mb": 25,
+    "comm_hook": "none",
+    "loader": "tensor",
+    "num_workers": 2,
+    "device": "auto",
+    "backend": "auto",
+    "width": 64,
+    "norm": "batch",  # not in the grid's run config (yet): "frozen" serves the equivalence test
+    "channels_last": False,
+    "compile": False,
+    "seed": 0,
+    "deterministic": False,
+    "checkpoint_every_steps": 200,
+    "target_accuracy": 0.9,
+    "step_timing_every": 10,
+    "log_every_steps": 20,
+    "pg_timeout_s": 600,
+    "monitor_interval_s": 0.1,
+    "profile": None,
+    # the steady-state window (scalestudy.train.steady): steps after warm-up steps, split into intervals
+    "measure_warmup_steps": 50,
+    "measure_steps": 200,
+    "measure_intervals": 4,
+    "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
+    "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
+    # what is trained, and how (scalestudy.workloads; the grid writes these only where they differ)
+    "workload": workloads.DEFAULT,
+    "parallelism": "ddp",
+    "reshard_after_forward": True,  # FSDP2's choice
+    "optimizer": None,  # null: the workload's (sgd for resnet18-cifar10, adamw for gpt)
+    "grad_clip": None,  # max gradient norm; null: no clipping
+    "gpt": None,  # the gpt workload's model (scalestudy.workloads.gpt.model.config_from)
+    "command": None,  # the command workload's script, args and sample_unit
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key accepts: a kind ("integer", "number", "boolean", "string", "choice", "object"),
+    an inclusive range (`above` is an exclusive lower bound), the choices, and whether null is allowed."""
+
+    kind: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices
+        if self.kind == "boolean":
+            return isinstance(value, bool)
+        if self.kind == "string":
+            return isinstance(value, str) and bool(value)
+        if self.kind == "object":
+            return isinstance(value, dict)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if not numeric or (self.kind == "integer" and not isinstance(value, int)) or not math.isfinite(value):
+            return False
+        return (
+            (self.minimum is None or value >= self.minimum)
+            and (self.maximum is None or value <= self.maximum)
+            and (self.above is None or value > self.above)
+        )
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            text = f"one of {', '.join(self.choices)}"
+        else:
+            limits = ((">=", self.minimum), (">", self.above), ("<=", self.maximum))
+            bounds = " and ".join(f"{sign} {limit}" for sign, limit in limits if limit is not None)
+            text = f"{KIND_NAMES[self.kind]} {bounds}".strip()
+        return f"{text} or null" if self.nullable else text
+
+
+KIND_NAMES = {
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "string": "a non-empty string",
+    "object": "a JSON object",
+}
+
+
+def _integer(minimum: int | None = 1, maximum: int | None = None, nullable: bool = False) -> Rule:
+    return Rule("integer", minimum=minimum, maximum=maximum, nullable=nullable)
+
+
+def _number(minimum=None, maximum=None, above=None) -> Rule:
+    return Rule("number", minimum=minimum, maximum=maximum, above=above)
+
+
+def _choice(*choices: str) -> Rule:
+    return Rule("choice", choices=choices)
+
+
+FLAG = Rule("boolean")
+LABEL = Rule("string", nullable=True)
+SEED_MAX = 2**32 - 1  # numpy's seed range
+EVERY = _integer(0, nullable=True)  # a step interval; 0 or null: never
+
+RULES: dict[str, Rule] = {
+    "data_dir": Rule("string"),
+    "checkpoint_dir": Rule("string"),
+    "world_size": _integer(),
+    "per_gpu_batch": _integer(),
+    "global_batch": _integer(),
+    "epochs": _integer(),
+    "stage": LABEL,
+    "point": LABEL,
+    "mode": LABEL,
+    "repeat": _integer(0),
+    "nodes": _integer(),
+    "max_steps_per_epoch": _integer(nullable=True),
+    "eval_max_batches": _integer(nullable=True),
+    "lr": _number(above=0),
+    "base_batch": _integer(),
+    "lr_scaling": _choice("linear", "sqrt", "none"),
+    "warmup_epochs": _number(minimum=0),
+    "momentum": _number(minimum=0, maximum=1),
+    "weight_decay": _number(minimum=0),
+    "nesterov": FLAG,
+    "label_smoothing": _number(minimum=0, maximum=1),
+    "precision": _choice("fp32", "fp16", "bf16"),
+    "bucket_cap_mb": _number(above=0),
+    "comm_hook": _choice("none", "fp16", "bf16"),
+    "loader": _choice("tensor", "dataloader"),
+    "num_workers": _integer(0),
+    "device": _choice("auto", "cuda", "cpu"),
+    "backend": _choice("auto", "nccl", "gloo"),
+    "width": _integer(),
+    "norm": _choice(
+        "batch", "sync", "frozen"
+    ),  # scalestudy.workloads.resnet_cifar.model.NORMS (test_grid_axes.py keeps them equal)
+    "channels_last": FLAG,
+    "compile": FLAG,
+    "seed": _integer(0, SEED_MAX),
+    "deterministic": FLAG,
+    "checkpoint_every_steps": EVERY,
+    "target_accuracy": _number(maximum=1, above=0),
+    "step_timing_every": EVERY,
+    "log_every_steps": EVERY,
+    "pg_timeout_s": _number(above=0),
+    "monitor_interval_s": _number(above=0),
+    "profile": Rule("object", nullable=True),
+    "measure_warmup_steps": _integer(1),  # the first step (compile, autotuning) is never measured
+    "measure_steps": _integer(),
+    "measure_intervals": _integer(),
+    "inductor_cache_dir": LABEL,
+    "keep_checkpoints": FLAG,
+    "workload": _choice(*workloads.WORKLOADS),
+    "parallelism": _choice("ddp", "fsdp"),
+    "reshard_after_forward": FLAG,
+    "optimizer": Rule("choice", choices=("sgd", "adamw"), nullable=True),
+    "grad_clip": Rule("number", above=0, nullable=True),
+    "gpt": Rule("object", nullable=True),
+    "command": Rule("object", nullable=True),
+}
+
+
+class RunConfigError(ValueError):
+    """The run config (or the environment it runs in) is unusable; the message names the key."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line every rank program takes: the run config (JSON or a file) and the run folder."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-config-json", help="the run config as a JSON object")
+    source.add_argument("--run-config", type=Path, help="a JSON file holding the run config")
+    parser.add_argument("--out-dir", type=Path, required=True, help="the run folder (rank 0 writes it)")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def load_run_config(
+    args: argparse.Namespace, validated: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the run config as given, the same with defaults filled in and, with `validated`, checked)."""
+    source = f"run config file {args.run_config}" if args.run_config else "run config"
+    try:
+        text = args.run_config.read_bytes().decode() if args.run_config else args.run_config_json
+        given = json.loads(text)
+    except OSError as error:
+        raise RunConfigError(f"{source}: cannot be read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise RunConfigError(f"{source} is not UTF-8 text: {error}") from None
+    except json.JSONDecodeError as error:
+        raise RunConfigError(f"{source} is not valid JSON: {error}") from None
+    if not isinstance(given, dict):
+        raise RunConfigError(f"{source} must be a JSON object, got {type(given).__name__}")
+    config = {**DEFAULTS, **given}
+    if validated:
+        unknown = sorted(set(given) - set(DEFAULTS) - set(REQUIRED))
+        if unknown:
+            log.warning("run config keys this trainer does not know (ignored): %s", ", ".join(unknown))
+        validate(config)
+    return given, config
+
+
+def validate(config: dict[str, Any]) -> None:
+    problems = [f"{key} is required" for key in REQUIRED if config.get(key) is None]
+    problems += [
+        f"{key}={config[key]!r} must be {rule.describe()}"
+        for key, rule in RULES.items()
+        if key in config and not (key in REQUIRED and config[key] is None) and not rule.accepts(config[key])
+    ]
+    if problems:  # the checks across keys assume the values have their types
+        raise RunConfigError("run config: " + "; ".join(problems))
+    if config["global_batch"] != config["per_gpu_batch"] * config["world_size"]:
+        problems.append(
+            f"global_batch={config['global_batch']} is not per_gpu_batch={config['per_gpu_batch']} x "
+            f"world_size={config['world_size']}"
+        )
+    if config["nesterov"] and not config["momentum"] > 0:
+        problems.append(f"nesterov=true needs momentum > 0, got momentum={config['momentum']!r}")
+    problems += _profile_problems(config["profile"])
+    if problems:
+        raise RunConfigError("run config: " + "; ".join(problems))
+
+
+def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
+    from scalestudy.train.ranges import check_profile  # imports torch: RULES stay importable without it
+
+    window = {key: (profile or {}).get(key) for key in ("start_step", "steps")}
+    flags = [f"profile.{key}={value!r} must be an integer" for key, value in window.items() if value is True]
+    try:
+        check_profile(profile)
+    except ValueError as error:
+        return [*flags, str(error)]
+    return flags
+
+
+def check_locations(config: dict[str, Any], out_dir: str | os.PathLike) -> None:
+    """The folders the run reads and writes, checked before anything starts (RunConfigError)."""
+    problems = []
+    data_dir = Path(config["data_dir"])
+    if not data_dir.is_dir():
+        problems.append(f"data_dir {data_dir} is not a folder" + ("" if data_dir.exists() else " (missing)"))
+    for what, folder in (("checkpoint_dir", config["checkpoint_dir"]), ("--out-dir", out_dir)):
+        problem = _writable_folder_problem(Path(folder))
+        if problem:
+            problems.append(f"{what} {folder}: {problem}")
+    if problems:
+        raise RunConfigError("; ".join(problems))
+
+
+def _writable_folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be (created as) a folder this process writes in, or None."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return "is a file, not a folder" if existing == folder else f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None

@@ -1,0 +1,40 @@
+"""The columns of the CSV files in a run folder (docs/architecture.md, "Run folder").
+
+One home for them: the trainer and the GPU monitor write them, the analysis and the constructed
+study of scalestudy.analysis.constructed_study follow them. Standard library only.
+"""
+
+METRICS_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "epoch_time_s",
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "global_batch",
+    "per_gpu_batch",
+    "world_size",
+    "lr",
+    "wall_time_s",
+)
+STEPS_COLUMNS = ("epoch", "step", "data_s", "forward_s", "backward_allreduce_s", "optimizer_s", "step_s")
+MONITOR_COLUMNS = (
+    "time_s",
+    "host",
+    "gpu_index",
+    "gpu_uuid",
+    "gpu_name",
+    "rank",
+    "sm_active_pct",
+    "kernel_active_pct",
+    "mem_util_pct",
+    "power_w",
+    "power_limit_w",
+    "power_fraction",
+    "pcie_rx_mb_s",
+    "pcie_tx_mb_s",
+    "mem_used_mb",
+    "temperature_c",
+)

@@ -1,0 +1,408 @@
+"""Smoke tests before the study: minutes that find a broken setting before a grid of jobs queues.
+
+    python -m scalestudy.preflight.smoke io --run-config-json RUN --settings-json SMOKE --out
+    results/smoke/io.json
+    python -m scalestudy.launch ... (via) python -m scalestudy.preflight.smoke step --launch-json SPEC \\
+        --run-config-json RUN --out-dir results/smoke/train_w2 --out results/smoke/train_w2.json
+    python -m scalestudy.preflight.smoke table --inputs results/smoke/*.json --out results/tables/smoke.csv
+
+- `io`: the training data loader alone (the run config's loader, per-rank batch, device) for
+  smoke.loader_batches batches: images/s after the first batch; below smoke.loader_min_images_per_s
+  it fails, saying so. Then the real model's checkpoint (model + SGD momentum state, as the
+  trainer
+  writes it) saved smoke.checkpoint_repeats times with scalestudy.train.checkpoint.single_file.save to the
+  checkpoint
+  filesystem and read back with load_latest (the file is dropped from the page cache first where the
+  kernel allows): size, write and read bandwidth, and the time saves cost per epoch at the grid's
+  most frequent checkpointing.
+- `step`: the real trainer through scalestudy.launch.launcher for a few steps of one epoch at one world size
+  with the study's backend (NCCL_DEBUG=INFO unless the device is the CPU; the NCCL lines naming the
+  transport are kept). A failing step fails the job with the trainer's exit code and its log.
+- `table`: every smoke JSON as rows of a table for the report (a failed test has no JSON: its job,
+  and with it the study, stopped).
+
+Every smoke output is an input of every training job (rules/smoke.smk adds them to TRAINING_GATES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scalestudy import atomic, provenance
+from scalestudy.plan import grid
+from scalestudy.progress import setup_logging
+
+log = logging.getLogger("scalestudy.smoke")
+
+SMOKE_DIR = "results/smoke"
+CHECKPOINTS = f"{grid.CHECKPOINTS_DIR}/smoke"
+EXIT_FAILED = 1
+# NCCL INFO lines worth keeping: version, the transport chosen (NET/IB, NET/Socket, P2P, SHM), rings.
+NCCL_KEEP = ("NCCL version", "NET/", "Using network", "via P2P", "via SHM", "Channel 00")
+IO_KEYS = ("loader_batches", "loader_min_images_per_s", "checkpoint_repeats")  # what `io` reads
+TABLE_COLUMNS = ("check", "world_size", "value", "unit", "detail")
+
+
+class SmokeFailure(RuntimeError):
+    """A smoke test found the study cannot run as configured; the message says why."""
+
+
+# --------------------------------------------------------------------------- run configs
+
+
+def step_run_config(config: dict, world: int) -> dict[str, Any]:
+    """A few steps of the first scaling mode's point at `world` (its real per-rank batch), with the
+    grid's last parallelism (fsdp where the grid has it: the more moving parts)."""
+    smoke = config["smoke"]
+    parallelism = config["scaling"].get("parallelism", ["ddp"])[-1]
+    point = grid.scaling_point(config, config["scaling"]["modes"][0], world, 0, parallelism)
+    run = grid.run_config(config, point)
+    run.update(
+        stage="smoke",
+        point=f"w{world}",
+        epochs=1,
+        max_steps_per_epoch=smoke["train_steps"],
+        eval_max_batches=1,
+        checkpoint_dir=f"{CHECKPOINTS}/w{world}",
+        log_every_steps=1,
+        step_timing_every=1,
+    )
+    return run
+
+
+def io_run_config(config: dict) -> dict[str, Any]:
+    """The loader and model settings of the grid's largest scaling point (the most data per second)."""
+    return step_run_config(config, max(config["scaling"]["world_sizes"]))
+
+
+def saves_per_epoch(config: dict, train_images: int | None = None) -> dict[str, Any]:
+    """Checkpoint saves per epoch at the grid's most frequent checkpointing: the point with the most
+    steps per epoch (the smallest global batch, max_steps_per_epoch applied). The samples per epoch
+    (train_images: images, or the LM's sequences) are the grid's; where only preprocessing knows them
+    (a downloaded corpus), max_steps_per_epoch bounds the steps, else they count as one step."""
+    images = train_images or grid.samples_per_epoch(config)
+    runs = [grid.run_config(config, p) for p in grid.all_points(config)]
+    steps = max(_steps_per_epoch(run, images) for run in runs)
+    return {
+        "train_images": images,
+        "steps_per_epoch": steps,
+        "checkpoint_every_steps": config["train"]["checkpoint_every_steps"],
+        "saves_per_epoch": math.ceil(steps / config["train"]["checkpoint_every_steps"]),
+    }
+
+
+def _steps_per_epoch(run: dict[str, Any], samples: int | None) -> int:
+    cap = run["max_steps_per_epoch"] or math.inf
+    if samples:
+        return min(samples // run["global_batch"], cap)
+    return 1 if cap == math.inf else cap
+
+
+# --------------------------------------------------------------------------- io: loader + checkpoint
+
+
+def _full(run: dict[str, Any]) -> dict[str, Any]:
+    """The run config with the trainer's defaults filled in (what the workload's builders read)."""
+    from scalestudy.plan.runconfig import DEFAULTS
+
+    return {**DEFAULTS, **run, "max_steps_per_epoch": None}
+
+
+def loader_throughput(run: dict[str, Any], batches: int) -> dict[str, Any]:
+    """Samples/s (images, tokens: the key keeps its name) of the run's training loader alone on this
+    process's device (first batch excluded): the workload's loader, as one rank of the run uses it."""
+    import torch
+
+    from scalestudy import workloads
+    from scalestudy.launch import rendezvous as distributed
+
+    device = distributed.select_device(run["device"], 0)
+    full = _full(run)
+    data, _ = workloads.runtime(full["workload"]).build_data(full, 0, 1, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    timed, images_seen, epoch, first_s = 0, 0, 0, None
+    start = time.perf_counter()
+    while timed < batches:
+        for _, targets in data.epoch(epoch):
+            sync()
+            if first_s is None:  # worker start-up, first copies: not the steady rate
+                first_s = time.perf_counter() - start
+                start = time.perf_counter()
+                continue
+            timed, images_seen = timed + 1, images_seen + targets.numel()
+            if timed == batches:
+                break
+        epoch += 1
+    elapsed = time.perf_counter() - start
+    return {
+        "loader": run["loader"],
+        "device": str(device),
+        "batch_size": run["per_gpu_batch"],
+        "num_workers": run["num_workers"] if run["loader"] == "dataloader" else 0,
+        "batches": batches,
+        "first_batch_s": first_s,
+        "seconds": elapsed,
+        "images_per_s": images_seen / elapsed,
+    }
+
+
+def checkpoint_bandwidth(run: dict[str, Any], repeats: int, directory: str) -> dict[str, Any]:
+    """Size and write/read bandwidth of the real model's checkpoint on the checkpoint filesystem."""
+    import torch
+
+    from scalestudy import workloads
+    from scalestudy.train import optim
+    from scalestudy.train.checkpoint import single_file as checkpoint
+
+    full = _full(run)
+    net = workloads.runtime(full["workload"]).build_model(full, torch.device("cpu")).model
+    optimizer = optim.build_optimizer(net, full, 0.0, sharded=False)
+    for parameter in net.parameters():  # one step at lr 0: the state a trained optimizer holds
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "run_config": run}
+    shutil.rmtree(directory, ignore_errors=True)
+    writes, reads, size = [], [], 0
+    try:
+        for repeat in range(repeats):
+            start = time.perf_counter()
+            path = checkpoint.save(directory, state, step=repeat + 1, keep=1)
+            writes.append(time.perf_counter() - start)
+            size = path.stat().st_size
+            _drop_from_page_cache(path)
+            start = time.perf_counter()
+            if checkpoint.load_latest(directory) is None:
+                raise SmokeFailure(f"the checkpoint just written to {directory} does not load back")
+            reads.append(time.perf_counter() - start)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    write_s, read_s = _median(writes), _median(reads)
+    return {
+        "directory": directory,
+        "bytes": size,
+        "repeats": repeats,
+        "write_s": write_s,
+        "read_s": read_s,
+        "write_mb_s": size / write_s / 1e6,
+        "read_mb_s": size / read_s / 1e6,
+        "read_note": "page cache dropped before each read (posix_fadvise DONTNEED, a hint)",
+    }
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def check_loader(result: dict[str, Any], minimum: float | None) -> None:
+    if minimum is not None and result["images_per_s"] < minimum:
+        raise SmokeFailure(
+            f"the {result['loader']} loader delivers {result['images_per_s']:.0f} images/s per rank on "
+            f"{result['device']}, below smoke.loader_min_images_per_s={minimum:g}: training would wait "
+            "for data (more num_workers, loader: tensor, or a faster filesystem)"
+        )
+
+
+def run_io(run: dict[str, Any], settings: dict[str, Any], epoch: dict[str, Any]) -> dict[str, Any]:
+    loader_result = loader_throughput(run, settings["loader_batches"])
+    log.info(
+        "loader %s: %.0f images/s per rank over %d batches of %d on %s (first batch %.2f s)",
+        loader_result["loader"],
+        loader_result["images_per_s"],
+        loader_result["batches"],
+        loader_result["batch_size"],
+        loader_result["device"],
+        loader_result["first_batch_s"],
+    )
+    loader_result["min_images_per_s"] = settings["loader_min_images_per_s"]
+    check_loader(loader_result, settings["loader_min_images_per_s"])
+    saved = checkpoint_bandwidth(run, settings["checkpoint_repeats"], f"{CHECKPOINTS}/io")
+    saved |= epoch | {"save_s_per_epoch": saved["write_s"] * epoch["saves_per_epoch"]}
+    log.info(
+        "checkpoint: %.1f MB, write %.0f MB/s, read %.0f MB/s; %d saves per epoch cost %.2f s",
+        saved["bytes"] / 1e6,
+        saved["write_mb_s"],
+        saved["read_mb_s"],
+        epoch["saves_per_epoch"],
+        saved["save_s_per_epoch"],
+    )
+    return {"check": "io", "ok": True, "loader": loader_result, "checkpoint": saved}
+
+
+# --------------------------------------------------------------------------- step: the real trainer
+
+
+def launch_command(spec: dict[str, Any], run: dict[str, Any], out_dir: str) -> list[str]:
+    args = ["--run-config-json", json.dumps(run, sort_keys=True), "--out-dir", out_dir]
+    return [sys.executable, "-m", "scalestudy.launch", "--launch-json", json.dumps(spec), "--", *args]
+
+
+def with_nccl_debug(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """NCCL_DEBUG=INFO for the ranks (whatever nccl: sets) unless they run on the CPU (gloo)."""
+    if run["device"] == "cpu":
+        return spec
+    return {**spec, "env": {**spec.get("env", {}), "NCCL_DEBUG": "INFO"}}
+
+
+def nccl_lines(lines: Sequence[str], limit: int = 40) -> list[str]:
+    kept = [line.strip() for line in lines if "NCCL INFO" in line and any(k in line for k in NCCL_KEEP)]
+    return kept[:limit]
+
+
+def run_step(spec: dict[str, Any], run: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """Run the trainer for the smoke steps; its output goes to this process's stderr (the log)."""
+    shutil.rmtree(run["checkpoint_dir"], ignore_errors=True)
+    spec = with_nccl_debug(spec, run)
+    command = launch_command(spec, run, out_dir)
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        sys.stderr.write(line)
+        lines.append(line)
+    code = process.wait()
+    wall = time.perf_counter() - started
+    shutil.rmtree(run["checkpoint_dir"], ignore_errors=True)
+    if code != 0:
+        raise SmokeFailure(
+            f"the training step at world size {run['world_size']} failed (trainer exit {code}) after "
+            f"{wall:.0f} s; its output is above"
+        )
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    results = summary["results"]
+    return {
+        "check": "step",
+        "ok": True,
+        "world_size": run["world_size"],
+        "wall_s": wall,
+        "steps": results["steps"],
+        # a few steps fill no steady-state window: the trainer's whole-run rates then
+        "step_time_s": results.get("step_time_s") or results.get("whole_run_step_time_s"),
+        "images_per_s": results.get("images_per_s") or results.get("whole_run_images_per_s"),
+        "backend": results["backend"],
+        "device": results["device"],
+        "device_name": results["device_name"],
+        "hosts": summary["provenance"].get("hosts"),
+        "nccl_debug": spec["env"].get("NCCL_DEBUG"),
+        "nccl_lines": nccl_lines(lines),
+    }
+
+
+# --------------------------------------------------------------------------- table
+
+
+def table_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    if record["check"] == "step":
+        detail = f"{record['backend']} on {record['device_name']}; hosts {', '.join(record['hosts'] or [])}"
+        return [
+            _table_row("training step", record["world_size"], record["step_time_s"], "s", detail),
+            _table_row("training throughput", record["world_size"], record["images_per_s"], "images/s", ""),
+        ]
+    loader_result, saved = record["loader"], record["checkpoint"]
+    target = loader_result["min_images_per_s"]
+    loader_detail = (
+        f"{loader_result['loader']}, batch {loader_result['batch_size']}, {loader_result['device']}"
+    )
+    loader_detail += f"; target {target:g}" if target is not None else "; no target configured"
+    return [
+        _table_row("loader alone, per rank", 1, loader_result["images_per_s"], "images/s", loader_detail),
+        _table_row("checkpoint size", 1, saved["bytes"] / 1e6, "MB", saved["directory"]),
+        _table_row("checkpoint write", 1, saved["write_mb_s"], "MB/s", f"median of {saved['repeats']}"),
+        _table_row("checkpoint read", 1, saved["read_mb_s"], "MB/s", saved["read_note"]),
+        _table_row(
+            "checkpoint saves per epoch",
+            1,
+            saved["save_s_per_epoch"],
+            "s",
+            f"{saved['saves_per_epoch']} saves ({saved['steps_per_epoch']} steps, every "
+            f"{saved['checkpoint_every_steps']})",
+        ),
+    ]
+
+
+def _table_row(check, world, value, unit, detail) -> dict[str, Any]:
+    shown = f"{value:.4g}" if isinstance(value, int | float) else "n/a"
+    return dict(zip(TABLE_COLUMNS, (check, world, shown, unit, detail), strict=True))
+
+
+def write_table(records: Sequence[dict[str, Any]], out: str) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(TABLE_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for record in records:
+        writer.writerows(table_rows(record))
+    atomic.write_text(out, buffer.getvalue())
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _finish(record: dict[str, Any], out: str, run: dict[str, Any]) -> None:
+    record["run_config"] = run
+    record["provenance"] = provenance.collect(config=run, seed=run.get("seed"))
+    atomic.write_json(out, record)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalestudy.preflight.smoke", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    io_parser = sub.add_parser("io", help="loader throughput and checkpoint bandwidth")
+    io_parser.add_argument("--settings-json", required=True, help="the config's smoke: section")
+    io_parser.add_argument("--epoch-json", required=True, help="saves per epoch (saves_per_epoch())")
+    step = sub.add_parser("step", help="a few training steps through scalestudy.launch.launcher")
+    step.add_argument("--launch-json", required=True)
+    step.add_argument("--out-dir", required=True, help="the trainer's run folder")
+    for p in (io_parser, step):
+        p.add_argument("--run-config-json", required=True)
+        p.add_argument("--out", required=True, help="the smoke result (JSON)")
+    table = sub.add_parser("table", help="the report's smoke table")
+    table.add_argument("--inputs", nargs="+", required=True)
+    table.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    setup_logging(getattr(logging, str(args.log_level).upper(), logging.INFO))
+    if args.command == "table":
+        write_table([json.loads(Path(path).read_text()) for path in args.inputs], args.out)
+        return 0
+    run = json.loads(args.run_config_json)
+    try:
+        if args.command == "io":
+            record = run_io(run, json.loads(args.settings_json), json.loads(args.epoch_json))
+        else:
+            record = run_step(json.loads(args.launch_json), run, args.out_dir)
+    except SmokeFailure as failure:
+        log.error("smoke test failed: %s", failure)
+        return EXIT_FAILED
+    _finish(record, args.out, run)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

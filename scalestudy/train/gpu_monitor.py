@@ -1,0 +1,427 @@
+"""GPU sampling with NVML: every rank samples the GPU its torch device runs on, on a daemon thread.
+
+Which GPU. NVML ignores CUDA_VISIBLE_DEVICES and numbers every GPU of the node, so a rank finds its
+own GPU by UUID: `torch.cuda.get_device_properties(device).uuid` prints as 8-4-4-4-12 hex digits,
+NVML's UUID is the same digits after "GPU-" (`device_uuid`). A rank on the CPU samples nothing and
+says why. One sampler per rank (not one per node) keeps each thread's work fixed whatever the GPUs
+per node: the two PCIe reads alone take ~20 ms each (NVML measures over a 20 ms window).
+
+Gathering. At the end of the run every rank hands its report to rank 0 (gather_object), and rank 0
+writes one `gpu_monitor.csv` for the run, sorted by time, host and GPU, plus `gpu_monitor.json`
+(available, reason, per node its sampled GPUs with rank, power limit, GPM support and errors). Only
+rank 0 writes into the run folder; the data are small (16 values per GPU per sample).
+
+Columns and units (runfiles.MONITOR_COLUMNS); a value a GPU does not report is left empty:
+- `time_s`: seconds since the run's t0 (rank 0's clock at setup), the base of summary.json's
+  `measure_start_s`/`measure_end_s`, so the analysis can keep the samples of the measurement window.
+- `sm_active_pct`: NVML GPM `NVML_GPM_METRIC_SM_UTIL`, the percentage of SMs busy (at least one warp
+  resident), averaged over the time since the previous GPM value. GPM exists on Hopper and later
+  (`nvmlGpmQueryDeviceSupport`); elsewhere the column is empty. NVML's GPM counters refresh every
+  100 ms, so a GPM value spans at least GPM_MIN_INTERVAL_S: at a 100 ms sample period every second
+  row carries one.
+- `kernel_active_pct`: nvmlDeviceGetUtilizationRates().gpu, the percentage of time ONE OR MORE
+  kernels ran over the driver's own window (1/6 s to 1 s by product). A single small kernel at a
+  time reads 100 %: it says the GPU was never idle, not that its SMs were busy.
+- `mem_util_pct`: ...().memory, time device memory was read or written (same window).
+- `power_w` (NVML's mW / 1000), `power_limit_w` (nvmlDeviceGetEnforcedPowerLimit, the limit the
+  board enforces now: 700 W on an H100 SXM, 350 W on an H100 PCIe, lower if capped),
+  `power_fraction` = power_w / power_limit_w, comparable across SKUs.
+- `pcie_rx_mb_s`, `pcie_tx_mb_s`: nvmlDeviceGetPcieThroughput in MB/s (10^6 bytes; NVML's KB/s
+  / 1000), rx into the GPU, tx out of it, over a 20 ms window. They count ALL PCIe traffic of the
+  GPU: host-device copies, peer-to-peer over PCIe, and GPUDirect RDMA between the GPU and the NIC
+  (NCCL's inter-node traffic on InfiniBand/RoCE), so multi-node all-reduce shows up here too.
+- `mem_used_mb` (10^6 bytes), `temperature_c`.
+
+Errors. Without NVML (no driver) or without a matching GPU the report says why and the run goes on.
+An NVML error on one query leaves that value empty and is counted in the JSON; a device that is lost
+(NVML_ERROR_GPU_IS_LOST) or whose read fails otherwise is reported and skipped from then on, and the
+other devices of the monitor go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalestudy import atomic
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
+
+log = logging.getLogger("scalestudy.monitor")
+
+DEFAULT_INTERVAL_S = 0.1
+GPM_MIN_INTERVAL_S = 0.15  # NVML: two GPM samples must be more than 100 ms apart
+
+
+def uuid_key(uuid: str) -> str:
+    """NVML's "GPU-xxxxxxxx-..." and torch's "xxxxxxxx-..." as one comparable form."""
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    text = text.strip().lower()
+    return text[len("gpu-") :] if text.startswith("gpu-") else text
+
+
+def device_uuid(device) -> str | None:
+    """The NVML-style UUID of a torch CUDA device; None for any other device."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
+def for_device(device, interval_s: float, t0: float | None = None, rank: int = 0, nvml=None) -> GpuMonitor:
+    """The monitor of one rank: its torch device's GPU, or a report saying why there is none."""
+    uuid = device_uuid(device)
+    if uuid is None:
+        return GpuMonitor(interval_s, t0=t0, rank=rank, no_gpu_reason=f"no NVIDIA GPU (device {device})")
+    return GpuMonitor(interval_s, t0=t0, rank=rank, gpu_uuids=[uuid], nvml=nvml)
+
+
+@dataclass
+class Device:
+    """One sampled GPU: what the report says about it, and its NVML state."""
+
+    index: int
+    uuid: str
+    name: str
+    rank: int
+    handle: Any = None
+    power_limit_w: float | None = None
+    gpm_supported: bool = False
+    gpm_reason: str | None = None
+    failed: str | None = None
+    errors: Counter = field(default_factory=Counter)
+    last_error: dict = field(default_factory=dict)
+    gpm_samples: list = field(default_factory=list)
+    gpm_previous: Any = None
+    gpm_previous_time: float = 0.0
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "rank": self.rank,
+            "power_limit_w": self.power_limit_w,
+            "gpm_supported": self.gpm_supported,
+            "gpm_reason": self.gpm_reason,
+            "failed": self.failed,
+            "errors": {query: f"{self.last_error[query]} ({n}x)" for query, n in sorted(self.errors.items())},
+        }
+
+
+class DeviceLost(Exception):
+    pass
+
+
+class GpuMonitor:
+    """Samples the GPUs with the given UUIDs (all NVML shows if None) every `interval_s`.
+
+    `t0` is the run's start (time.time() on rank 0), so time_s lines up across ranks and with the
+    trainer's clock. `nvml` is the pynvml module (a test may pass a stand-in).
+    """
+
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        t0: float | None = None,
+        host: str | None = None,
+        rank: int = 0,
+        gpu_uuids=None,
+        nvml=None,
+        no_gpu_reason: str | None = None,
+    ):
+        if interval_s <= 0:
+            raise ValueError(f"monitor_interval_s must be positive, got {interval_s}")
+        self.interval_s = interval_s
+        self.t0 = time.time() if t0 is None else t0
+        self.host = host or socket.gethostname()
+        self.rank = rank
+        self.wanted = None if gpu_uuids is None else {uuid_key(u): u for u in gpu_uuids}
+        self.nvml = nvml
+        self.available = False
+        self.reason = no_gpu_reason
+        self.devices: list[Device] = []
+        self.rows: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def open(self) -> bool:
+        """Initialise NVML and find the GPUs to sample (no thread yet); True if there is one."""
+        if self.reason:
+            log.info("GPU monitor off: %s", self.reason)
+            return False
+        try:
+            self._init_nvml()
+        except Exception as error:  # noqa: BLE001 - no NVML is a normal situation (CPU runs)
+            self.reason = f"NVML unavailable on {self.host}: {type(error).__name__}: {error}"
+            log.info("GPU monitor off: %s", self.reason)
+            return False
+        self._open_devices()
+        if not self.devices:
+            self._shutdown_nvml()
+            return False
+        self.available = True
+        log.info(
+            "GPU monitor: rank %d samples %s every %.3f s",
+            self.rank,
+            ", ".join(
+                f"{d.uuid} (NVML {d.index}, GPM {'on' if d.gpm_supported else 'off'})" for d in self.devices
+            ),
+            self.interval_s,
+        )
+        return True
+
+    def start(self) -> GpuMonitor:
+        if self.open():
+            self._thread = threading.Thread(target=self._run, name="gpu-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; the report that rank 0 merges."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if self.available and self.nvml is not None:
+            self._release()
+            self.nvml = None
+        return {
+            "host": self.host,
+            "rank": self.rank,
+            "available": self.available,
+            "reason": self.reason,
+            "gpus": [device.report() for device in self.devices],
+            "rows": self.rows,
+        }
+
+    def sample(self, now: float | None = None) -> None:
+        """One row per sampled GPU at `now` (seconds since t0; the clock's if None)."""
+        now = time.time() - self.t0 if now is None else now
+        for device in self.devices:
+            if device.failed:
+                continue
+            try:
+                values = self._read(device, now)
+            except Exception as error:  # noqa: BLE001 - one failing GPU must not stop the others
+                device.failed = f"at {now:.1f} s: {type(error).__name__}: {error}"
+                log.warning(
+                    "GPU monitor: %s (NVML %d) skipped from now on: %s", device.uuid, device.index, error
+                )
+                continue
+            self.rows.append((now, self.host, device.index, device.uuid, device.name, device.rank, *values))
+
+    # -- NVML --
+
+    def _init_nvml(self) -> None:
+        if self.nvml is None:
+            import pynvml
+
+            self.nvml = pynvml
+        self.nvml.nvmlInit()
+
+    def _open_devices(self) -> None:
+        nvml, problems, matched = self.nvml, [], set()
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            self.reason = f"NVML on {self.host} cannot count GPUs: {error}"
+            return
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except nvml.NVMLError as error:
+                problems.append(f"NVML GPU {index}: {error}")  # may be another job's GPU: not fatal
+                continue
+            if self.wanted is None or uuid_key(uuid) in self.wanted:
+                matched.add(uuid_key(uuid))
+                try:
+                    self.devices.append(self._open(index, handle, uuid))
+                except DeviceLost as error:
+                    problems.append(f"NVML GPU {index} ({uuid}) is lost: {error}")
+        missing = set(self.wanted or ()) - matched
+        if missing:
+            names = ", ".join(self.wanted[key] for key in sorted(missing))
+            problems.insert(0, f"no NVML GPU on {self.host} has UUID {names} (a MIG instance is not matched)")
+        if problems:
+            self.reason = "; ".join(problems)
+            log.warning("GPU monitor: %s", self.reason)
+        elif not self.devices:
+            self.reason = f"NVML shows no GPU on {self.host}"
+
+    def _open(self, index: int, handle, uuid: str) -> Device:
+        nvml = self.nvml
+        device = Device(index, uuid, "", self.rank, handle)
+        device.name = _text(self._query(device, "name", nvml.nvmlDeviceGetName, handle) or "")
+        limit_mw = self._query(device, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        device.power_limit_w = None if limit_mw is None else limit_mw / 1000
+        try:
+            device.gpm_supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+            device.gpm_reason = None if device.gpm_supported else "GPM not supported (Hopper or newer needed)"
+            if device.gpm_supported:
+                device.gpm_samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        except (nvml.NVMLError, AttributeError) as error:  # AttributeError: an nvidia-ml-py without GPM
+            device.gpm_supported, device.gpm_reason = False, f"GPM unavailable: {error}"
+        return device
+
+    def _release(self) -> None:
+        for device in self.devices:
+            for sample in device.gpm_samples:
+                try:
+                    self.nvml.nvmlGpmSampleFree(sample)
+                except Exception as error:  # noqa: BLE001
+                    log.debug("nvmlGpmSampleFree: %s", error)
+            device.gpm_samples = []
+        self._shutdown_nvml()
+
+    def _shutdown_nvml(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception as error:  # noqa: BLE001
+            log.debug("nvmlShutdown: %s", error)
+
+    def _run(self) -> None:
+        next_time = time.monotonic()
+        while not self._stop.is_set():
+            self.sample()
+            next_time += self.interval_s
+            self._stop.wait(max(0.0, next_time - time.monotonic()))
+
+    def _query(self, device: Device, name: str, query, *args):
+        """query(*args), or None after an NVML error (counted); a lost GPU raises DeviceLost."""
+        nvml = self.nvml
+        try:
+            return query(*args)
+        except nvml.NVMLError as error:
+            if getattr(error, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", None):
+                raise DeviceLost(str(error)) from error
+            device.errors[name] += 1
+            device.last_error[name] = str(error)
+            return None
+
+    def _read(self, device: Device, now: float) -> tuple:
+        nvml, handle = self.nvml, device.handle
+        sm_active = self._sm_active(device, now)
+        utilization = self._query(device, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = self._query(device, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        limit_mw = self._query(device, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        rx_kb_s = self._query(
+            device, "pcie_rx", nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_RX_BYTES
+        )
+        tx_kb_s = self._query(
+            device, "pcie_tx", nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_TX_BYTES
+        )
+        memory = self._query(device, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        temperature = self._query(
+            device, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+        )
+        power_w = None if power_mw is None else power_mw / 1000
+        limit_w = None if limit_mw is None else limit_mw / 1000
+        return (
+            sm_active,
+            None if utilization is None else utilization.gpu,
+            None if utilization is None else utilization.memory,
+            power_w,
+            limit_w,
+            power_fraction(power_w, limit_w),
+            None if rx_kb_s is None else rx_kb_s / 1000,
+            None if tx_kb_s is None else tx_kb_s / 1000,
+            None if memory is None else memory.used / 1e6,
+            temperature,
+        )
+
+    def _sm_active(self, device: Device, now: float) -> float | None:
+        """GPM SM activity since the previous GPM sample, once that is GPM_MIN_INTERVAL_S old."""
+        if not device.gpm_supported:
+            return None
+        previous = device.gpm_previous
+        if previous is not None and now - device.gpm_previous_time < GPM_MIN_INTERVAL_S:
+            return None
+        nvml = self.nvml
+        current = device.gpm_samples[1] if previous is device.gpm_samples[0] else device.gpm_samples[0]
+        if self._query(device, "gpm_sample", nvml.nvmlGpmSampleGet, device.handle, current) is None:
+            device.gpm_previous = None  # start a fresh pair
+            return None
+        device.gpm_previous, device.gpm_previous_time = current, now
+        if previous is None:
+            return None
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1, request.sample2 = previous, current
+        request.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
+        result = self._query(device, "gpm_metrics", nvml.nvmlGpmMetricsGet, request)
+        if result is None:
+            return None
+        metric = result.metrics[0]
+        if metric.nvmlReturn != nvml.NVML_SUCCESS:
+            device.errors["gpm_sm_util"] += 1
+            device.last_error["gpm_sm_util"] = f"NVML return code {metric.nvmlReturn}"
+            return None
+        return float(metric.value)
+
+
+def power_fraction(power_w: float | None, limit_w: float | None) -> float | None:
+    """Power draw as a fraction of the enforced limit; None without both or with no limit."""
+    if power_w is None or not limit_w:
+        return None
+    return power_w / limit_w
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank reports grouped by host, in the order hosts first appear."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        node = nodes.setdefault(
+            report["host"], {"host": report["host"], "ranks": [], "reasons": [], "gpus": []}
+        )
+        node["ranks"].append(report.get("rank"))
+        node["gpus"] += report["gpus"]
+        if report["reason"]:
+            node["reasons"].append(f"rank {report.get('rank')}: {report['reason']}")
+    for node in nodes.values():
+        node["available"] = bool(node["gpus"]) and not any(gpu["failed"] for gpu in node["gpus"])
+        node["reason"] = "; ".join(node.pop("reasons")) or None
+    return list(nodes.values())
+
+
+def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], interval_s: float) -> None:
+    """Rank 0: merge the rank reports into gpu_monitor.csv and gpu_monitor.json."""
+    import pandas as pd
+
+    reports = [report for report in reports if report is not None]
+    rows = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[:3])
+    atomic.write_csv(Path(out_dir) / "gpu_monitor.csv", pd.DataFrame(rows, columns=COLUMNS))
+    reasons = sorted({report["reason"] for report in reports if not report["available"]})
+    gpus = [gpu for report in reports for gpu in report["gpus"]]
+    summary = {
+        "available": bool(reports) and not reasons,
+        "reason": "; ".join(reasons) if reasons else (None if reports else "no rank ran a monitor"),
+        "interval_s": interval_s,
+        "samples": len(rows),
+        "sm_active": _gpm_note(gpus),
+        "failed_gpus": [gpu["uuid"] for gpu in gpus if gpu["failed"]],
+        "nodes": _nodes(reports),
+    }
+    atomic.write_json(Path(out_dir) / "gpu_monitor.json", summary)
+
+
+def _gpm_note(gpus: list[dict[str, Any]]) -> str:
+    if not gpus:
+        return "not measured: no GPU sampled"
+    unsupported = sorted({f"{gpu['name']}: {gpu['gpm_reason']}" for gpu in gpus if not gpu["gpm_supported"]})
+    if not unsupported:
+        return "NVML GPM (NVML_GPM_METRIC_SM_UTIL)"
+    return "not measured on " + "; ".join(unsupported)

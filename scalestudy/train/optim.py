@@ -1,0 +1,66 @@
+"""The optimizer and the learning-rate schedule of a run (scalestudy.train.trainer builds them from the
+run config).
+
+- Learning rate lr x scale, scale = global_batch / base_batch ("linear"), its square root ("sqrt")
+  or 1 ("none"); linear warm-up over warmup_epochs (step k of W runs at (k+1)/W of it), then cosine
+  decay to zero at the last step, updated every step.
+- `optimizer`: sgd (momentum, nesterov, weight decay on all parameters) or adamw (betas 0.9/0.95,
+  decoupled weight decay on weight matrices and embeddings, none on biases and norms); null: the
+  workload's (sgd for the ResNet, adamw for the LM). Fused kernels where the parameters
+  are plain tensors; foreach where they are FSDP2's DTensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+WORKLOAD_OPTIMIZERS = {"gpt": "adamw"}  # every other workload: sgd
+ADAMW_BETAS = (0.9, 0.95)
+
+
+def lr_scale(rule: str, global_batch: int, base_batch: int) -> float:
+    ratio = global_batch / base_batch
+    return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
+
+
+def lr_schedule(warmup_steps: int, total_steps: int):
+    """Step -> factor of the peak learning rate: linear warm-up, then cosine to zero."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def optimizer_name(config: dict[str, Any]) -> str:
+    return config.get("optimizer") or WORKLOAD_OPTIMIZERS.get(config.get("workload"), "sgd")
+
+
+def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: float, sharded: bool):
+    kernel = {"foreach": True} if sharded else {"fused": True}
+    if optimizer_name(config) == "adamw":
+        matrices = [p for p in model.parameters() if p.dim() >= 2]
+        vectors = [p for p in model.parameters() if p.dim() < 2]
+        groups = [
+            {"params": matrices, "weight_decay": config["weight_decay"]},
+            {"params": vectors, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, **kernel)
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=peak_lr,
+        momentum=config["momentum"],
+        nesterov=config["nesterov"],
+        weight_decay=config["weight_decay"],
+        **kernel,
+    )
+
+
+def build_scheduler(optimizer, warmup_steps: int, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(warmup_steps, total_steps))

@@ -1,0 +1,131 @@
+"""Data parallelism of a run: DDP, or FSDP2 (`torch.distributed.fsdp.fully_shard`), and what a rank
+holds in memory.
+
+- ddp: every rank keeps the whole model and optimizer state; gradients are all-reduced in buckets
+  (bucket_cap_mb, the comm hook, scalestudy.train.torch_options.ddp_options).
+- fsdp: parameters, gradients and optimizer state are sharded over the ranks (DTensors); each
+  `shard_units` module (the LM's transformer blocks) is all-gathered before its forward and, with
+  reshard_after_forward, freed again after it (gathered again for the backward): less memory for more
+  communication. Precision bf16/fp16 runs through FSDP2's MixedPrecisionPolicy (parameters cast to
+  that dtype for the compute, gradients reduced in fp32) instead of autocast. With one rank, FSDP2
+  runs in a process group of its own (nothing to shard, but the same code path and its overheads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from scalestudy.train import torch_options as torchopts
+
+COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+FSDP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+log = logging.getLogger("scalestudy.train")
+
+
+@dataclass
+class Wrapped:
+    """The module the training step calls, and what was chosen for it (recorded in summary.json)."""
+
+    module: torch.nn.Module
+    options: dict[str, Any] | None  # DDP's options or FSDP2's choices; None with one plain rank
+    sharded: bool  # parameters are FSDP2 DTensors
+    autocast: bool  # the step runs under autocast (not with FSDP2's mixed-precision policy)
+
+
+def wrap(model: torch.nn.Module, config: dict[str, Any], device: torch.device, world_size: int, shard_units):
+    """The model `model` (already on `device`) prepared for `config["parallelism"]`."""
+    if config["parallelism"] == "fsdp":
+        return _fully_shard(model, config, shard_units)
+    if world_size == 1:
+        if config["comm_hook"] != "none":
+            log.warning("comm_hook=%r has no effect with one rank (no DDP)", config["comm_hook"])
+        return Wrapped(model, None, sharded=False, autocast=True)
+    options = torchopts.ddp_options(config["compile"])
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=config["bucket_cap_mb"],
+        **options,
+    )
+    if config["comm_hook"] != "none":
+        ddp.register_comm_hook(None, COMM_HOOKS[config["comm_hook"]])
+    return Wrapped(ddp, options, sharded=False, autocast=True)
+
+
+def _fully_shard(model: torch.nn.Module, config: dict[str, Any], shard_units) -> Wrapped:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = FSDP_DTYPES.get(config["precision"])
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    reshard = config["reshard_after_forward"]
+    for unit in shard_units:
+        fully_shard(unit, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=policy)
+    if config["comm_hook"] != "none":
+        log.warning("comm_hook=%r is DDP's; FSDP2 reduces in its reduce_dtype", config["comm_hook"])
+    options = {
+        "reshard_after_forward": reshard,
+        "param_dtype": str(dtype).removeprefix("torch.") if dtype else None,
+        "reduce_dtype": "float32" if dtype else None,
+        "shard_units": len(shard_units),
+    }
+    return Wrapped(model, options, sharded=True, autocast=dtype is None)
+
+
+def needs_process_group(config: dict[str, Any], world_size: int) -> bool:
+    return world_size > 1 or config["parallelism"] == "fsdp"
+
+
+def init_single_rank_group(backend: str) -> None:
+    """A process group of one rank (FSDP2 needs a device mesh even then), in memory: no port."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of `tensor` this rank holds: a DTensor's local shard, else the whole tensor."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters, their gradients (one per parameter: they exist between backward and zero_grad)
+    and the optimizer's tensors, as this rank holds them: FSDP2's 1/N shards, DDP's full copies."""
+    parameters = sum(local_bytes(p) for p in model.parameters())
+    states = sum(
+        local_bytes(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    )
+    return 2 * parameters + states
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what they are): the CUDA caching allocator's peak of allocated tensors on a GPU; the
+    process's peak resident set on the CPU (libraries and data included, so it shows sharding less
+    clearly than model_state_bytes)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024), "cpu_peak_rss"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.reset_peak_memory_stats(device)

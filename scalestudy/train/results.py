@@ -1,0 +1,142 @@
+"""What a finished run reports (summary.json's results and provenance), as a part of the Trainer:
+the steady-state window (scalestudy.train.steady), whole-run rates, the workload, its loss, and the memory
+of every rank."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+from typing import Any
+
+from scalestudy import provenance
+from scalestudy.train import optim
+from scalestudy.train import torch_options as torchopts
+from scalestudy.train.process import AUTOCAST_DTYPES
+
+log = logging.getLogger("scalestudy.train")
+
+
+class RunResults:
+    """The Trainer's results methods (scalestudy.train.trainer.Trainer derives from it)."""
+
+    def results(self) -> dict[str, Any]:
+        c, metrics = self.config, self.history.metrics
+        later = metrics[1:] or metrics
+        test_accs = [row["test_acc"] for row in metrics]
+        return {
+            "epochs": len(metrics),
+            "steps": self.position.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "world_size": self.world_size,
+            "global_batch": c["global_batch"],
+            "per_gpu_batch": c["per_gpu_batch"],
+            **self.steady_results(),
+            **self.whole_run_rates(),
+            "epoch_time_s": statistics.median(row["epoch_time_s"] for row in later) if later else None,
+            "compile_s": torchopts.compile_seconds() if c["compile"] else None,
+            "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR") if c["compile"] else None,
+            "ddp_options": self.parallel_options("ddp"),
+            "final_test_acc": test_accs[-1] if test_accs else None,
+            "best_test_acc": max(test_accs) if test_accs else None,
+            "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+            "time_to_target_s": self.history.time_to_target_s,
+            "target_accuracy": c["target_accuracy"],
+            "total_time_s": self.elapsed_s(),
+            "resumed_from_step": self.resumed_from_step,
+            "resumes": self.history.resumes,
+            "device": self.device.type,
+            "device_name": self.ranks[0]["device_name"],
+            "backend": self.backend,  # chosen for the device even with one rank (no process group)
+            "precision_effective": next(k for k, v in AUTOCAST_DTYPES.items() if v == self.amp_dtype),
+            "parameters": self.built.parameters,
+            "forward_flops_per_image": self.built.forward_flops_per_sample,
+            "train_flops_per_image": self.built.train_flops_per_sample,
+            "peak_lr": self.peak_lr,
+            **self.workload_results(),
+        }
+
+    def workload_results(self) -> dict[str, Any]:
+        """What is trained and how, its loss, and the memory of every rank (finish gathered it)."""
+        metrics = self.history.metrics
+        test_loss = metrics[-1]["test_loss"] if metrics else None
+        perplexity = self.workload.metric == "perplexity" and test_loss is not None
+        return {
+            "workload": self.workload.name,
+            "sample_unit": self.workload.sample_unit,
+            "metric": self.workload.metric,
+            "parallelism": self.config["parallelism"],
+            "fsdp_options": self.parallel_options("fsdp"),
+            "optimizer": optim.optimizer_name(self.config),
+            "final_test_loss": test_loss,
+            "final_test_perplexity": math.exp(test_loss) if perplexity else None,
+            "peak_memory_bytes": max(rank["peak"] for rank in self.memory),
+            "peak_memory_bytes_per_rank": [rank["peak"] for rank in self.memory],
+            "peak_memory_source": self.memory[0]["source"],
+            "model_state_bytes_per_rank": max(rank["state"] for rank in self.memory),
+        }
+
+    def parallel_options(self, parallelism: str) -> dict[str, Any] | None:
+        return self.wrapped.options if self.config["parallelism"] == parallelism else None
+
+    def steady_result(self) -> dict[str, Any]:
+        """This attempt's measurement window (attempt 0 is the first, each resume adds one)."""
+        return {**self.steady.result(self.world_size), "measure_attempt": len(self.history.resumes)}
+
+    def steady_results(self) -> dict[str, Any]:
+        """The window the run reports: this attempt's if it filled one, else the last filled window
+        of an earlier attempt (kept in the checkpoints), else this attempt's unfilled one.
+
+        A window from an earlier attempt has no measure_start_s / measure_end_s / measure_segments_s:
+        they would be on that attempt's clock, and gpu_monitor.csv covers only this (the last)
+        attempt, so its GPU monitor summary is "not measured".
+        """
+        current = self.steady_result()
+        earlier = self.history.steady_window
+        if current["window_filled"]:
+            return current
+        if earlier is not None:
+            log.info("window not filled in this attempt: reporting attempt %d's", earlier["measure_attempt"])
+            return {**earlier, "measure_start_s": None, "measure_end_s": None, "measure_segments_s": None}
+        log.warning(
+            "measurement window not filled: %d of %d steps measured after %d warm-up steps (%d steps in "
+            "this attempt); images_per_s is left empty, whole_run_* hold whole-run rates",
+            current["measured_steps"],
+            current["measure_steps"],
+            current["warmup_steps"],
+            self.steady.seen,
+        )
+        return current
+
+    def whole_run_rates(self) -> dict[str, Any]:
+        """Images over the training time of every epoch, the first one's one-off costs included."""
+        metrics = self.history.metrics
+        seconds = sum(row["epoch_time_s"] for row in metrics)
+        images = sum(row["images_per_s"] * row["epoch_time_s"] for row in metrics)
+        if not seconds > 0:
+            return dict.fromkeys(WHOLE_RUN_KEYS)
+        steps = len(metrics) * self.steps_per_epoch
+        return dict(
+            zip(
+                WHOLE_RUN_KEYS,
+                (images / seconds, images / seconds / self.world_size, seconds / steps),
+                strict=True,
+            )
+        )
+
+    def provenance(self) -> dict[str, Any]:
+        extra = {
+            "world_size": self.world_size,
+            "hosts": sorted({r["host"] for r in self.ranks}),
+            "ranks": [{k: v for k, v in r.items() if k != "time"} for r in self.ranks],
+            "device_names": sorted({r["device_name"] for r in self.ranks}),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+            "launcher": self.dist_env.launcher,
+            "ddp_options": self.parallel_options("ddp"),
+        }
+        return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
+
+
+WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")

@@ -1,0 +1,515 @@
+"""The command workload's rank program: your own training script through the study.
+
+    python -m scalestudy.workloads.command --run-config-json JSON | --run-config PATH --out-dir DIR
+
+scalestudy.launch.launcher starts it on every rank (`--module scalestudy.workloads.command`);
+it runs the run config's `command.script` with `command.args` as a child process (`python SCRIPT
+ARGS...`, the script relative to the current directory, the workflow's) under the contract of
+scalestudy.workloads.command.contract (docs/workloads.md, "Your own script"): the environment
+tells the script its run config, run folder, checkpoint folder and progress file; the script
+reports its steps, epochs and peak memory as JSON lines. The runner forwards SIGTERM/SIGUSR1 to the
+script and exits with its exit code (75: saved, retry to resume). Each rank samples its own GPU
+(scalestudy.train.gpu_monitor) while the script runs.
+
+The ranks share no process group: they meet through files in the run's checkpoint_dir (which, like
+the run folder, is on the file system every node sees). Under `<checkpoint_dir>/scalestudy/`:
+`run_config.json`, `progress-rank<r>.jsonl` (kept over retries), `command_run.json` (the run
+config's hash: rank 0 empties a checkpoint_dir of another run config, or of a finished run, before
+any rank starts its script; the other ranks wait for it) and `reports/<launch>/rank<r>.json` (each
+rank's exit code, GPU monitor report and peak memory, merged by rank 0). After a finished run rank 0
+writes the run folder (summary.json last) and empties checkpoint_dir, or with keep_checkpoints
+marks it finished, so a run asked for again measures anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scalestudy import atomic, provenance
+from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import runconfig
+from scalestudy.plan.runconfig import DEFAULTS, RULES, RunConfigError
+from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
+from scalestudy.progress import setup_logging
+from scalestudy.train import gpu_monitor as monitor
+from scalestudy.workloads.command import contract
+from scalestudy.workloads.command import progress as command_progress
+from scalestudy.workloads.command.progress import ProgressError
+
+EXIT_BAD_CONFIG = 2
+REQUIRED = ("checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
+STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
+RUN_MARK, FINISHED_MARK = "command_run.json", "finished.json"
+POLL_S = 0.2
+
+log = logging.getLogger("scalestudy.workloads.command")
+
+
+# --- run config -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalestudy.workloads.command", description=__doc__.splitlines()[0]
+    )
+    runconfig.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the run config as given, with the trainer's defaults); RunConfigError names every bad key.
+    The trainer's rules check the keys given; data_dir is not needed."""
+    source = f"run config file {args.run_config}" if args.run_config else "run config"
+    try:
+        given = json.loads(args.run_config.read_text() if args.run_config else args.run_config_json)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunConfigError(f"{source} cannot be read as JSON: {error}") from None
+    if not isinstance(given, dict):
+        raise RunConfigError(f"{source} must be a JSON object, got {type(given).__name__}")
+    config = {**DEFAULTS, **given}
+    problems = [f"{key} is required" for key in REQUIRED if config.get(key) is None]
+    problems += [
+        f"{key}={given[key]!r} must be {rule.describe()}"
+        for key, rule in RULES.items()
+        if key in given and not (key in REQUIRED and given[key] is None) and not rule.accepts(given[key])
+    ]
+    problems += _command_problems(config.get("command"))
+    if not problems and config["global_batch"] != config["per_gpu_batch"] * config["world_size"]:
+        problems.append(
+            f"global_batch={config['global_batch']} is not per_gpu_batch={config['per_gpu_batch']} x "
+            f"world_size={config['world_size']}"
+        )
+    if problems:
+        raise RunConfigError(f"{source}: " + "; ".join(problems))
+    config["command"] = {"args": [], "sample_unit": "samples", **config["command"]}
+    return given, config
+
+
+def _command_problems(command: Any) -> list[str]:
+    if not isinstance(command, dict):
+        return [f"command must be an object with script, args, sample_unit, got {command!r}"]
+    problems = []
+    if not (isinstance(command.get("script"), str) and command["script"]):
+        problems.append(f"command.script={command.get('script')!r} must be a non-empty string (a path)")
+    args = command.get("args", [])
+    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        problems.append(f"command.args={args!r} must be a list of strings")
+    unit = command.get("sample_unit", "samples")
+    if not (isinstance(unit, str) and unit):
+        problems.append(f"command.sample_unit={unit!r} must be a non-empty string")
+    return problems + [
+        f"command.{key} is not a known key" for key in set(command) - {"script", "args", "sample_unit"}
+    ]
+
+
+def check_paths(config: dict[str, Any], out_dir: Path) -> Path:
+    """The script (an existing file) and the folders; checkpoint_dir is emptied after a finished run,
+    so it must not hold the workflow, the run folder or the script."""
+    script = Path(config["command"]["script"])
+    if not script.is_file():
+        where = "" if script.is_absolute() else f" (relative to {Path.cwd()})"
+        raise RunConfigError(
+            f"command.script {script}{where} is not a file" + ("" if script.exists() else " (missing)")
+        )
+    checkpoint_dir = Path(config["checkpoint_dir"]).resolve()
+    for what, path in (
+        ("the current directory", Path.cwd()),
+        ("--out-dir", out_dir),
+        ("command.script", script),
+    ):
+        if path.resolve().is_relative_to(checkpoint_dir):
+            raise RunConfigError(
+                f"checkpoint_dir {config['checkpoint_dir']} holds {what}: it is emptied after the run"
+            )
+    for what, folder in (("checkpoint_dir", checkpoint_dir), ("--out-dir", out_dir)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunConfigError(f"{what} {folder}: cannot be created: {error.strerror or error}") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise RunConfigError(f"{what} {folder} is not writable")
+    return script
+
+
+# --- the rank --------------------------------------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, config, given, out_dir: Path, script: Path, dist_env) -> None:
+        self.config, self.given, self.out_dir, self.script = config, given, out_dir, script
+        self.rank, self.world_size, self.is_main = dist_env.rank, dist_env.world_size, dist_env.is_main
+        self.dist_env = dist_env
+        self.config_hash = provenance.config_hash(given)
+        self.checkpoint_dir = Path(config["checkpoint_dir"])
+        self.state_dir = self.checkpoint_dir / STATE_DIR
+        self.progress_path = self.state_dir / f"progress-rank{self.rank}.jsonl"
+        self.child: subprocess.Popen | None = None
+        self.signals: list[int] = []
+
+    def run(self) -> int:
+        device = rank_device(self.config["device"], self.dist_env.local_rank)
+        self.claim_checkpoint_dir()
+        self.start_attempt()
+        with self.forwarding_signals():
+            self.child = subprocess.Popen(
+                [sys.executable, str(self.script), *self.config["command"]["args"]],
+                env={**os.environ, **self.child_env()},
+                preexec_fn=distributed.die_with_parent,  # a SIGKILLed rank leaves no script behind
+            )
+            for signum in self.signals:  # arrived before the script existed
+                self.child.send_signal(signum)
+            sampler = monitor.for_device(
+                device, self.config["monitor_interval_s"], self.t0, self.rank
+            ).start()
+            code = self.child.wait()
+        code = 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + signal number
+        seconds = time.time() - self.t0
+        self.append({"event": "exit", "code": code, "seconds": seconds})
+        log.info("rank %d: script exited with %d after %.1f s", self.rank, code, seconds)
+        report = self.rank_report(code, sampler.stop(), device)
+        if self.world_size > 1:
+            atomic.write_json(self.report_dir() / f"rank{self.rank}.json", report)
+        if code != 0 or not self.is_main:
+            return code
+        reports = self.gather_reports() if self.world_size > 1 else [report]
+        failed = [r for r in reports if r["exit_code"] != 0 or r.get("error")]
+        if failed:
+            for r in failed:
+                log.error("rank %d: exit code %d %s", r["rank"], r["exit_code"], r.get("error") or "")
+            return next((r["exit_code"] for r in failed if r["exit_code"]), EXIT_BAD_CONFIG)
+        try:
+            progress = command_progress.read_progress(self.progress_path)
+            results = self.results(progress, reports)
+        except ProgressError as error:
+            log.error("%s", error)
+            return EXIT_BAD_CONFIG
+        self.write_run_folder(progress, results, reports)
+        self.retire_checkpoint_dir()
+        return 0
+
+    # -- the checkpoint folder --
+
+    def claim_checkpoint_dir(self) -> None:
+        """Rank 0 empties checkpoint_dir if another run config or a finished run left it; every
+        other rank waits for rank 0's mark of this run config."""
+        mark, finished = self.state_dir / RUN_MARK, self.state_dir / FINISHED_MARK
+        if self.is_main:
+            stale = _read_json(mark).get("config_hash") not in (None, self.config_hash)
+            if stale or finished.exists():
+                why = "a finished run: a re-run measures anew" if finished.exists() else "another run config"
+                log.warning("%s is of %s; emptying it", self.checkpoint_dir, why)
+                mark.unlink(missing_ok=True)  # first: the other ranks wait for the new one
+                empty_folder(self.checkpoint_dir)
+            atomic.write_json(mark, {"config_hash": self.config_hash})
+            return
+        deadline = time.monotonic() + self.config["pg_timeout_s"]
+        while _read_json(mark).get("config_hash") != self.config_hash or finished.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not mark {mark} within pg_timeout_s")
+            time.sleep(POLL_S)
+
+    def retire_checkpoint_dir(self) -> None:
+        if self.config["keep_checkpoints"]:
+            atomic.write_json(self.state_dir / FINISHED_MARK, {"config_hash": self.config_hash})
+        else:
+            empty_folder(self.checkpoint_dir)
+            with contextlib.suppress(OSError):
+                self.checkpoint_dir.rmdir()
+
+    def start_attempt(self) -> None:
+        self.t0 = time.time()
+        atomic.write_json(self.state_dir / "run_config.json", self.config)
+        drop_cut_line(self.progress_path)
+        self.append({"event": "attempt", "time": self.t0, "attempt": provenance.attempt()})
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.progress_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def child_env(self) -> dict[str, str]:
+        """The contract's variables, and torch's env:// rendezvous (srun sets only SLURM_*)."""
+        env = self.dist_env
+        return {
+            "RANK": str(env.rank),
+            "LOCAL_RANK": str(env.local_rank),
+            "WORLD_SIZE": str(env.world_size),
+            "MASTER_ADDR": env.master_addr,
+            "MASTER_PORT": str(env.master_port),
+            contract.RUN_CONFIG_ENV: str((self.state_dir / "run_config.json").resolve()),
+            contract.OUT_DIR_ENV: str(self.out_dir.resolve()),
+            contract.CHECKPOINT_DIR_ENV: str(self.checkpoint_dir.resolve()),
+            contract.PROGRESS_ENV: str(self.progress_path.resolve()),
+        }
+
+    @contextlib.contextmanager
+    def forwarding_signals(self):
+        def forward(signum, _frame) -> None:
+            self.signals.append(signum)
+            if self.child is not None and self.child.poll() is None:
+                self.child.send_signal(signum)
+
+        previous = {signum: signal.signal(signum, forward) for signum in contract.STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    # -- the ranks' reports --
+
+    def rank_report(self, code: int, monitor_report: dict, device) -> dict[str, Any]:
+        peak, source, error = None, None, None
+        if code == 0:
+            try:
+                peak, source = command_progress.peak_memory(
+                    command_progress.read_progress(self.progress_path)
+                )
+            except ProgressError as failure:
+                error = str(failure)
+        if peak is None:
+            peak, source = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, "cpu_peak_rss"
+        return {
+            "rank": self.rank,
+            "local_rank": self.dist_env.local_rank,
+            "host": socket.gethostname(),
+            "device": str(device),
+            "device_name": device_name(device, monitor_report),
+            "t0": self.t0,
+            "exit_code": code,
+            "error": error,
+            "peak_memory_bytes": peak,
+            "peak_memory_source": source,
+            "monitor": monitor_report,
+        }
+
+    def report_dir(self) -> Path:
+        return self.state_dir / "reports" / launch_id(os.environ, self.config_hash)
+
+    def gather_reports(self) -> list[dict[str, Any]]:
+        """Every rank's report, waiting up to pg_timeout_s for the others to write theirs."""
+        paths = [self.report_dir() / f"rank{rank}.json" for rank in range(self.world_size)]
+        deadline = time.monotonic() + self.config["pg_timeout_s"]
+        while not all(path.exists() for path in paths):
+            if time.monotonic() > deadline:
+                missing = [str(path) for path in paths if not path.exists()]
+                raise TimeoutError(f"no report from the other ranks within pg_timeout_s: {missing}")
+            time.sleep(POLL_S)
+        return [_read_json(path) for path in paths]
+
+    # -- results --
+
+    def results(self, progress, reports: list[dict[str, Any]]) -> dict[str, Any]:
+        c = self.config
+        peaks = [report["peak_memory_bytes"] for report in reports]
+        sources = sorted({report["peak_memory_source"] for report in reports})
+        return {
+            **command_progress.step_results(progress, c, self.t0),
+            "workload": "command",
+            "sample_unit": c["command"]["sample_unit"],
+            "parallelism": c.get("parallelism", "ddp"),
+            "metric": "none",
+            "final_test_perplexity": None,
+            "peak_memory_bytes": max(peaks),
+            "peak_memory_bytes_per_rank": peaks,
+            "peak_memory_source": ",".join(sources),
+            "model_state_bytes_per_rank": None,
+            "target_accuracy": c["target_accuracy"],
+            "time_to_target_s": None,
+            "device": reports[0]["device"].split(":")[0],
+            "device_name": reports[0]["device_name"],
+            **dict.fromkeys(UNKNOWN_TO_THE_RUNNER),
+            **model_results(progress.model),
+        }
+
+    def write_run_folder(self, progress, results: dict[str, Any], reports: list[dict[str, Any]]) -> None:
+        import pandas as pd
+
+        monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
+        monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
+        rows = command_progress.epoch_rows(progress, self.config)
+        atomic.write_csv(self.out_dir / "metrics.csv", pd.DataFrame(rows, columns=METRICS_COLUMNS))
+        steps = command_progress.step_rows(progress)
+        atomic.write_csv(self.out_dir / "steps.csv", pd.DataFrame(steps, columns=STEPS_COLUMNS))
+        summary = {"run": self.given, "results": results, "provenance": self.provenance(reports)}
+        atomic.write_json(self.out_dir / "summary.json", summary)
+        log.info("wrote %s", self.out_dir)
+
+    def provenance(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = ("rank", "local_rank", "host", "device", "device_name")
+        extra = {
+            "world_size": self.world_size,
+            "hosts": sorted({report["host"] for report in reports}),
+            "ranks": [{key: report[key] for key in keys} for report in reports],
+            "device_names": sorted({report["device_name"] for report in reports}),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+            "launcher": self.dist_env.launcher,
+            "script": {  # not "command": provenance's key for this process's argv
+                "path": self.config["command"]["script"],
+                "sha256": hashlib.sha256(self.script.read_bytes()).hexdigest(),
+                "args": self.config["command"]["args"],
+            },
+        }
+        return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
+
+
+# The trainer's results keys that only the script knows.
+UNKNOWN_TO_THE_RUNNER = (
+    "compile_s",
+    "inductor_cache_dir",
+    "ddp_options",
+    "backend",
+    "precision_effective",
+    "parameters",
+    "forward_flops_per_image",
+    "train_flops_per_image",
+    "peak_lr",
+)
+
+
+def model_results(model: dict[str, Any]) -> dict[str, Any]:
+    """What the script's "model" line says: its parameter count (the communication model's gradient
+    bytes) and training FLOPs per sample (MFU), under the trainer's keys."""
+    flops = model.get("train_flops_per_sample")
+    known = {"parameters": model.get("parameters"), "train_flops_per_image": flops}
+    if flops is not None:
+        known["forward_flops_per_image"] = flops / 3
+    return {key: value for key, value in known.items() if value is not None}
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def rank_device(choice: str, local_rank: int):
+    """The device the rank's script will use, for the GPU monitor: the trainer's choice
+    (distributed.select_device) without making it current, so this process holds no CUDA context."""
+    if choice == "cpu" or not _nvml_sees_a_gpu():
+        if choice == "cuda":
+            raise RunConfigError("run config device='cuda' but NVML sees no GPU on this node")
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    count = torch.cuda.device_count()
+    return torch.device("cuda", 0 if count == 1 else local_rank)
+
+
+def _nvml_sees_a_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver: no GPU
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def device_name(device, monitor_report: dict[str, Any]) -> str:
+    gpus = monitor_report.get("gpus") or []
+    if gpus and gpus[0].get("name"):
+        return gpus[0]["name"]
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or str(device)
+
+
+def rebased(report: dict[str, Any], shift_s: float) -> dict[str, Any]:
+    """A rank's monitor report on rank 0's clock (each rank's time_s counts from its own t0)."""
+    return {**report, "rows": [[row[0] + shift_s, *row[1:]] for row in report["rows"]]}
+
+
+def launch_id(environ, config_hash: str) -> str:
+    """One name for the ranks of one launch, different for the next: torchrun's run id, srun's
+    job and step, else the rendezvous address with the Snakemake attempt."""
+    if environ.get("TORCHELASTIC_RUN_ID"):
+        name = f"torchrun-{environ['TORCHELASTIC_RUN_ID']}"
+    elif environ.get("SLURM_JOB_ID"):
+        name = f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
+    else:
+        address = f"{environ.get('MASTER_ADDR', '')}-{environ.get('MASTER_PORT', '')}"
+        name = f"{address}-{environ.get(provenance.ATTEMPT_ENV, '')}-{config_hash}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def drop_cut_line(path: Path) -> None:
+    """Remove a last line without its newline (a writer killed mid-line), so the next attempt's
+    lines start on a line of their own."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        log.warning("%s: dropping a cut last line %r", path, data[data.rfind(b"\n") + 1 :][:120])
+        with open(path, "r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+def empty_folder(folder: Path) -> None:
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# --- entry point ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
+    try:
+        given, config = load_config(args)
+        dist_env = distributed.from_environ()
+        distributed.die_with_launcher()
+        if dist_env.world_size != config["world_size"]:
+            raise RunConfigError(
+                f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
+                f"has {dist_env.world_size} ranks"
+            )
+        script = check_paths(config, args.out_dir)
+    except (RunConfigError, ValueError) as error:
+        log.error("%s", error)
+        return EXIT_BAD_CONFIG
+    try:
+        return Runner(config, given, args.out_dir, script, dist_env).run()
+    except RunConfigError as error:
+        log.error("%s", error)
+        return EXIT_BAD_CONFIG
+    except TimeoutError as error:
+        log.error("%s", error)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

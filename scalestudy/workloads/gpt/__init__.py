@@ -1,0 +1,2 @@
+"""A GPT-style decoder LM on a byte-tokenised corpus: its model, its token loader and its entry
+(workload)."""
