@@ -6,7 +6,7 @@
 from snakemake.utils import min_version, validate
 
 from scalestudy import provenance
-from scalestudy.plan import configcheck
+from scalestudy.plan import configcheck, schema
 
 min_version("9.0")
 
@@ -18,8 +18,9 @@ if not workflow.overwrite_configfiles:
     configfile: "config/demo.yaml"
 
 
-validate(config, "config/schema.yaml")
-configcheck.check(config, "config/schema.yaml")  # what JSON Schema lets through (2.0 as an integer, ...)
+# The schema ships with the package (scalestudy/plan/schema.yaml; config/schema.yaml links to it).
+validate(config, schema.PATH)
+configcheck.check(config)  # what JSON Schema lets through (2.0 as an integer, ...)
 provenance.export_git_state(workflow.basedir)
 
 
@@ -52,3 +53,8 @@ rule all:
         FIGURE_TARGETS,
         PAPER_TARGETS,
     default_target: True
+
+
+# The rules that run on the submit host (Snakemake's localrules), from one list (rules/common.smk),
+# once every rule exists; the `localrules:` keyword itself takes only literal names.
+workflow.localrules(*submit_host_rules())

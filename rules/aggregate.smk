@@ -1,15 +1,8 @@
 # aggregate: every run's summary -> the run catalog; metrics, acceptance, the communication model
 # and the resource estimate. The logic is in scalestudy.analysis; each rule calls one module.
 
-ANALYSIS_LOGS = "results/logs/analysis"
-STAGES = ("baseline", "scaling", "sensitivity", "profile")
-# Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
-PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
-# The sensitivity sweep's run-config keys, in the order of the point names (grid.sensitivity_axes).
-SENSITIVITY_AXES = grid.sensitivity_axes(config)
-
-
-RUN_SUMMARIES = [path for stage in STAGES for path in run_files(stage, "summary.json")]
+ANALYSIS_LOGS = f"{paths.LOGS_DIR}/analysis"
+RUN_SUMMARIES = [path for stage in grid.STAGES for path in run_files(stage, runfiles.SUMMARY)]
 
 
 rule table_accounting:
@@ -20,9 +13,8 @@ rule table_accounting:
     log:
         f"{ANALYSIS_LOGS}/accounting.log",
     # Outside the container (sacct and the Slurm libraries are on the host, not in the image) and,
-    # as a table* rule, on the submit host (cluster.submit_host_rules), where sacct answers.
+    # as a table_* rule, on the submit host (cluster.submit_host_rules), where sacct answers.
     # Standard library only; where sacct is missing or disabled the JSON says so and the run still succeeds.
-    localrule: on_submit_host("table_accounting")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -39,7 +31,6 @@ rule table_runs:
         runs=table_report("runs.csv", "Acceptance", "Run catalog"),
     log:
         f"{ANALYSIS_LOGS}/runs.log",
-    localrule: on_submit_host("table_runs")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -63,7 +54,6 @@ rule table_metrics:
         unit=PLOT_UNIT,
     log:
         f"{ANALYSIS_LOGS}/metrics.log",
-    localrule: on_submit_host("table_metrics")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -79,7 +69,7 @@ rule table_acceptance:
         image=image_input(),
         scaling=rules.table_metrics.output.scaling,
         sensitivity=rules.table_metrics.output.sensitivity,
-        monitor=run_files("scaling", "gpu_monitor.csv"),
+        monitor=run_files("scaling", runfiles.GPU_MONITOR),
         busbw=rules.table_comm_bench.output.busbw,
         loader_smoke=rules.smoke_io.output.result if SMOKE_IO else [],
     output:
@@ -91,7 +81,6 @@ rule table_acceptance:
         loader_smoke=lambda wc, input: ["--loader-smoke", input.loader_smoke] if SMOKE_IO else [],
     log:
         f"{ANALYSIS_LOGS}/acceptance.log",
-    localrule: on_submit_host("table_acceptance")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -117,7 +106,6 @@ rule table_comm_model:
         analysis=analysis_json("comm_model"),
     log:
         f"{ANALYSIS_LOGS}/comm_model.log",
-    localrule: on_submit_host("table_comm_model")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -142,7 +130,6 @@ rule table_resources:
         analysis=analysis_json("resources", "comm_model"),
     log:
         f"{ANALYSIS_LOGS}/resources.log",
-    localrule: on_submit_host("table_resources")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

@@ -4,8 +4,8 @@
 # the rows are combined (results/comm/busbw.csv) and alpha and beta fitted per world size and
 # placement (results/tables/comm_bench_fit.csv), which the communication model uses.
 
-COMM_DIR = "results/comm"
-COMM_LOGS = "results/logs/comm"
+COMM_DIR = paths.COMM_DIR
+COMM_LOGS = f"{paths.LOGS_DIR}/comm"
 COMM_WORLDS = sorted(world for world in config["scaling"]["world_sizes"] if world > 1)
 COMM_SETTINGS = {
     **config["comm_bench"],
@@ -32,7 +32,7 @@ rule comm_bench:
     log:
         f"{COMM_LOGS}/w{{world}}.log",
     benchmark:
-        "results/benchmarks/comm/w{world}.tsv"
+        f"{paths.BENCHMARKS_DIR}/comm/w{{world}}.tsv"
     # No container: here: scalestudy.launch.launcher puts the image around each rank.
     conda: SOFTWARE_ENV
     shell:
@@ -49,7 +49,6 @@ rule table_comm_bench:
         fit=table_report("comm_bench_fit.csv", "Model", "Communication benchmark"),
     log:
         f"{COMM_LOGS}/fit.log",
-    localrule: on_submit_host("table_comm_bench")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

@@ -1,6 +1,7 @@
-# Helpers shared by every stage: grid points, run folders, params, resources, container.
-# The logic lives in the scalestudy package; these functions only adapt it to Snakemake's
-# wildcards/attempt callables.
+# Helpers and values shared by all the rule files (grid points, run folders, params, resources,
+# container, the checks training waits for and the rules that run on the submit host). The logic
+# lives in the scalestudy package; these functions only adapt it to Snakemake's wildcards/attempt
+# callables. A value two rule files use is defined here, never in whichever file is included first.
 
 import functools
 import json
@@ -12,42 +13,38 @@ from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
 from scalestudy import workloads
-from scalestudy.plan import cluster
-from scalestudy.plan import grid
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as _launch
+from scalestudy.plan import cluster, grid, paths, runfiles
+from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
 WORKLOAD = workloads.of_config(config)
-PACKED_DIR = grid.PACKED_DIR
+ARCHIVE = WORKLOAD.data.raw_path  # what fetch writes (None: a command workload brings its own data)
 PACKED = WORKLOAD.data.packed_paths[:-1]  # the arrays preprocess writes (none for a command workload)
 PACKED_MANIFEST = WORKLOAD.data.packed_paths[-1:]  # [manifest.json] (named input; [] for none)
 # A command workload's script: every training job depends on it (a changed script re-runs them).
 WORKLOAD_SCRIPT = [config["workload"]["command"]["script"]] if WORKLOAD.name == "command" else []
 TRAIN_INPUTS = [*PACKED, *WORKLOAD_SCRIPT]
 
-# Files every training run writes into its run folder (docs/architecture.md).
-RUN_FILES = {
-    "summary": "summary.json",
-    "metrics": "metrics.csv",
-    "steps": "steps.csv",
-    "gpu_monitor": "gpu_monitor.csv",
-}
-
 # The run folder of each stage's grid points, as a wildcard pattern: {point} is the point's name
 # (grid.point_by_name finds it); profile keeps {world}, which its other rules use too.
 STAGE_PATTERNS = {
-    "baseline": f"{grid.RUNS_DIR}/baseline/default",
-    "scaling": f"{grid.RUNS_DIR}/scaling/{{point}}",
-    "sensitivity": f"{grid.RUNS_DIR}/sensitivity/{{point}}",
-    "profile": f"{grid.RUNS_DIR}/profile/w{{world}}",
+    "baseline": f"{paths.RUNS_DIR}/baseline/default",
+    "scaling": f"{paths.RUNS_DIR}/scaling/{{point}}",
+    "sensitivity": f"{paths.RUNS_DIR}/sensitivity/{{point}}",
+    "profile": f"{paths.RUNS_DIR}/profile/w{{world}}",
 }
 
 STAGE_POINTS = {
     stage: (lambda points_of=points_of: points_of(config)) for stage, points_of in grid.STAGES.items()
 }
 
-TABLES_DIR = "results/tables"
+TABLES_DIR = paths.TABLES_DIR
+# Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.
+PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
+# The sensitivity sweep's run-config keys, in the order of the point names (grid.sensitivity_axes).
+SENSITIVITY_AXES = grid.sensitivity_axes(config)
 
 
 def warn_unfilled_windows(shown=5):
@@ -74,10 +71,17 @@ IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
 
 
+# The site check (rules/sitecheck.smk): its result, which the other checks (smoke tests, system
+# description, collective benchmark) wait for too, so that a wrong site fails once, with its message.
+SITE_CHECK = config["site_check"]
+SITE_NAME = sitecheck.site_name(cluster.settings(config)["partition"])
+SITE_RESULT = f"{paths.SITE_DIR}/{{site}}.json"
+SITE_CHECKED = [SITE_RESULT.format(site=SITE_NAME)] if SITE_CHECK["enabled"] else []
+
 # The checks every training job waits for, so that a wrong site or a broken setting fails in
-# minutes, before the grid queues (rules/sitecheck.smk and rules/smoke.smk add their outputs;
-# rules/gate.smk collects them in the checkpoint `training_gate`).
-TRAINING_GATES = []
+# minutes, before the grid queues (rules/smoke.smk adds its output; rules/gate.smk collects them in
+# the checkpoint `training_gate`).
+TRAINING_GATES = [*SITE_CHECKED]
 
 
 def after_training_gate(wildcards):
@@ -117,19 +121,19 @@ wildcard_constraints:
 
 def run_outputs(stage):
     """The declared run-folder files of a stage's training rule (with wildcards)."""
-    return {key: f"{STAGE_PATTERNS[stage]}/{name}" for key, name in RUN_FILES.items()}
+    return {key: f"{STAGE_PATTERNS[stage]}/{name}" for key, name in runfiles.RUN_FILES.items()}
 
 
 def run_log(stage):
-    return STAGE_PATTERNS[stage].replace(grid.RUNS_DIR, "results/logs", 1) + ".log"
+    return STAGE_PATTERNS[stage].replace(paths.RUNS_DIR, paths.LOGS_DIR, 1) + ".log"
 
 
 def run_benchmark(stage):
-    return STAGE_PATTERNS[stage].replace(grid.RUNS_DIR, "results/benchmarks", 1) + ".tsv"
+    return STAGE_PATTERNS[stage].replace(paths.RUNS_DIR, paths.BENCHMARKS_DIR, 1) + ".tsv"
 
 
-def run_files(stage, filename="summary.json"):
-    """One file of every grid point of a stage, e.g. run_files("scaling", "metrics.csv")."""
+def run_files(stage, filename=runfiles.SUMMARY):
+    """One file of every grid point of a stage, e.g. run_files("scaling", runfiles.METRICS)."""
     return [f"{point.run_dir}/{filename}" for point in STAGE_POINTS[stage]()]
 
 
@@ -207,8 +211,18 @@ def light_resources():
     }
 
 
-def on_submit_host(rule_name):
-    return cluster.on_submit_host(config, rule_name)
+# Rules that run where Snakemake runs whatever the config says: one read of the image, and the gate,
+# which only lists the checks that passed. The rest of the submit-host rules: cluster.submit_host_rules.
+ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate")
+# Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).
+OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest")
+
+
+def submit_host_rules():
+    """Snakemake's localrules, from one list: the Snakefile calls this after every rule file is
+    included. A name or cluster.submit_host_rules pattern that matches no rule fails loudly."""
+    defined = [rule.name for rule in workflow.rules]
+    return cluster.submit_host_rules(config, defined, ALWAYS_ON_SUBMIT_HOST, OPTIONAL_RULES)
 
 
 def container_image():

@@ -26,8 +26,7 @@ if IMAGE_BUILD:
         params:
             args=lambda wildcards: CONTAINER["build_args"],
         log:
-            "results/logs/build_image.log",
-        localrule: on_submit_host("build_image")
+            f"{paths.LOGS_DIR}/build_image.log",
         resources:
             **light_resources(),
         # apptainer build runs on the host; this env supplies apptainer where the host has none.
@@ -44,9 +43,8 @@ if CONTAINERIZED:
         output:
             IMAGE_DIGEST,
         log:
-            "results/logs/image_digest.log",
-        # One read of the image where Snakemake runs (the parse-time hashing it replaces ran there).
-        localrule: True
+            f"{paths.LOGS_DIR}/image_digest.log",
+        # One read of the image where Snakemake runs (common.smk, ALWAYS_ON_SUBMIT_HOST).
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.launch.container_image --image {input:q} --out {output:q} > {log:q} 2>&1"

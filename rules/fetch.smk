@@ -1,8 +1,6 @@
 # fetch: the workload's raw data from mirrors then its URL, or generated offline (source synthetic):
 # the CIFAR-10 archive, or the LM's text corpus. A command workload brings its own data: no fetch.
 
-ARCHIVE = WORKLOAD.data.raw_path
-
 
 if ARCHIVE:
 
@@ -15,8 +13,7 @@ if ARCHIVE:
             source=fetch_source(),
             args=fetch_args,
         log:
-            "results/logs/fetch.log",
-        localrule: on_submit_host("fetch")
+            f"{paths.LOGS_DIR}/fetch.log",
         resources:
             **light_resources(),
         conda: SOFTWARE_ENV

@@ -9,10 +9,9 @@ checkpoint training_gate:
     input:
         [ancient(path) for path in TRAINING_GATES],
     output:
-        "results/gates/training.ok",
+        f"{paths.GATES_DIR}/training.ok",
     log:
-        "results/logs/gates/training.log",
-    localrule: True
+        f"{paths.LOGS_DIR}/gates/training.log",
     conda: SOFTWARE_ENV
     # The checks that passed, one path a line: all there is to record (each check wrote its own result).
     shell:

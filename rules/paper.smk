@@ -9,8 +9,8 @@ import shutil
 
 from snakemake.logging import logger
 
-PAPER_DIR = "results/paper"
-PAPER_LOGS = "results/logs/paper"
+PAPER_DIR = paths.PAPER_DIR
+PAPER_LOGS = f"{paths.LOGS_DIR}/paper"
 PAPER_TABLES = ("efficiency", "sensitivity", "acceptance", "resource_estimate", "comm_model")
 PAPER = config["paper"]
 
@@ -42,7 +42,7 @@ PAPER_CONTEXT = {
     "sensitivity_axes": SENSITIVITY_AXES,
 }
 PAPER_FIGURES = sorted(
-    {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{PAPER_DIR}/figures/")}
+    {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}
 )
 
 # The PDF needs TeX on the host that runs this workflow (it is not in the training image). paper.pdf:
@@ -52,7 +52,7 @@ PAPER_FIGURES = sorted(
 PAPER_PDF = PAPER["pdf"] == "always" or (PAPER["pdf"] == "auto" and shutil.which("latexmk") is not None)
 if PAPER["pdf"] == "auto" and not PAPER_PDF:
     logger.info(
-        "paper: latexmk not found, so results/paper/paper.pdf is skipped (paper.tex is still written); "
+        f"paper: latexmk not found, so {PAPER_DIR}/paper.pdf is skipped (paper.tex is still written); "
         "install TeX Live (Debian: tests/tex/install.sh) to build it."
     )
 
@@ -73,7 +73,6 @@ rule paper_tables:
         axes=SENSITIVITY_AXES,
     log:
         f"{PAPER_LOGS}/tables.log",
-    localrule: on_submit_host("paper_tables")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -95,7 +94,6 @@ rule paper_numbers:
         context=lambda wc: json.dumps(PAPER_CONTEXT, sort_keys=True),  # a function: never formatted
     log:
         f"{PAPER_LOGS}/numbers.log",
-    localrule: on_submit_host("paper_numbers")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -118,7 +116,6 @@ rule paper_draft:
         bib=f"{PAPER_DIR}/references.bib",
     log:
         f"{PAPER_LOGS}/draft.log",
-    localrule: on_submit_host("paper_draft")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -139,7 +136,6 @@ rule paper_pdf:
     log:
         f"{PAPER_LOGS}/pdf.log",
     # On the host, outside the container: TeX is a host tool (the training image has none).
-    localrule: on_submit_host("paper_pdf")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

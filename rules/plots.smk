@@ -2,12 +2,10 @@
 # PDF for the paper (results/paper/figures/). Drawing is in scalestudy.plots (one style module); the
 # rules differ only in inputs, so they are generated from one table: figure_<name>.
 
-FIGURES_DIR = "results/figures"
-PAPER_FIGURES_DIR = "results/paper/figures"
-PLOT_LOGS = "results/logs/plots"
+PLOT_LOGS = f"{paths.LOGS_DIR}/plots"
 
 
-# Labels say what one rank drives (PLOT_UNIT, rules/aggregate.smk) and what throughput counts.
+# Labels say what one rank drives (PLOT_UNIT, common.smk) and what throughput counts.
 SCALING_TABLE = {"scaling": rules.table_metrics.output.scaling}
 # The DDP bucket sizes the runs use: the sweep's (sensitivity.axes.bucket_cap_mb; before the axes
 # existed, sensitivity.bucket_cap_mb), else the one of train.bucket_cap_mb.
@@ -26,7 +24,7 @@ FIGURES = {
     "accuracy": Figure(
         "Scaling",
         "accuracy",
-        {"metrics": run_files("scaling", "metrics.csv")},
+        {"metrics": run_files("scaling", runfiles.METRICS)},
         extra=f"--target-accuracy {config['train']['target_accuracy']} --metric {WORKLOAD.metric}",
     ),
     "sensitivity": Figure(
@@ -36,7 +34,7 @@ FIGURES = {
         extra=" ".join(["--axes", *map(shlex.quote, SENSITIVITY_AXES)]),
     ),
     "gpu_monitor": Figure(
-        "Monitoring", "monitor", {"monitor": run_files("scaling", "gpu_monitor.csv")}, sections=("monitor",)
+        "Monitoring", "monitor", {"monitor": run_files("scaling", runfiles.GPU_MONITOR)}, sections=("monitor",)
     ),
     "comm_model": Figure(
         "Model",
@@ -65,8 +63,8 @@ for _name, _figure in FIGURES.items():
             **_figure.inputs,
             image=image_input(),
         output:
-            png=report(f"{FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category),
-            pdf=f"{PAPER_FIGURES_DIR}/{_name}.pdf",
+            png=report(f"{paths.FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category),
+            pdf=f"{paths.PAPER_FIGURES_DIR}/{_name}.pdf",
         params:
             figure=_figure.command,
             inputs=input_args(tuple(_figure.inputs)),
@@ -79,7 +77,6 @@ for _name, _figure in FIGURES.items():
             metric=WORKLOAD.metric,
         log:
             f"{PLOT_LOGS}/{_name}.log",
-        localrule: on_submit_host(f"figure_{_name}")
         resources:
             **light_resources(),
         conda: SOFTWARE_ENV

@@ -14,8 +14,7 @@ if WORKLOAD.data is workloads.CIFAR10:
         params:
             out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
         log:
-            "results/logs/preprocess.log",
-        localrule: on_submit_host("preprocess")
+            f"{paths.LOGS_DIR}/preprocess.log",
         resources:
             **light_resources(),
         conda: SOFTWARE_ENV
@@ -38,8 +37,7 @@ elif WORKLOAD.data is workloads.TEXT:
             test_fraction=config["data"]["test_fraction"],
             seq_len=grid.gpt_seq_len(config),
         log:
-            "results/logs/preprocess.log",
-        localrule: on_submit_host("preprocess")
+            f"{paths.LOGS_DIR}/preprocess.log",
         resources:
             **light_resources(),
         conda: SOFTWARE_ENV

@@ -10,9 +10,9 @@
 
 from scalestudy.profiling import ncu as ncu_tool
 
-PROFILE_DIR = "results/profile"
+PROFILE_DIR = paths.PROFILE_DIR
 PROFILE_RUN_DIR = STAGE_PATTERNS["profile"]
-PROFILE_LOGS = "results/logs/profile"
+PROFILE_LOGS = f"{paths.LOGS_DIR}/profile"
 PROFILE_TABLES = ("breakdown", "top_kernels", "overlap")
 PROFILE_FIGURES = ("profile_breakdown", "profile_top_kernels", "profile_ncu_throughput")
 NCU = config["profiling"]["ncu"]
@@ -28,7 +28,7 @@ NCU_NSYS_STATS = (
 
 # Each figure: the PNG for the report (caption report/<name>.rst), the vector PDF for the paper.
 PROFILE_FIGURE_FILES = {
-    name: {"png": f"results/figures/{name}.png", "pdf": f"results/paper/figures/{name}.pdf"}
+    name: {"png": f"{paths.FIGURES_DIR}/{name}.png", "pdf": f"{paths.PAPER_FIGURES_DIR}/{name}.pdf"}
     for name in PROFILE_FIGURES
 }
 NCU_FILES = {
@@ -79,7 +79,6 @@ rule profile_nsys_stats:
         directory(f"{PROFILE_DIR}/w{{world}}/nsys_stats"),
     log:
         f"{PROFILE_LOGS}/w{{world}}_nsys_stats.log",
-    localrule: on_submit_host("profile_nsys_stats")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -102,7 +101,6 @@ rule profile_summary:
         top=15,
     log:
         f"{PROFILE_LOGS}/w{{world}}_summary.log",
-    localrule: on_submit_host("profile_summary")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -127,7 +125,6 @@ rule profile_combine:
         world_dirs=lambda wildcards, input: [os.path.dirname(path) for path in input.breakdown],
     log:
         f"{PROFILE_LOGS}/combine.log",
-    localrule: on_submit_host("profile_combine")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -181,7 +178,6 @@ rule figure_profile_breakdown:
         pdf=PROFILE_FIGURE_FILES["profile_breakdown"]["pdf"],
     log:
         f"{PROFILE_LOGS}/figure_breakdown.log",
-    localrule: on_submit_host("figure_profile_breakdown")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -204,7 +200,6 @@ rule figure_profile_top_kernels:
         pdf=PROFILE_FIGURE_FILES["profile_top_kernels"]["pdf"],
     log:
         f"{PROFILE_LOGS}/figure_top_kernels.log",
-    localrule: on_submit_host("figure_profile_top_kernels")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV
@@ -229,7 +224,6 @@ rule figure_profile_ncu:
         source=NCU_FIGURE_SOURCE,
     log:
         f"{PROFILE_LOGS}/figure_ncu_throughput.log",
-    localrule: on_submit_host("figure_profile_ncu")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

@@ -7,10 +7,7 @@
 
 import re
 
-from scalestudy.preflight import site as sitecheck
-
-SITE_CHECK = config["site_check"]
-SITE_NAME = sitecheck.site_name(cluster.settings(config)["partition"])
+# SITE_CHECK, SITE_NAME, SITE_RESULT and SITE_CHECKED (what the other checks wait for): common.smk.
 # Two ranks, as the study's multi-rank points start them (one, if the study has none).
 SITE_WORLD = min(2, max(point.world_size for point in grid.all_points(config)))
 
@@ -19,7 +16,7 @@ rule site_check:
     input:
         image=image_input(),
     output:
-        "results/site/{site}.json",
+        SITE_RESULT,
     params:
         launch=launch_json(lambda wc: SITE_WORLD),
         # params functions: values from the config are never formatted as wildcards
@@ -36,7 +33,7 @@ rule site_check:
             for key in cluster.TRAIN_RESOURCE_KEYS
         },
     log:
-        "results/logs/site/{site}.log",
+        f"{paths.LOGS_DIR}/site/{{site}}.log",
     # No container: here: scalestudy.launch.launcher puts the image around each rank, as for training.
     conda: SOFTWARE_ENV
     shell:
@@ -44,8 +41,3 @@ rule site_check:
         " --backend {params.backend:q} --device {params.device:q} --timeout-s {params.timeout:q}"
         " --out {output:q} > {log:q} 2>&1"
 
-
-# The site's result: the other checks (smoke tests, system description, collective benchmark) wait
-# for it too, so that a wrong site fails once, with the site check's message.
-SITE_CHECKED = expand(rules.site_check.output[0], site=SITE_NAME) if SITE_CHECK["enabled"] else []
-TRAINING_GATES.extend(SITE_CHECKED)

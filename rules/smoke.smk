@@ -6,7 +6,7 @@
 from scalestudy.preflight import smoke as _smoke
 
 SMOKE_DIR = _smoke.SMOKE_DIR
-SMOKE_LOGS = "results/logs/smoke"
+SMOKE_LOGS = f"{paths.LOGS_DIR}/smoke"
 SMOKE_WORLDS = sorted({1, max(config["scaling"]["world_sizes"])})
 
 
@@ -38,7 +38,7 @@ if SMOKE_IO:
         log:
             f"{SMOKE_LOGS}/io.log",
         benchmark:
-            "results/benchmarks/smoke/io.tsv"
+            f"{paths.BENCHMARKS_DIR}/smoke/io.tsv"
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.preflight.smoke --"
@@ -67,7 +67,7 @@ rule smoke_step:
     log:
         f"{SMOKE_LOGS}/train_w{{world}}.log",
     benchmark:
-        "results/benchmarks/smoke/train_w{world}.tsv"
+        f"{paths.BENCHMARKS_DIR}/smoke/train_w{{world}}.tsv"
     # No container: here: scalestudy.launch.launcher puts the image around each rank.
     conda: SOFTWARE_ENV
     shell:
@@ -91,7 +91,6 @@ rule table_smoke:
         passed=f"{SMOKE_DIR}/all.passed",
     log:
         f"{SMOKE_LOGS}/table.log",
-    localrule: on_submit_host("table_smoke")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

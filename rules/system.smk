@@ -5,11 +5,11 @@
 
 import json
 
-SYSTEM_DIR = "results/system"
-SYSTEM_LOGS = "results/logs/system"
+SYSTEM_DIR = paths.SYSTEM_DIR
+SYSTEM_LOGS = f"{paths.LOGS_DIR}/system"
 SYSTEM_WORLD = max(grid.run_config(config, point)["world_size"] for point in grid.all_points(config))
 SYSTEM_KINDS = ["compute", *(["cpu"] if cluster.settings(config)["cpu_partition"] else [])]
-SYSTEM_ARGS = ["--out-dir", SYSTEM_DIR, "--results-dir", "results", "--data-dir", grid.PACKED_DIR]
+SYSTEM_ARGS = ["--out-dir", SYSTEM_DIR, "--results-dir", paths.RESULTS_DIR, "--data-dir", paths.PACKED_DIR]
 
 
 rule system:
@@ -28,7 +28,7 @@ rule system:
     log:
         f"{SYSTEM_LOGS}/compute.log",
     benchmark:
-        "results/benchmarks/system/compute.tsv"
+        f"{paths.BENCHMARKS_DIR}/system/compute.tsv"
     # No container: here: scalestudy.preflight.system puts the image around each per-node task.
     conda: SOFTWARE_ENV
     shell:
@@ -62,7 +62,6 @@ rule table_system:
         table_report("system.csv", "System", "System under test"),
     log:
         f"{SYSTEM_LOGS}/table.log",
-    localrule: on_submit_host("table_system")
     resources:
         **light_resources(),
     conda: SOFTWARE_ENV

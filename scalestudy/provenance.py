@@ -37,6 +37,11 @@ SLURM_VARIABLES = (
     "SLURM_JOB_ACCOUNT",
     "SLURM_CLUSTER_NAME",
     "SLURM_RESTART_COUNT",
+    # the srun step the process runs in (one per point inside one allocation, profiles/slurm-allocation)
+    "SLURM_STEP_ID",
+    # a job array's task (scalestudy.plan.arrays): SLURM_JOB_ID is the task's own id
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
 )
 
 
@@ -132,6 +137,9 @@ def slurm_state(environ=os.environ, runner=subprocess.run) -> dict[str, Any]:
     """The Slurm job this process belongs to (None outside Slurm): its variables, completed from the
     job's record (SLURM_JOB_ENV from the launcher, else scontrol where it exists)."""
     state = {name.lower().removeprefix("slurm_"): environ.get(name) for name in SLURM_VARIABLES}
+    array_task = (state["array_job_id"], state["array_task_id"])
+    # how Slurm names an array task (squeue, sacct, scancel): <array job id>_<task id>
+    state["jobid_taskid"] = "_".join(array_task) if all(array_task) else None
     job_id = state.get("job_id")
     if not job_id:
         return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,7 +24,7 @@ SACCT_OUTPUT = """\
 def study(tmp_path_factory):
     """A constructed demo-sized study: every grid point's run folder."""
     root = tmp_path_factory.mktemp("study")
-    config = settings.study_config(settings.SCHEMA_PATH.parent / "demo.yaml")
+    config = settings.study_config(Path(__file__).resolve().parents[1] / "config/demo.yaml")
     folders = synthetic.make_study(root, config, synthetic.Truth(gpu=False))
     return root, folders
 

@@ -245,10 +245,10 @@ def test_project_variants_add_channels_last_on_the_cpu_only_when_nobody_chose():
 
 def test_marker_times_take_the_first_matching_line():
     lines = [
-        ("2026-01-01T00:00:00 INFO scalestudy.train.trainer: model: ResNet-18", 1.0),
-        ("2026-01-01T00:00:00 INFO scalestudy.train.trainer: training: 1 ranks", 1.5),
-        ("2026-01-01T00:00:01 INFO scalestudy.train.trainer: epoch 1/1 step 1/3 | loss 2.3", 2.0),
-        ("2026-01-01T00:00:01 INFO scalestudy.train.trainer: epoch 1/1 step 2/3 | loss 2.2", 3.0),
+        ("2026-01-01T00:00:00 INFO scalestudy.train: model: ResNet-18", 1.0),
+        ("2026-01-01T00:00:00 INFO scalestudy.train: training: 1 ranks", 1.5),
+        ("2026-01-01T00:00:01 INFO scalestudy.train: epoch 1/1 step 1/3 | loss 2.3", 2.0),
+        ("2026-01-01T00:00:01 INFO scalestudy.train: epoch 1/1 step 2/3 | loss 2.2", 3.0),
     ]
     seen = project.marker_times(lines)
     assert seen == {"model_built": 1.0, "loop_entered": 1.5, "first_step": 2.0}
@@ -329,3 +329,38 @@ def test_command_writes_the_csv_of_the_sections_it_ran(tmp_path, capsys):
     assert "matmul float32 2048x2048" in printed and "not measured" in printed
     with pytest.raises(SystemExit):
         main(["--sections", "matmul,nonsense"])
+
+
+# --- its run configs are the trainer's -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_run_config_the_benchmark_spawns_passes_the_trainers_rules(device, tmp_path):
+    """Built before any measurement, from the study config and checked against runconfig.RULES with
+    the trainer's DEFAULTS: a fixed-cost run with measure_warmup_steps=0 once failed after 77 s."""
+    from scalestudy.benchmark.__main__ import SECTIONS, choose_settings, default_config, parse_run_args
+    from scalestudy.plan import runconfig
+
+    config = studyconfig.load_config(default_config(device))
+    settings = choose_settings(parse_run_args(["--device", device]), config)
+    runs = suite.run_configs(settings, config, tmp_path, SECTIONS)
+    assert len(runs) == len(settings.variants) + 1
+    for run in runs:
+        runconfig.validate({**runconfig.DEFAULTS, **run})
+        assert set(run) <= set(runconfig.DEFAULTS) | set(runconfig.REQUIRED)
+    fixed = runs[-1]
+    assert (fixed["epochs"], fixed["max_steps_per_epoch"]) == (1, 1)
+    assert fixed["measure_warmup_steps"] == runconfig.RULES["measure_warmup_steps"].minimum == 1
+
+
+def test_a_run_config_the_trainer_would_refuse_fails_at_once_naming_the_key(demo_config, tmp_path, capsys):
+    from scalestudy.plan.runconfig import RunConfigError
+
+    with pytest.raises(RunConfigError, match="measure_warmup_steps=0 must be an integer >= 1"):
+        project.run_config(demo_config, tmp_path, tmp_path, measure_warmup_steps=0)
+    with pytest.raises(RunConfigError, match="does not know: no_such_key"):
+        project.run_config(demo_config, tmp_path, tmp_path, no_such_key=1)
+    out = tmp_path / "bench.csv"
+    argv = ["--device", "cpu", "--sections", "training,fixed_cost", "--steps", "0", "--out", str(out)]
+    assert main(argv) == 2  # --steps 0 is the trainer's max_steps_per_epoch=0: refused, not replaced by 20
+    assert "max_steps_per_epoch=0" in capsys.readouterr().err and not out.exists()

@@ -105,16 +105,26 @@ def test_an_interrupted_run_of_the_same_config_is_resumed(tmp_path):
     assert state["step"] == 10 and path.exists() and len(_files(tmp_path)) == 2
 
 
-def test_a_checkpoint_of_another_run_config_is_removed_with_a_warning(tmp_path, caplog):
-    """An older version of the output: never resumed, never blocking; both hashes are named."""
+def test_a_checkpoint_of_another_run_config_is_set_aside_with_a_warning(tmp_path, caplog):
+    """An older version of the output, a typo, two runs in one folder: never resumed, never blocking,
+    never deleted: the newest of each other run config is kept under superseded/<hash>/; both
+    hashes are named (issue 23, item 8)."""
     folder = tmp_path / "ckpt"
     checkpoint.save(folder, _run_state(5, epoch=0, config_hash="old1"), 5)
     newest = checkpoint.save(folder, _run_state(10, epoch=1, config_hash="old1"), 10)
     (folder / ".ckpt-000000011-0000000000000000.pt.x.tmp").write_bytes(b"partial")
     with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.claim(folder, "new2", epochs=2, config={"lr": 0.2}) is None
-    assert not folder.exists()  # emptied, so removed
-    assert all(text in caplog.text for text in (newest.name, "old1", "new2", "lr: 0.1 -> 0.2"))
+    kept = folder / checkpoint.SUPERSEDED / "old1" / newest.name
+    assert [p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file()] == [
+        kept.relative_to(folder)
+    ]
+    assert checkpoint.load_latest(kept.parent)[0]["step"] == 10  # whole, resumable by hand
+    assert all(text in caplog.text for text in (newest.name, "old1", "new2", "lr: 0.1 -> 0.2", str(kept)))
+    checkpoint.save(folder, _run_state(3, epoch=0, config_hash="new2"), 3)  # this run goes on beside it
+    assert checkpoint.claim(folder, "new2", epochs=2)[0]["step"] == 3
+    assert checkpoint.claim(folder, "new3", epochs=2) is None  # a third run config: both kept
+    assert sorted(p.name for p in (folder / checkpoint.SUPERSEDED).iterdir()) == ["new2", "old1"]
 
 
 def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):

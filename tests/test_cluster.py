@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.plan import cluster
+from scalestudy.plan import cluster, slurm_requests
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((REPO / "config/schema.yaml").read_text())
@@ -31,12 +31,12 @@ def study_config(path: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("section", "defaults"),
-    [("cluster", cluster.CLUSTER_DEFAULTS), ("container", cluster.CONTAINER_DEFAULTS)],
+    ("section", "settings_of"), [("cluster", cluster.settings), ("container", cluster.container_settings)]
 )
-def test_schema_documents_every_setting_with_the_code_default(section, defaults):
+def test_an_empty_section_gets_every_default_of_the_schema(section, settings_of):
     properties = SCHEMA["properties"][section]["properties"]
-    assert {key: spec.get("default") for key, spec in properties.items()} == defaults
+    filled = settings_of({})
+    assert filled == {key: spec.get("default") for key, spec in properties.items()}
     undocumented = [key for key, spec in properties.items() if not spec.get("description")]
     assert not undocumented, f"{section} settings without a description: {undocumented}"
 
@@ -89,7 +89,7 @@ def test_runtime_and_memory_grow_with_the_attempt_up_to_the_cap():
     runtimes = [cluster.train_resources(config, 4, attempt)["runtime"] for attempt in (1, 2, 3)]
     memory = [cluster.train_resources(config, 4, attempt)["mem_mb"] for attempt in (1, 2, 3)]
     assert runtimes == [60, 120, 200]
-    per_node = cluster.CLUSTER_DEFAULTS["mem_mb_per_rank"] * 4
+    per_node = SCHEMA["properties"]["cluster"]["properties"]["mem_mb_per_rank"]["default"] * 4
     assert memory == [per_node, math.ceil(per_node * 1.5), math.ceil(per_node * 2.25)]
     with pytest.raises(ValueError, match="attempt must be an integer >= 1"):
         cluster.train_resources(config, 4, 0)
@@ -145,6 +145,18 @@ def test_submit_host_rules_are_glob_patterns():
     assert cluster.on_submit_host({"cluster": {"submit_host_rules": ["pre*"]}}, "preprocess")
 
 
+def test_the_submit_host_rules_are_one_list_checked_against_the_rules_that_exist():
+    rules = ["fetch", "preprocess", "table_runs", "figure_x", "paper_draft", "scaling_run", "training_gate"]
+    chosen = cluster.submit_host_rules({"cluster": {}}, rules, ["training_gate"], optional=["build_image"])
+    # the defaults: fetch, build_image (left out by this config), *figure*, table_*, paper*
+    assert chosen == ["fetch", "figure_x", "paper_draft", "table_runs", "training_gate"]
+    typo = {"cluster": {"submit_host_rules": ["tabel_*"]}}
+    with pytest.raises(ValueError, match=r"cluster.submit_host_rules: 'tabel_\*' matches no rule"):
+        cluster.submit_host_rules(typo, rules)
+    with pytest.raises(ValueError, match=r"\['traning_gate'\] are no rules of the workflow"):
+        cluster.submit_host_rules({"cluster": {}}, rules, always=["traning_gate"], optional=["build_image"])
+
+
 def test_the_image_is_built_unless_a_prebuilt_one_is_named():
     assert cluster.container_image({}) == "containers/scalestudy.sif"
     assert cluster.image_build_target({}) == "containers/scalestudy.sif"
@@ -186,18 +198,18 @@ def test_nccl_list_and_exclusion_syntax_passes():
 
 
 def test_the_schema_carries_the_patterns_the_code_checks():
-    from scalestudy.plan import configcheck
+    from scalestudy.plan import patterns
 
     container, site = (
         SCHEMA["properties"]["container"]["properties"],
         SCHEMA["properties"]["cluster"]["properties"],
     )
     for key in ("sif", "prebuilt", "definition", "python"):
-        assert container[key]["pattern"] == configcheck.SAFE_PATH, key
+        assert container[key]["pattern"] == patterns.SAFE_PATH, key
     for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
-        assert site[key]["pattern"] == configcheck.SLURM_NAME, key
-    assert site["constraint"]["pattern"] == configcheck.SLURM_CONSTRAINT
-    assert SCHEMA["properties"]["nccl"]["additionalProperties"]["pattern"] == configcheck.ENV_VALUE
+        assert site[key]["pattern"] == patterns.SLURM_NAME, key
+    assert site["constraint"]["pattern"] == patterns.SLURM_CONSTRAINT
+    assert SCHEMA["properties"]["nccl"]["additionalProperties"]["pattern"] == patterns.ENV_VALUE
 
 
 def test_launch_spec_carries_the_layout_the_nccl_environment_and_the_image_when_containerized():
@@ -237,7 +249,7 @@ def test_the_real_study_requests_whole_gpu_nodes_per_grid_point(real_study):
 def plugin_sbatch(config: dict, world: int, attempt: int = 1) -> list[str]:
     pytest.importorskip("snakemake_executor_plugin_slurm")
     resources = cluster.train_resources(config, world, attempt)
-    return shlex.split(cluster.sbatch_command(resources, threads=world))
+    return shlex.split(slurm_requests.sbatch_command(resources, threads=world))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8, 16])
@@ -268,7 +280,7 @@ def test_the_plugin_refuses_nothing_of_ours_and_quotes_a_hostile_account(real_st
 def test_the_preview_command_prints_every_grid_point(tmp_path):
     pytest.importorskip("snakemake_executor_plugin_slurm")
     result = subprocess.run(
-        [sys.executable, "-m", "scalestudy.plan.cluster", "--configfile", "config/config.yaml"],
+        [sys.executable, "-m", "scalestudy.plan.slurm_requests", "--configfile", "config/config.yaml"],
         cwd=REPO,
         capture_output=True,
         text=True,

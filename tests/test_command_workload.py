@@ -441,3 +441,21 @@ def test_a_bad_line_on_another_rank_fails_the_run_through_rank_0(tmp_path, fake)
     assert result.returncode != 0 and "rank 1: exit code 0 " in result.stderr, result.stderr[-3000:]
     assert "progress-rank1.jsonl:2: not a JSON object" in result.stderr
     assert not out.exists() or not list(out.iterdir())
+
+
+def test_another_run_configs_checkpoint_dir_is_set_aside_not_deleted(tmp_path, fake, capsys):
+    """Issue 23, item 8: a checkpoint_dir left by another run config (a typo, two runs in one folder)
+    is moved into superseded/<its hash>/, one kept per run config; the run starts from scratch."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / command.STATE_DIR).mkdir(parents=True)
+    (ckpt / command.STATE_DIR / command.RUN_MARK).write_text(
+        json.dumps({"config_hash": "0123456789abcdef99"})
+    )
+    (ckpt / "state.json").write_text(json.dumps({"step": 5}))  # the other run's checkpoint
+    out = tmp_path / "run"
+    assert command.main(_argv(_run_config(tmp_path, fake, ["12", "ok"]), out)) == 0
+    kept = ckpt / command.SUPERSEDED / "0123456789abcdef"
+    assert json.loads((kept / "state.json").read_text()) == {"step": 5}
+    assert f"set aside as {kept}" in capsys.readouterr().err
+    assert _summary(out)["results"]["steps"] == 12 and _summary(out)["results"]["resumes"] == []
+    assert sorted(p.name for p in ckpt.iterdir()) == [command.SUPERSEDED]  # finished: the rest emptied

@@ -227,12 +227,12 @@ def test_the_image_is_hashed_once_by_a_rule_never_when_the_workflow_is_parsed(wo
 
 def test_the_image_carries_the_compat_libraries_the_site_check_points_to(definition):
     """The site check's remedy for a driver older than 580 names /usr/local/cuda/compat."""
-    from scalestudy.preflight import site as sitecheck
+    from scalestudy.preflight import site_rules
 
     header, sections = definition
     cuda = re.search(r"nvidia/cuda:(\d+)\.(\d+)", header["from"])
     assert f"cuda-compat-{cuda[1]}-{cuda[2]}" in sections["post"].split()
-    assert f"ls {sitecheck.COMPAT_LIBRARIES}/libcuda.so.*" in sections["test"]
+    assert f"ls {site_rules.COMPAT_LIBRARIES}/libcuda.so.*" in sections["test"]
 
 
 def test_provenance_reads_the_digest_file_of_the_image(tmp_path, monkeypatch):
@@ -254,3 +254,36 @@ def test_provenance_reads_the_digest_file_of_the_image(tmp_path, monkeypatch):
     assert provenance.collect()["image_sha256"].startswith(f"stale ({digest} is older than {image}")
     monkeypatch.setenv(imagedigest.DIGEST_ENV, str(tmp_path / "missing.json"))
     assert provenance.collect()["image_sha256"] is None
+
+
+def compile_script(sections: dict[str, str]) -> str:
+    """The Python that %test runs to compile a training step (its second here-document)."""
+    return sections["test"].split("<<'COMPILE'\n", 1)[1].split("\nCOMPILE", 1)[0]
+
+
+def test_the_image_has_the_compiler_and_headers_torch_compile_builds_with(definition):
+    """Triton builds its GPU launcher (driver.c, against Python.h) at run time and Inductor's CPU
+    path compiles C++: a CUDA runtime image without a compiler fails every compiled job."""
+    _, sections = definition
+    installed = set(sections["post"].replace("\\\n", " ").split())
+    assert {"build-essential", "python3.11-dev"} <= installed
+    lines = set(sections["test"].splitlines())
+    assert {"cc --version | head -n 1", "test -f /usr/include/python3.11/Python.h"} <= lines
+    tree = ast.parse(compile_script(sections))
+    called = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert {"torch.compile", "loss.backward"} <= called
+
+
+@pytest.mark.slow
+def test_the_images_compiled_step_runs_here(definition, tmp_path):
+    """%test's compiled step, run on this machine's CPU and compiler (about a minute cold)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = subprocess.run(
+        [sys.executable, "-c", compile_script(definition[1])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "compiler ok" in result.stdout

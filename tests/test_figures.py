@@ -14,7 +14,7 @@ from scalestudy.plots import curves, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main
 
 SETTINGS = settings.resolved({})
-DEMO = settings.SCHEMA_PATH.parent / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[1] / "config/demo.yaml"
 
 
 def build(root: Path, gpu: bool) -> dict:

@@ -514,7 +514,7 @@ def test_accepted_values_reach_their_commands_as_one_argument(workdir, archive, 
         for words in commands:
             assert literal_everywhere(words, value), words
     # What the Slurm executor plugin would submit for a training job of this config.
-    words = shlex.split(cluster.sbatch_command(cluster.train_resources(config, 2, 1), threads=2))
+    words = shlex.split(slurm_requests.sbatch_command(cluster.train_resources(config, 2, 1), threads=2))
     assert literal_everywhere(words, value), words
 
 

@@ -21,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize
+from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.workloads.gpt import model as gpt_model
@@ -96,7 +97,7 @@ def runs(tmp_path_factory, data_dir):
 
 def _main(out, config) -> int:
     argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out), "--log-level", "WARNING"]
-    return train.main(argv)
+    return program.main(argv)
 
 
 def _torchrun(out, config, stop_at_step: int | None = None) -> tuple[int, str]:
@@ -263,7 +264,7 @@ def test_a_resume_that_would_change_the_global_batch_is_refused(runs, reference,
     with _SignalAtStep(3):
         assert _main(out, config) == train.EXIT_RESUMABLE
     bigger = {**config, "per_gpu_batch": 32, "global_batch": 32}
-    assert _main(out, bigger) == train.EXIT_BAD_CONFIG
+    assert _main(out, bigger) == program.EXIT_BAD_CONFIG
     message = capsys.readouterr().err
     assert "global_batch=16" in message and "global_batch=32" in message
     assert sharded_checkpoint.latest(ckpt) is not None  # nothing was removed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -187,7 +188,7 @@ def test_gpus_per_node_follows_the_cluster_unless_set():
         ]
         == 2
     )
-    demo = settings.load(config_path=settings.SCHEMA_PATH.parent / "demo.yaml")
+    demo = settings.load(config_path=Path(__file__).resolve().parents[1] / "config/demo.yaml")
     assert demo["comm_model"]["gpus_per_node"] == 2  # demo.yaml: cluster.ranks_per_node 2
 
 

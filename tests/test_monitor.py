@@ -1,6 +1,7 @@
 """The NVML sampler against a stand-in NVML, its files, and the analysis of its samples."""
 
 import json
+import logging
 import time
 from types import SimpleNamespace
 
@@ -29,7 +30,7 @@ class FakeNvml:
     """
 
     NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES, NVML_TEMPERATURE_GPU = 0, 1, 0
-    NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_GPU_IS_LOST = 0, 3, 15
+    NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NO_PERMISSION, NVML_ERROR_GPU_IS_LOST = 0, 3, 4, 15
     NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_SM_UTIL = 1, 2
 
     class NVMLError(Exception):
@@ -37,8 +38,9 @@ class FakeNvml:
             super().__init__({3: "Not Supported", 15: "GPU is lost"}.get(value, f"error {value}"))
             self.value = value
 
-    def __init__(self, gpm=(True, True, True), lost_after=None, no_pcie=(), bad_handle=()):
+    def __init__(self, gpm=(True, True, True), lost_after=None, no_pcie=(), bad_handle=(), not_ours=()):
         self.gpm, self.lost_after, self.no_pcie, self.bad_handle = gpm, lost_after or {}, no_pcie, bad_handle
+        self.not_ours = not_ours  # GPUs of other jobs: NVML_ERROR_NO_PERMISSION (Slurm's device cgroup)
         self.initialised = False
         self.power_calls = [0, 0, 0]
         self.gpm_counter = 0
@@ -56,6 +58,8 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index):
         if index in self.bad_handle:
             raise self.NVMLError(999)
+        if index in self.not_ours:
+            raise self.NVMLError(self.NVML_ERROR_NO_PERMISSION)
         return index
 
     def nvmlDeviceGetUUID(self, handle):
@@ -229,6 +233,17 @@ def test_an_unsupported_counter_is_empty_and_counted():
     assert rows.pcie_rx_mb_s.isna().all() and rows.power_w.notna().all()
     assert report["gpus"][0]["errors"] == {"pcie_rx": "Not Supported (2x)", "pcie_tx": "Not Supported (2x)"}
     assert report["gpus"][0]["failed"] is None
+
+
+def test_other_jobs_gpus_are_skipped_quietly_and_a_missing_own_gpu_is_still_reported(caplog):
+    """Under Slurm's device cgroup NVML counts the node's GPUs but may not open other jobs' ones."""
+    nvml = FakeNvml(not_ours=(0, 2))
+    with caplog.at_level(logging.WARNING, logger=monitor.log.name):
+        report = _sampled(nvml, [0.0, 0.2], gpu_uuids=[UUIDS[1]])
+    assert report["available"] and report["reason"] is None and caplog.records == []
+    assert set(_rows(report).gpu_index) == {1}
+    mine_hidden = GpuMonitor(host="gpu01", gpu_uuids=[UUIDS[0]], nvml=FakeNvml(not_ours=(0,))).start().stop()
+    assert not mine_hidden["available"] and f"has UUID {UUIDS[0]}" in mine_hidden["reason"]
 
 
 def test_one_failing_gpu_is_reported_and_skipped_the_others_go_on():

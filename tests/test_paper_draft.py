@@ -18,8 +18,7 @@ import yaml
 from scalestudy.analysis import acceptance, commmodel, metrics, resources, settings
 from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import build, draft, numbers, tables
-from scalestudy.paper.numbers import NOT_MEASURED, Numbers, defined_names
-from scalestudy.paper.spell import spell
+from scalestudy.paper.macros import NOT_MEASURED, Numbers, defined_names, spell
 from tests.conftest import REPO, snakemake_env
 
 SETTINGS = settings.resolved({})

@@ -358,9 +358,26 @@ def test_summarize_refuses_a_run_that_used_no_profiler(tmp_path):
 
 def test_the_trainers_named_ranges_are_the_ones_parsed():
     """The parsers look for the trainer's `step` and `data` ranges and skip every named range."""
-    source = Path(__file__).resolve().parent.parent / "scalestudy" / "train.py"
+    source = Path(__file__).resolve().parent.parent / "scalestudy" / "train" / "trainer.py"
     if not source.is_file():
         pytest.skip("scalestudy/train/trainer.py not there")
     used = set(re.findall(r'named_range\("(\w+)"\)', source.read_text()))
     assert {STEP_RANGE, DATA_RANGE} <= used
     assert used <= set(NAMED_RANGES), used - set(NAMED_RANGES)
+
+
+def test_nsys_window_covers_the_gpu_running_past_the_cpu_step_ranges(tmp_path):
+    """The trainer queues ahead of the GPU: its CPU-side step ranges (2 x 6 ms, start/end style) end
+    well before the GPU drains (trace 1000.0 -> 1019.7 ms). The window is the trace's span, so
+    the busy time (19.6 ms) fits in it and idle is what is left, not clipped to 0."""
+    stats = tmp_path / "stats"
+    shutil.copytree(NSYS, stats)
+    nvtx = stats / "r0_nvtx_sum.csv"
+    lines = nvtx.read_text().splitlines()
+    lines[1] = "50.0,12000000,2,6000000.0,6000000.0,6000000,6000000,0.0,StartEnd,step"
+    nvtx.write_text("\n".join(lines) + "\n")
+    totals, _, _ = parse_nsys.rank_summary(stats, 0, steps=99)
+    assert totals.window_s == pytest.approx(19.7 * MS) and totals.steps == 2  # steps: the ranges' count
+    times = by_category(breakdown_rows(totals, Labels(2, 0, "nsys", "nsys_trace")))
+    assert times["idle_other"] == pytest.approx(0.1 * MS)
+    assert sum(times.values()) == pytest.approx(19.7 * MS)

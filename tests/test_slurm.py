@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from scalestudy.launch import attempt_logs as attemptlog
-from scalestudy.plan import cluster
+from scalestudy.plan import cluster, slurm_requests
 from tests.conftest import REPO, copy_workflow, snakemake_env
 
 pytestmark = pytest.mark.slurm
@@ -351,7 +351,7 @@ def test_slurm_accepts_the_real_studys_gpu_requests(slurm, world, tmp_path):
     nodes, per_node = cluster.layout(config, world)
     if nodes > slurm.nodes:
         pytest.skip(f"world {world} needs {nodes} nodes; the test cluster has {slurm.nodes}")
-    sbatch = cluster.sbatch_command(cluster.train_resources(config, world, 1), threads=world)
+    sbatch = slurm_requests.sbatch_command(cluster.train_resources(config, world, 1), threads=world)
     result = slurm.run("sh", "-c", f"{sbatch} --test-only --wrap=true", cwd=tmp_path)
     assert result.returncode == 0, f"{sbatch}\n{result.stderr}"
     match = re.search(r"using (\d+) processors on nodes (\S+)", result.stderr)

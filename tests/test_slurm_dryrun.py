@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.plan import cluster, grid
+from scalestudy.plan import cluster, grid, slurm_requests
 from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
@@ -111,7 +111,7 @@ def test_the_plugin_builds_the_expected_sbatch_call_from_the_printed_resources(d
     job = next(j for j in dry_run if j["rule"] == "scaling_run" and j["wildcards"]["point"] == "strong/w8_r0")
     resources = {key: int(value) if value.isdigit() else value for key, value in job["resources"].items()}
     resources = {key: value for key, value in resources.items() if "<TBD>" not in str(value)}
-    options = shlex.split(cluster.sbatch_command(resources, threads=8))
+    options = shlex.split(slurm_requests.sbatch_command(resources, threads=8))
     for expected in ("--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gres=gpu:4", "--cpus-per-task=8"):
         assert expected in options, (expected, options)
     assert options[options.index("--mem") + 1] == "64000"

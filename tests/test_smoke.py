@@ -137,6 +137,18 @@ def test_a_loader_too_slow_for_its_target_stops_with_the_reason(packed, tmp_path
     assert "below smoke.loader_min_images_per_s=1e+12" in capsys.readouterr().err
 
 
+def test_bad_input_exits_2_naming_it_and_writes_nothing(tmp_path, capsys):
+    broken = tmp_path / "io.json"
+    broken.write_text('{"check": "io", ')  # cut short
+    table = tmp_path / "smoke.csv"
+    assert smoke.main(["table", "--inputs", str(broken), "--out", str(table)]) == 2
+    assert f"smoke: error: {broken}: not a JSON record" in capsys.readouterr().err and not table.exists()
+    out = tmp_path / "step.json"
+    argv = ["step", "--launch-json", "{}", "--run-config-json", "{world_size: 1", "--out-dir", str(tmp_path)]
+    assert smoke.main([*argv, "--out", str(out)]) == 2 and not out.exists()
+    assert "smoke: error: Expecting property name" in capsys.readouterr().err
+
+
 def test_a_failing_training_step_fails_with_the_trainers_exit_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = {"world_size": 1, "per_gpu_batch": 8, "global_batch": 8, "epochs": 1, "device": "cpu"}

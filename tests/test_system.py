@@ -1,5 +1,6 @@
-"""The system description: parsers with known answers (nvidia-smi topo -m in its documented layout,
-/proc, /sys), NVML through a fake, the per-node srun command, and the command line on this machine."""
+"""The system description: parsers with known answers (nvidia-smi topo -m in its documented layout in
+preflight.nvidia; /proc, /sys in preflight.machine), NVML through a fake, the per-node srun command,
+and the command line on this machine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from scalestudy.preflight import common, machine, nvidia
 from scalestudy.preflight import system as sysinfo
 
 # `nvidia-smi topo -m` on a 4-GPU node with two NICs, in the layout the driver prints (tab-separated,
@@ -42,7 +44,7 @@ TOPO = (
 
 
 def test_topology_parser_known_answer():
-    topo = sysinfo.parse_topology(TOPO)
+    topo = nvidia.parse_topology(TOPO)
     assert topo["devices"] == ["GPU0", "GPU1", "GPU2", "GPU3", "NIC0", "NIC1"]
     assert topo["links"]["GPU0"] == {
         "GPU1": "NV18",
@@ -59,7 +61,7 @@ def test_topology_parser_known_answer():
     }
     assert topo["nics"] == {"NIC0": "mlx5_0", "NIC1": "mlx5_1"}
     assert topo["legend"]["NV#"] == "Connection traversing a bonded set of # NVLinks"
-    assert sysinfo.topology_summary(topo) == "GPU-GPU NV18; GPU-NIC PXB, SYS"
+    assert nvidia.topology_summary(topo) == "GPU-GPU NV18; GPU-NIC PXB, SYS"
 
 
 def test_topology_parser_takes_space_separated_text_and_refuses_garbage():
@@ -68,11 +70,11 @@ def test_topology_parser_takes_space_separated_text_and_refuses_garbage():
         "GPU0     X      PIX     0-7     0\n"
         "GPU1    PIX      X      0-7     0\n"
     )
-    topo = sysinfo.parse_topology(spaced)
+    topo = nvidia.parse_topology(spaced)
     assert topo["links"] == {"GPU0": {"GPU1": "PIX"}, "GPU1": {"GPU0": "PIX"}}
     assert topo["affinity"]["GPU1"] == {"CPU Affinity": "0-7", "NUMA Affinity": "0"}
     with pytest.raises(ValueError, match="no header line"):
-        sysinfo.parse_topology("No devices were found\n")
+        nvidia.parse_topology("No devices were found\n")
 
 
 CPUINFO = "\n\n".join(
@@ -83,14 +85,14 @@ CPUINFO = "\n\n".join(
 
 
 def test_proc_parsers_known_answers():
-    assert sysinfo.parse_cpuinfo(CPUINFO) == {
+    assert machine.parse_cpuinfo(CPUINFO) == {
         "model": "Intel(R) Xeon(R) Platinum 8480+",
         "sockets": 2,
         "cores": 4,
         "logical": 8,
     }
-    assert sysinfo.parse_meminfo("MemTotal:       263846928 kB\nMemFree: 1 kB\n") == 263846928 * 1024
-    assert sysinfo.parse_os_release('NAME="Rocky"\nPRETTY_NAME="Rocky Linux 9.3 (Blue Onyx)"\n') == (
+    assert machine.parse_meminfo("MemTotal:       263846928 kB\nMemFree: 1 kB\n") == 263846928 * 1024
+    assert machine.parse_os_release('NAME="Rocky"\nPRETTY_NAME="Rocky Linux 9.3 (Blue Onyx)"\n') == (
         "Rocky Linux 9.3 (Blue Onyx)"
     )
 
@@ -105,11 +107,11 @@ tmpfs /scratch/tmp tmpfs rw 0 0
 
 
 def test_the_mount_of_a_path_is_its_longest_prefix_and_the_last_mount_wins():
-    assert sysinfo.mount_of("/scratch/user/results", MOUNTS)["fs_type"] == "lustre"
-    assert sysinfo.mount_of("/scratch/tmp/x", MOUNTS)["fs_type"] == "xfs"  # mounted over the tmpfs
-    assert sysinfo.mount_of("/scratch2", MOUNTS)["device"] == "/dev/sdc1"
-    assert sysinfo.mount_of("/scratch20/x", MOUNTS)["fs_type"] == "ext4"  # not under /scratch2
-    assert sysinfo.mount_of("/home/x", MOUNTS) == {
+    assert machine.mount_of("/scratch/user/results", MOUNTS)["fs_type"] == "lustre"
+    assert machine.mount_of("/scratch/tmp/x", MOUNTS)["fs_type"] == "xfs"  # mounted over the tmpfs
+    assert machine.mount_of("/scratch2", MOUNTS)["device"] == "/dev/sdc1"
+    assert machine.mount_of("/scratch20/x", MOUNTS)["fs_type"] == "ext4"  # not under /scratch2
+    assert machine.mount_of("/home/x", MOUNTS) == {
         "device": "/dev/root",
         "mount_point": "/",
         "fs_type": "ext4",
@@ -141,7 +143,7 @@ def fake_sys(root: Path) -> Path:
 
 
 def test_network_and_infiniband_from_sys(tmp_path):
-    net = sysinfo.network(fake_sys(tmp_path))
+    net = machine.network(fake_sys(tmp_path))
     assert net["interfaces"] == [
         {"name": "eth0", "state": "up", "speed_mb_s": 25000, "mtu": 9000, "type": "ethernet"},
         {"name": "ib0", "state": None, "speed_mb_s": None, "mtu": None, "type": "infiniband"},
@@ -159,7 +161,7 @@ def test_network_and_infiniband_from_sys(tmp_path):
 
 
 def test_cpu_from_proc_and_sys(tmp_path):
-    found = sysinfo.cpu(fake_sys(tmp_path))
+    found = machine.cpu(fake_sys(tmp_path))
     assert (found["model"], found["sockets"], found["cores"], found["logical_cpus"]) == (
         "Intel(R) Xeon(R) Platinum 8480+",
         2,
@@ -218,7 +220,7 @@ class FakeNVML:
 
 def test_gpus_through_nvml():
     nvml = FakeNVML()
-    found = sysinfo.gpus(nvml)
+    found = nvidia.gpus(nvml)
     assert (
         nvml.shut and found["available"] and found["driver"] == "580.65.06" and found["cuda_driver"] == "13.0"
     )
@@ -241,7 +243,7 @@ def test_no_nvml_says_none():
         def nvmlInit(self):
             raise OSError("NVML Shared Library Not Found")
 
-    found = sysinfo.gpus(Broken())
+    found = nvidia.gpus(Broken())
     assert found == {
         "available": False,
         "reason": "NVML unavailable: NVML Shared Library Not Found",
@@ -261,10 +263,10 @@ def test_this_machine_as_a_table_row(tmp_path):
 
 
 def test_a_gpu_node_as_a_table_row(tmp_path, monkeypatch):
-    real_gpus = sysinfo.gpus
-    monkeypatch.setattr(sysinfo, "gpus", lambda: real_gpus(FakeNVML()))
+    real_gpus = nvidia.gpus
+    monkeypatch.setattr(nvidia, "gpus", lambda: real_gpus(FakeNVML()))
     tools = {"nvidia-smi": TOPO, "sinfo": "slurm 23.11.4\n"}
-    monkeypatch.setattr(sysinfo, "command_output", lambda argv, timeout=30: tools.get(argv[0]))
+    monkeypatch.setattr(common, "command_output", lambda argv, timeout=30: tools.get(argv[0]))
     record = sysinfo.describe(str(tmp_path), str(tmp_path), "compute", root=fake_sys(tmp_path / "root"))
     assert record["topology"]["links"]["GPU3"]["NIC1"] == "PXB" and "raw" in record["topology"]
     row = sysinfo.table_row(record)
@@ -318,3 +320,10 @@ def test_command_line_describes_and_tabulates(tmp_path):
     assert sysinfo.main(["table", "--index", str(index), "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert [row["host"] for row in rows] == listed["hosts"] and rows[0]["kind"] == "compute"
+
+
+def test_a_bad_launch_spec_is_bad_input(tmp_path, capsys):
+    index = tmp_path / "nodes_compute.json"
+    args = ["describe", "--out-dir", str(tmp_path), "--index", str(index), "--launch-json"]
+    assert sysinfo.main([*args, '{"world_size": 0}']) == 2 and not index.exists()
+    assert "system: error:" in capsys.readouterr().err

@@ -3,6 +3,7 @@ rank count (so a checkpoint resumes at another world size), exact resume, exact 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -207,7 +208,10 @@ def _replace_test_array(packed: Path, array: np.ndarray, record_it: bool) -> Non
 
     def record(manifest):
         manifest["files"]["test_tokens.npy"].update(
-            shape=list(array.shape), dtype=str(array.dtype), bytes=path.stat().st_size
+            shape=list(array.shape),
+            dtype=str(array.dtype),
+            bytes=path.stat().st_size,
+            sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         )
 
     if record_it:
@@ -257,6 +261,14 @@ BREAKAGES = {
     "recorded int32": (
         lambda p: _replace_test_array(p, np.zeros(300, dtype=np.int32), record_it=True),
         "test_tokens.npy: int32 [300], but",
+    ),
+    "other tokens of the same shape": (
+        lambda p: np.save(p / "test_tokens.npy", np.load(p / "test_tokens.npy")[::-1].copy()),
+        "test_tokens.npy: sha256 ",
+    ),
+    "sha256 zeroed": (
+        lambda p: _edit_manifest(p, lambda m: m["files"]["test_tokens.npy"].update(sha256="0" * 64)),
+        f"manifest.json records '{'0' * 64}': these are not the tokens the tokenize rule wrote",
     ),
     "token outside the vocabulary": (
         lambda p: _replace_test_array(p, np.full(300, 300, dtype=np.uint16), record_it=True),

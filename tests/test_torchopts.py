@@ -43,3 +43,16 @@ def test_compile_seconds_add_the_frames_and_the_backward_graphs(monkeypatch):
     timings["GraphLowering.run"] = [9.0]  # inside compile_inner: not counted twice
     monkeypatch.setattr(utils, "compilation_time_metrics", timings)
     assert torchopts.compile_seconds() == pytest.approx(3.5)
+
+
+def test_compiled_runs_log_graph_breaks_and_recompiles_unless_torch_logs_is_set(monkeypatch):
+    import torch._logging
+
+    settings = []
+    monkeypatch.setattr(torch._logging, "set_logs", lambda **kwargs: settings.append(kwargs))
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    torchopts.log_graph_breaks()
+    assert settings == [{"graph_breaks": True, "recompiles": True}]
+    monkeypatch.setenv("TORCH_LOGS", "+dynamo")
+    torchopts.log_graph_breaks()
+    assert len(settings) == 1  # the environment's choice stands

@@ -3,7 +3,7 @@ SIGTERM/SIGUSR1/SIGKILL, and DDP over gloo with real processes (torchrun, and sr
 
 Runs use ResNet-18 at width 8 on 320 synthetic training images (batch 16, 12 steps per epoch) in
 deterministic mode, so that an interrupted and resumed run can be compared bit for bit with an
-uninterrupted one. Single-rank runs call train.main() in this process (no 4 s torch import);
+uninterrupted one. Single-rank runs call program.main() in this process (no 4 s torch import);
 that gives the same bits as a subprocess, since both run with one thread.
 """
 
@@ -29,8 +29,12 @@ from scalestudy import provenance
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan import runconfig
+from scalestudy.plan.runfiles import METRICS_COLUMNS
+from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
+from scalestudy.train.parallel import COMM_HOOKS
+from scalestudy.train.process import seed_everything
 from scalestudy.workloads.resnet_cifar import model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,7 +136,7 @@ def runs(tmp_path_factory, data_dir):
 
 
 def _main(out_dir, config) -> int:
-    return train.main(
+    return program.main(
         ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", "WARNING"]
     )
 
@@ -177,7 +181,7 @@ def test_the_run_folder_holds_the_documented_files(reference):
         ]
     )
     metrics = pd.read_csv(out / "metrics.csv")
-    assert list(metrics.columns) == METRICS_DOC == list(train.METRICS_COLUMNS)
+    assert list(metrics.columns) == METRICS_DOC == list(METRICS_COLUMNS)
     assert metrics.epoch.tolist() == [1, 2]
     assert (metrics.images_per_s > 0).all() and metrics.wall_time_s.is_monotonic_increasing
     assert metrics.lr.iloc[-1] == pytest.approx(0.0, abs=1e-9)  # cosine ends at zero
@@ -245,7 +249,9 @@ def test_the_trainer_synchronises_at_the_window_edges_never_per_step(runs, monke
     """start, after the first step, window open, 4 sub-interval ends, and the two edges of the one
     pause inside the window (the evaluation after epoch 1): 9, however many steps the run has."""
     calls = []
-    monkeypatch.setattr(train.Trainer, "synchronize", lambda self: calls.append(self.position.global_step))
+    monkeypatch.setattr(
+        train.Trainer, "synchronize", lambda self: calls.append(self.state.position.global_step)
+    )
     out, _, config = runs(f"syncs_{epochs}", epochs=epochs, checkpoint_every_steps=0, step_timing_every=0)
     assert _main(out, config) == 0
     # the position's global step at each call: after a step, the index of that step (0 = the first;
@@ -379,7 +385,7 @@ def test_comm_hooks_send_gradients_in_half_precision(hook, dtype):
         exact = layer.weight.grad.clone()
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8))
         ddp.module.load_state_dict(layer.state_dict())
-        ddp.register_comm_hook(None, train.COMM_HOOKS[hook])
+        ddp.register_comm_hook(None, COMM_HOOKS[hook])
         ddp(x).square().sum().backward()
         reduced = ddp.module.weight.grad
         assert torch.equal(reduced, exact.to(dtype).float()) and not torch.equal(reduced, exact)
@@ -555,7 +561,8 @@ def test_a_checkpoint_of_another_run_config_is_removed_not_resumed(runs, referen
     hashes = [provenance.config_hash({**runconfig.DEFAULTS, **run}) for run in (config, changed)]
     assert all(text in err for text in (old_name, *hashes, "lr: 0.05 -> 0.1")), err
     assert json.loads((out / "summary.json").read_text())["results"]["resumed_from_step"] is None
-    assert not ckpt.exists()  # finished: nothing left to resume
+    # finished: nothing left to resume; the other run config's newest is set aside (issue 23, item 8)
+    assert [p.relative_to(ckpt).parts[:2] for p in ckpt.rglob("*.pt")] == [("superseded", hashes[0][:16])]
 
 
 def test_a_finished_run_asked_for_again_measures_anew(runs):
@@ -624,7 +631,7 @@ def test_two_ranks_of_batch_b_train_like_one_rank_of_batch_2b(runs, torchrun_run
     gradient: the weights agree up to float rounding (measured ~2e-4 of the distance moved). Plain
     BatchNorm normalises each rank's 8 samples by themselves, and differs by ~100% (measured)."""
     out, ckpt, config = torchrun_run
-    train.seed_everything(0)  # the trainer's first use of the generator is the model
+    seed_everything(0)  # the trainer's first use of the generator is the model
     initial = _flat(model.build_model(8, norm="frozen").state_dict())
     two_ranks = _flat(_final(ckpt)["model"])
     one_rank = runs("one_rank_2b", **{**DDP, "world_size": 1, "per_gpu_batch": 16})

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from scalestudy.plan import runconfig
-from scalestudy.train import trainer as train
+from scalestudy.train import optim, program
 
 VALID = {
     "data_dir": "d",
@@ -62,31 +62,31 @@ def test_bad_run_configs_name_the_key_and_value(changes, message):
 
 
 def test_learning_rate_scaling_rules():
-    assert train.lr_scale("linear", 1024, 128) == 8
-    assert train.lr_scale("sqrt", 512, 128) == 2
-    assert train.lr_scale("none", 1024, 128) == 1
+    assert optim.lr_scale("linear", 1024, 128) == 8
+    assert optim.lr_scale("sqrt", 512, 128) == 2
+    assert optim.lr_scale("none", 1024, 128) == 1
 
 
 def test_schedule_warms_up_linearly_then_decays_by_cosine_to_zero():
-    factor = train.lr_schedule(warmup_steps=4, total_steps=14)
+    factor = optim.lr_schedule(warmup_steps=4, total_steps=14)
     assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert factor(4) == 1.0
     assert factor(9) == pytest.approx(0.5)  # half-way through the decay
     assert factor(14) == pytest.approx(0.0, abs=1e-12)
     decay = [factor(s) for s in range(4, 15)]
     assert decay == sorted(decay, reverse=True)
-    assert train.lr_schedule(0, 10)(0) == 1.0
-    assert train.lr_schedule(0, 10)(5) == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
+    assert optim.lr_schedule(0, 10)(0) == 1.0
+    assert optim.lr_schedule(0, 10)(5) == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
 
 
 def _main(tmp_path, config):
-    return train.main(["--run-config-json", json.dumps(config), "--out-dir", str(tmp_path / "run")])
+    return program.main(["--run-config-json", json.dumps(config), "--out-dir", str(tmp_path / "run")])
 
 
 def test_a_world_size_that_the_environment_does_not_have_is_refused(tmp_path, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(name, raising=False)
-    assert _main(tmp_path, VALID) == train.EXIT_BAD_CONFIG
+    assert _main(tmp_path, VALID) == program.EXIT_BAD_CONFIG
     assert "world_size=4" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -96,14 +96,14 @@ def test_a_world_size_that_the_environment_does_not_have_is_refused(tmp_path, ca
 )
 def test_unreadable_run_configs_are_refused(tmp_path, capsys, argument, message):
     # main() sets up logging to stderr itself (replacing caplog's handler), so read stderr
-    code = train.main(["--run-config-json", argument, "--out-dir", str(tmp_path)])
-    assert code == train.EXIT_BAD_CONFIG and message in capsys.readouterr().err
+    code = program.main(["--run-config-json", argument, "--out-dir", str(tmp_path)])
+    assert code == program.EXIT_BAD_CONFIG and message in capsys.readouterr().err
 
 
 def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({**VALID, "world_size": 1, "global_batch": 128, "lerning_rate": 1}))
-    args = train.parse_args(["--run-config", str(path), "--out-dir", str(tmp_path)])
+    args = program.parse_args(["--run-config", str(path), "--out-dir", str(tmp_path)])
     with caplog.at_level(logging.WARNING):
         given, config = runconfig.load_run_config(args)
     assert "lerning_rate" in caplog.text
@@ -177,9 +177,9 @@ def _one_rank(tmp_path, **changes):
 
 
 def _refused(capsys, argv, *expected):
-    code = train.main(argv)
+    code = program.main(argv)
     err = capsys.readouterr().err
-    assert code == train.EXIT_BAD_CONFIG, err
+    assert code == program.EXIT_BAD_CONFIG, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert all(text in err for text in expected), err
     return err

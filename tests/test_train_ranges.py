@@ -65,3 +65,36 @@ def test_no_tool_means_no_window_and_no_files(tmp_path, profile):
 def test_bad_profile_sections_are_named(profile, message):
     with pytest.raises(ValueError, match=message):
         check_profile(profile)
+
+
+def test_nvtx_ranges_are_process_wide_start_end_ranges(monkeypatch):
+    """On a GPU every named range is an NVTX start/end range (the process's), not a push/pop range
+    (the calling thread's): autograd launches the backward and its collectives from its own device
+    thread, which a push/pop `step` on the main thread does not cover (ncu's `step/` filter)."""
+    from scalestudy.train import ranges
+
+    calls = []
+    handles = iter(range(100, 200))
+
+    def start(name):
+        calls.append(("start", name))
+        return next(handles)
+
+    monkeypatch.setattr(ranges, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", lambda handle: calls.append(("end", handle)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append(("pop",)))
+    with named_range("step"):
+        with named_range("forward"):
+            pass
+        with pytest.raises(RuntimeError), named_range("backward"):
+            raise RuntimeError("a failing phase still ends its range")
+    assert calls == [
+        ("start", "step"),
+        ("start", "forward"),
+        ("end", 101),
+        ("start", "backward"),
+        ("end", 102),
+        ("end", 100),
+    ]

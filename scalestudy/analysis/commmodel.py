@@ -1,45 +1,13 @@
 """An alpha-beta model of DDP's ring all-reduce, fitted to the measured step times.
 
-Per step, a run on N GPUs with per-GPU batch b takes
-
-    T(N, b) = c b + (1 - phi) * sum over its k gradient buckets of ring all-reduce time
-            = c b + beta_eff * 2(N-1)/N * S  +  alpha_eff * 2(N-1) k
-
-c is the compute time per sample (from the 1-GPU runs of the same mode: T(1, b) / b; per image for
-the ResNet, per sequence for an LM), S the gradient bytes (the run's `parameters` x 4, or x 2 with a
-16-bit comm hook; a catalog without `parameters` uses the ResNet-18's closed form of config.width),
-k = ceil(S / bucket) the all-reduce calls,
-alpha the latency of one ring step and 1/beta the bus bandwidth (nccl-tests busbw). Step times alone
-cannot tell overlap phi from bandwidth, so the fit finds the *exposed* alpha_eff = (1 - phi) alpha and
-beta_eff = (1 - phi) / B; phi follows when the measured interconnect's bandwidth is configured
-(analysis.comm_model.measured_bandwidth_gb_s), else it is assumed (overlap_fraction).
-
-The model is DDP's: fit and predictions use the DDP scaling runs only (column parallelism, empty or
-absent = ddp). FSDP shards parameters and gradients and moves them with an all-gather and a
-reduce-scatter per unit, which this model does not describe: the fit table counts such runs
-(runs_not_modelled) and the log says so.
-
-The fit is least squares on the excess T - c b of every multi-GPU DDP scaling run (repeats count as
-points). It is honest about what the data can say:
-
-* "free": at least two world sizes > 1 (strictly: two values of N x buckets) and one
-  degree of freedom left: both alpha_eff and beta_eff are fitted, with standard errors;
-* "alpha fixed": otherwise alpha is fixed at analysis.comm_model.fit_alpha_us and only beta_eff is
-  fitted (dof = points - 1; with dof 0 the fit is exact by construction and says so);
-* a negative estimate is clipped to 0 and refitted, and the method says so.
-
-Predictions use, for N <= gpus_per_node, the intra-node link, beyond it each configured
-interconnect, with the fitted/assumed phi. The ring latency term 2(N-1) alpha grows linearly with N;
-NCCL switches to tree algorithms at scale, so predictions far beyond the measurements are a
-pessimistic bound.
-
-Where the collective benchmark ran (results/tables/comm_bench_fit.csv, scalestudy.preflight.collectives), its
-measured all-reduce alpha and bus bandwidth give one more curve, MEASURED_CURVE: the intra-node fit
-up to gpus_per_node, the inter-node fit beyond (the intra-node one, said in the curve's name, when no
-inter-node size was measured); the same bandwidth derives phi when measured_bandwidth_gb_s is null.
-The fit table then also lists the measured alpha and bandwidth, and, where the profile measured it
-(results/profile/overlap.csv), the gradient all-reduce time per step beside what the benchmark
-predicts for it.
+Per step, a run on N GPUs with per-GPU batch b takes T(N, b) = c b + beta_eff * 2(N-1)/N * S +
+alpha_eff * 2(N-1) k: c the compute time per sample (from the 1-GPU runs), S the gradient bytes, k
+the all-reduce calls (buckets), alpha_eff and beta_eff the latency and inverse bus bandwidth left
+exposed by overlap. `fit` is least squares on the excess T - c b of the multi-GPU DDP scaling runs
+(FSDP runs are counted, not modelled), with alpha fixed where the data cannot tell it apart;
+`predict` extends it to each configured interconnect, and the collective benchmark's measured alpha
+and bus bandwidth give one more curve. The model, the fit's cases and what it cannot say:
+docs/architecture.md, "The communication model".
 
     python -m scalestudy.analysis.commmodel --runs results/tables/runs.csv \
         --fit-out results/tables/comm_model_fit.csv --residuals-out results/tables/comm_model_residuals.csv \

@@ -1,8 +1,8 @@
-"""The `analysis:` section of the study config, with the defaults of config/schema.yaml filled in.
+"""The `analysis:` section of the study config, with the defaults of the schema filled in.
 
-The schema is the one place the defaults live: the Snakefile validates the whole config against it,
-and the command-line tools here validate the section they are given the same way, so running a tool
-by hand with `--analysis-json '{}'` behaves like the workflow.
+The schema (scalestudy.plan.schema) is the one place the defaults live: the Snakefile validates the
+whole config against it, and the command-line tools here validate the section they are given the
+same way, so running a tool by hand with `--analysis-json '{}'` behaves like the workflow.
 """
 
 from __future__ import annotations
@@ -14,19 +14,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+from scalestudy.plan import schema as study_schema
+
 log = logging.getLogger("scalestudy.analysis.settings")
 
 
 @cache
-def analysis_schema(path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
-    import yaml
-
-    schema = yaml.safe_load(Path(path).read_text())
-    try:
-        return schema["properties"]["analysis"]
-    except KeyError as err:
-        raise KeyError(f"{path}: no properties.analysis section") from err
+def analysis_schema() -> dict[str, Any]:
+    return study_schema.section("analysis")
 
 
 def _default_filling_validator():
@@ -63,8 +58,7 @@ def study_config(path: str | Path) -> dict[str, Any]:
     """A whole study config file with every default of the schema filled in (as the Snakefile does)."""
     import yaml
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    return fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, schema, str(path))
+    return fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, study_schema.load(), str(path))
 
 
 DEFAULT_GPUS_PER_NODE = 8

@@ -58,7 +58,9 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--width", type=int, help="model width (default: the config's on cpu, 64 on cuda)")
     parser.add_argument("--batch", type=int, help="batch per step (default: 128 on cpu, 512 on cuda)")
-    parser.add_argument("--repeats", type=int, default=5, help="samples per measurement after warm-up")
+    parser.add_argument(
+        "--repeats", type=positive, default=5, help="samples per measurement after warm-up (1: a quick check)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "benchmark.csv", help="CSV (atomic)")
     parser.add_argument(
         "--config",
@@ -78,13 +80,20 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
 def parse_dag_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m scalestudy.benchmark dag",
         description="Times `snakemake --dry-run --nolock` of a large grid in this repository.",
     )
     parser.add_argument("--configfile", type=Path, default=REPO / "config" / "bench-grid.yaml")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument(
         "--profile", action="store_true", help="also one dry-run under cProfile: the hotspots"
     )
@@ -114,10 +123,10 @@ def choose_settings(args: argparse.Namespace, config: dict):
     config_channels_last = config["model"]["channels_last"]
     return Settings(
         device=torch.device("cuda" if cuda else "cpu"),
-        width=args.width or (64 if cuda else config["model"]["width"]),
-        batch=args.batch or (512 if cuda else 128),
+        width=_given(args.width, 64 if cuda else config["model"]["width"]),
+        batch=_given(args.batch, 512 if cuda else 128),
         repeats=args.repeats,
-        steps=args.steps or (100 if cuda else 20),
+        steps=_given(args.steps, 100 if cuda else 20),
         epochs=3,
         pipeline_batches=200 if cuda else 40,
         variants=project_variants(
@@ -128,6 +137,11 @@ def choose_settings(args: argparse.Namespace, config: dict):
         matmul_iterations=20 if cuda else 4,
         workers=cpu_count(),
     )
+
+
+def _given(value, default):
+    """The command line's value when given (0 included: the trainer's rules refuse it), else the default."""
+    return default if value is None else value
 
 
 def machine_context(settings) -> dict:
@@ -163,6 +177,7 @@ def run_sections(settings, sections: list[str], config: dict) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="scalestudy-bench-") as tmp:
         workdir = Path(tmp)
+        suite.run_configs(settings, config, workdir / "data", sections)  # refused ones fail here, at once
         batches = max(settings.steps, settings.pipeline_batches)
         per_class = pipelines.images_per_class(batches, settings.batch, settings.workers)
         data_dir = pipelines.write_packed(workdir / "data", per_class, 10)
@@ -194,6 +209,7 @@ def publish(rows: list[Row], context: dict, targets, out: Path) -> list[dict]:
 
 def main_run(argv: list[str]) -> int:
     from scalestudy.benchmark.studyconfig import load_config
+    from scalestudy.plan.runconfig import RunConfigError
 
     args = parse_run_args(argv)
     sections = [name for name in args.sections.split(",") if name]
@@ -204,7 +220,14 @@ def main_run(argv: list[str]) -> int:
     settings = choose_settings(args, config)
     context = machine_context(settings)
     print(", ".join(f"{key}={value}" for key, value in context.items()), flush=True)
-    rows = run_sections(settings, sections, config)
+    try:
+        rows = run_sections(settings, sections, config)
+    except RunConfigError as error:
+        print(
+            f"python -m scalestudy.benchmark: the project trainer would refuse its run config: {error}",
+            file=sys.stderr,
+        )
+        return 2
     publish(rows, context, GPU_TARGETS if settings.device.type == "cuda" else CPU_TARGETS, args.out)
     return 0
 

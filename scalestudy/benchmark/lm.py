@@ -33,6 +33,7 @@ import numpy as np
 from scalestudy import provenance
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
+from scalestudy.benchmark import project
 from scalestudy.benchmark.measure import median
 from scalestudy.benchmark.report import Row, format_table, records, write_csv
 from scalestudy.benchmark.studyconfig import REPO
@@ -127,32 +128,35 @@ def write_token_data(folder: Path, args: argparse.Namespace) -> Path:
 
 
 def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, checkpoints: Path) -> dict:
+    """The trainer's run config of one LM run, checked against the trainer's own rules (RunConfigError)."""
     steps = args.warmup + args.steps
     global_batch = args.per_gpu_batch * args.world_size
-    return {
-        "workload": "gpt",
-        "gpt": {"preset": args.preset},
-        "parallelism": parallelism,
-        "data_dir": str(data_dir),
-        "checkpoint_dir": str(checkpoints),
-        "device": args.device,
-        "precision": args.precision,
-        "world_size": args.world_size,
-        "per_gpu_batch": args.per_gpu_batch,
-        "global_batch": global_batch,
-        "base_batch": global_batch,
-        "epochs": 1,
-        "lr": 6e-4,  # AdamW's (nanoGPT's GPT-2 rate), not the ResNet's SGD default; no effect on speed
-        "weight_decay": 0.1,
-        "max_steps_per_epoch": steps,
-        "eval_max_batches": 1,
-        "checkpoint_every_steps": 0,
-        "measure_warmup_steps": args.warmup,
-        "measure_steps": args.steps,
-        "measure_intervals": min(4, args.steps),
-        "log_every_steps": max(1, steps // 5),
-        "monitor_interval_s": 1.0,
-    }
+    return project.checked(
+        {
+            "workload": "gpt",
+            "gpt": {"preset": args.preset},
+            "parallelism": parallelism,
+            "data_dir": str(data_dir),
+            "checkpoint_dir": str(checkpoints),
+            "device": args.device,
+            "precision": args.precision,
+            "world_size": args.world_size,
+            "per_gpu_batch": args.per_gpu_batch,
+            "global_batch": global_batch,
+            "base_batch": global_batch,
+            "epochs": 1,
+            "lr": 6e-4,  # AdamW's (nanoGPT's GPT-2 rate), not the ResNet's SGD default; no effect on speed
+            "weight_decay": 0.1,
+            "max_steps_per_epoch": steps,
+            "eval_max_batches": 1,
+            "checkpoint_every_steps": 0,
+            "measure_warmup_steps": args.warmup,
+            "measure_steps": args.steps,
+            "measure_intervals": min(4, args.steps),
+            "log_every_steps": max(1, steps // 5),
+            "monitor_interval_s": 1.0,
+        }
+    )
 
 
 def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[str, Any]:
@@ -266,6 +270,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     (other jobs, clocks) falls on all of them alike."""
     runs: dict[str, list[dict[str, Any]]] = {parallelism: [] for parallelism in args.parallelism}
     total = args.repeats * len(args.parallelism)
+    for parallelism in args.parallelism:  # a run config the trainer would refuse fails here, at once
+        run_config(args, parallelism, Path("data"), Path("checkpoints"))
     with tempfile.TemporaryDirectory(prefix="scalestudy-lm-bench-") as tmp:
         workdir = args.runs_dir or Path(tmp)
         data_dir = write_token_data(workdir, args)
@@ -296,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     args.load_1m_start = round(os.getloadavg()[0], 2)  # a shared machine: others' load, in the CSV
     try:
         rows = measure(args)
+    except project.runconfig.RunConfigError as error:
+        log.error("the trainer would refuse the run config: %s", error)
+        return 2
     except RuntimeError as error:
         log.error("%s", error)
         return 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalestudy.plan import grid
+from scalestudy.plan import grid, runconfig
 
 MARKERS = {
     "model_built": re.compile(r"scalestudy\.train: model: "),
@@ -71,6 +71,17 @@ def run_config(config: dict, data_dir: str | Path, checkpoint_dir: str | Path, *
     run.update(overrides)
     if "per_gpu_batch" in overrides:
         run["global_batch"] = run["per_gpu_batch"] * run["world_size"]
+    return checked(run)
+
+
+def checked(run: dict) -> dict:
+    """`run`, once the trainer's own rules accept it with its defaults filled in (runconfig.DEFAULTS,
+    RULES): the benchmark's settings cannot drift from what `python -m scalestudy.train` runs.
+    RunConfigError (naming every bad key) otherwise, before anything is spawned."""
+    runconfig.validate({**runconfig.DEFAULTS, **run})
+    unknown = sorted(set(run) - set(runconfig.DEFAULTS) - set(runconfig.REQUIRED))
+    if unknown:
+        raise runconfig.RunConfigError(f"run config: keys the trainer does not know: {', '.join(unknown)}")
     return run
 
 

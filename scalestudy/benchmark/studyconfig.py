@@ -6,8 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from scalestudy.plan import schema
+
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO / "config" / "schema.yaml"
 DEMO_CONFIG = REPO / "config" / "demo.yaml"
 STUDY_CONFIG = REPO / "config" / "config.yaml"
 
@@ -16,5 +17,5 @@ def load_config(configfile: str | Path = DEMO_CONFIG) -> dict:
     from snakemake.utils import validate
 
     config = yaml.safe_load(Path(configfile).read_text())
-    validate(config, str(SCHEMA))
+    validate(config, schema.PATH)
     return config

@@ -19,6 +19,7 @@ from scalestudy.benchmark import matmul, pipelines, project
 from scalestudy.benchmark.measure import interleave, timed_rate
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row
+from scalestudy.plan.runconfig import RULES
 from scalestudy.workloads.resnet_cifar import model
 
 REFERENCE = "reference trainer"
@@ -139,9 +140,7 @@ def training_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> l
 
 def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> list[Row]:
     """Process start -> each marker of the first variant's trainer, on a one-step run."""
-    overrides = {**dict(s.variants[0].overrides), "epochs": 1, "max_steps_per_epoch": 1}
-    overrides |= {"measure_warmup_steps": 0, "measure_steps": 1, "measure_intervals": 1}
-    run = _project_run(s, config, data_dir, **overrides)
+    run = _project_run(s, config, data_dir, **fixed_cost_overrides(s))
     samples = interleave(
         {"imports": import_seconds, "trainer": lambda: project.spawn_fresh(run, workdir)}, s.repeats, warmup=0
     )
@@ -158,6 +157,24 @@ def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) ->
         Row("fixed_cost", "trainer start -> exit", "s", tuple(r.wall_s for r in runs), _describe(run))
     )
     return rows
+
+
+def fixed_cost_overrides(s: Settings) -> dict:
+    """One step, so process start -> first step is the job's fixed cost; the window's smallest
+    settings the trainer accepts (runconfig.RULES: it never measures the first step), left unfilled."""
+    smallest = {key: int(RULES[key].minimum) for key in ("measure_warmup_steps", "measure_steps")}
+    return {**dict(s.variants[0].overrides), "epochs": 1, "max_steps_per_epoch": 1, **smallest}
+
+
+def run_configs(s: Settings, config: dict, data_dir: Path, sections) -> list[dict]:
+    """The project trainer's run configs the chosen sections spawn, built (and so checked against the
+    trainer's rules) before anything is measured: a config the trainer refuses fails in a second."""
+    runs = []
+    if "training" in sections:
+        runs += [_project_run(s, config, data_dir, **dict(v.overrides)) for v in s.variants]
+    if "fixed_cost" in sections:
+        runs.append(_project_run(s, config, data_dir, **fixed_cost_overrides(s)))
+    return runs
 
 
 IMPORT_PROBE = (

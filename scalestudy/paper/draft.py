@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scalestudy import atomic
-from scalestudy.paper.numbers import defined_names
+from scalestudy.paper.macros import defined_names
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.paper.draft")

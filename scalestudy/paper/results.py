@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy.paper.numbers import NOT_MEASURED, Numbers
+from scalestudy.paper.macros import NOT_MEASURED, Numbers, spell
 from scalestudy.paper.sections import (
     Data,
     distinct,
@@ -18,7 +18,6 @@ from scalestudy.paper.sections import (
     join,
     seconds,
 )
-from scalestudy.paper.spell import spell
 from scalestudy.paper.tables import escape, fixed, integer, number, percent, relation
 
 

@@ -1,4 +1,4 @@
-"""The macros of each section of the paper (scalestudy.paper.numbers calls every writer in SECTIONS).
+"""The macros of the paper's first sections (scalestudy.paper.numbers calls every writer in SECTIONS).
 
 Values carry their units (images/s or the workload's tokens/s, s, GPU-hours); wording that depends
 on the data (verdicts, "not measured", GPU vs CPU rank, synthetic vs CIFAR-10, the workload: the
@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy.paper.numbers import NOT_MEASURED, Numbers
+from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.paper.tables import escape, integer, number, percent
 
 IMAGES_PER_S = r"~images/s"

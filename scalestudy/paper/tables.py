@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic
+from scalestudy.analysis.tableio import read_csv
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.paper")
@@ -335,8 +336,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
-    from scalestudy.analysis.tableio import read_csv
-
     for name, (filename, render) in TABLES.items():
         source = getattr(args, name)
         if source is None:

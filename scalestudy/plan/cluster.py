@@ -1,18 +1,19 @@
 """Where and how the study's jobs run on Slurm: resources, the launch spec and the image.
 
 Every site-specific setting is in ONE place, the `cluster:` section of the config (with
-`container:` for the image and `nccl:` for the ranks' network environment); config/schema.yaml
-documents each key and its default, docs/slurm.md how they fit together. This module turns them
-into:
+`container:` for the image and `nccl:` for the ranks' network environment); the schema
+(scalestudy/plan/schema.yaml) documents each key and gives its default, docs/slurm.md how they fit
+together. This module turns them into:
 
 - `train_resources(config, world_size, attempt)`: the Snakemake resources of a training job, which
   the Slurm executor plugin (>= 2.7.1) turns into sbatch options (see docs/slurm.md for the map);
 - `light_resources(config, attempt)`: the resources of a cheap CPU job;
 - `launch_spec(config, world_size)`: what `python -m scalestudy.launch` needs to start the ranks;
-- `on_submit_host(config, rule)`, `container_image(config)`, `image_build_target(config)`.
+- `submit_host_rules(config, rules)` (Snakemake's localrules), `container_image(config)`,
+  `image_build_target(config)`.
 
 Pure standard library (the Snakefile imports it when it parses the workflow). `python -m
-scalestudy.plan.cluster --configfile config/config.yaml` prints every grid point's sbatch options.
+scalestudy.plan.slurm_requests --configfile config/config.yaml` prints every grid point's sbatch options.
 """
 
 from __future__ import annotations
@@ -21,45 +22,10 @@ import fnmatch
 import math
 import re
 import shlex
+from collections.abc import Iterable
 from typing import Any
 
-from scalestudy.plan import configcheck
-
-# Defaults of the `cluster:` section; config/schema.yaml carries the same values (a test checks).
-CLUSTER_DEFAULTS: dict[str, Any] = {
-    "partition": None,
-    "cpu_partition": None,
-    "account": None,
-    "qos": None,
-    "constraint": None,
-    "gpus_per_node": 4,
-    "gpu_type": None,
-    "ranks_per_node": None,
-    "cpus_per_rank": 8,
-    "mem_mb_per_rank": 16000,
-    "runtime_minutes": 60,
-    "runtime_growth": 2.0,
-    "max_runtime_minutes": 2880,
-    "mem_growth": 1.5,
-    "signal_lead_s": 300,
-    "exclusive": False,
-    "sbatch_extra": [],
-    "launcher": "auto",
-    "light_cpus": 2,
-    "light_mem_mb": 8000,
-    "light_runtime_minutes": 60,
-    "submit_host_rules": ["fetch", "build_image", "*figure*", "table_*", "paper*"],
-}
-
-CONTAINER_DEFAULTS: dict[str, Any] = {
-    "sif": "containers/scalestudy.sif",
-    "prebuilt": None,
-    "definition": "containers/scalestudy.def",
-    "build_args": ["--fakeroot"],
-    "apptainer_args": ["--nv"],
-    "binds": [],
-    "python": "python",
-}
+from scalestudy.plan import patterns, schema
 
 # The resources of a training job; every call returns every key. A value of None means "not set"
 # (Snakemake drops a resource whose callable returns None, so the plugin adds no option for it).
@@ -89,12 +55,12 @@ LIGHT_RESOURCE_KEYS: tuple[str, ...] = (
 
 LAUNCHERS = ("auto", "local", "srun")
 # Slurm names (partition, account, qos, GRES type) and features, image paths and the ranks'
-# environment values: no whitespace or shell syntax (the patterns and why: scalestudy.plan.configcheck).
-_NAME = re.compile(configcheck.SLURM_NAME)
-_CONSTRAINT = re.compile(configcheck.SLURM_CONSTRAINT)
-_PATH = re.compile(configcheck.SAFE_PATH)
+# environment values: no whitespace or shell syntax (the patterns and why: scalestudy.plan.patterns).
+_NAME = re.compile(patterns.SLURM_NAME)
+_CONSTRAINT = re.compile(patterns.SLURM_CONSTRAINT)
+_PATH = re.compile(patterns.SAFE_PATH)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_VALUE = re.compile(configcheck.ENV_VALUE)
+_ENV_VALUE = re.compile(patterns.ENV_VALUE)
 
 
 # --------------------------------------------------------------------------- settings
@@ -102,7 +68,7 @@ _ENV_VALUE = re.compile(configcheck.ENV_VALUE)
 
 def settings(config: dict) -> dict[str, Any]:
     """The `cluster:` section with its defaults filled in, checked; errors name the key."""
-    merged = _merged(config, "cluster", CLUSTER_DEFAULTS)
+    merged = _merged(config, "cluster")
     _check_numbers(merged)
     for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
         _check_optional(merged, key, _NAME)
@@ -140,7 +106,7 @@ def _check_numbers(cluster: dict[str, Any]) -> None:
 
 def container_settings(config: dict) -> dict[str, Any]:
     """The `container:` section with its defaults filled in, checked."""
-    merged = _merged(config, "container", CONTAINER_DEFAULTS)
+    merged = _merged(config, "container")
     for key in ("sif", "definition", "python"):
         _check_path(merged, key)
     if merged["prebuilt"] is not None:
@@ -164,13 +130,15 @@ def nccl_env(config: dict) -> dict[str, str]:
         if not isinstance(value, str | int | float):
             raise ValueError(f"nccl.{name} must be a string, number or boolean, got {value!r}")
         if isinstance(value, str) and not _ENV_VALUE.match(value):
-            meaning = configcheck.PATTERN_MEANINGS[configcheck.ENV_VALUE]
+            meaning = patterns.MEANINGS[patterns.ENV_VALUE]
             raise ValueError(f"nccl.{name} must be {meaning}, got {value!r}")
         env[name] = str(value)
     return env
 
 
-def _merged(config: dict, section: str, defaults: dict[str, Any]) -> dict[str, Any]:
+def _merged(config: dict, section: str) -> dict[str, Any]:
+    """A section of the config with the schema's defaults of the keys it does not give."""
+    defaults = schema.defaults(section)
     given = config.get(section) or {}
     if not isinstance(given, dict):
         raise ValueError(f"{section} must be a mapping, got {given!r}")
@@ -202,7 +170,7 @@ def _check_path(values: dict, key: str) -> None:
     """A path Snakemake may put unquoted into a shell command (the image) or take for a pattern."""
     value = values[key]
     if not (isinstance(value, str) and _PATH.match(value)):
-        meaning = configcheck.PATTERN_MEANINGS[configcheck.SAFE_PATH]
+        meaning = patterns.MEANINGS[patterns.SAFE_PATH]
         raise ValueError(f"container.{key} must be {meaning}, got {value!r}")
 
 
@@ -332,6 +300,33 @@ def on_submit_host(config: dict, rule_name: str) -> bool:
     return any(fnmatch.fnmatchcase(rule_name, pattern) for pattern in settings(config)["submit_host_rules"])
 
 
+def submit_host_rules(
+    config: dict, rule_names: Iterable[str], always: Iterable[str] = (), optional: Iterable[str] = ()
+) -> list[str]:
+    """The workflow's rules that run on the submit host (Snakemake's `localrules:`): those named by
+    `always` and those cluster.submit_host_rules matches, among `rule_names` (the rules defined).
+
+    A name or pattern that matches no rule the workflow can have (`rule_names`, plus the `optional`
+    rules this config leaves out) is an error naming it: a typo would otherwise send the rule to
+    Slurm without a word.
+    """
+    defined, optional = set(rule_names), set(optional)
+    known = defined | optional
+    unknown = [name for name in always if name not in known]
+    if unknown:
+        raise ValueError(f"rules run on the submit host {unknown} are no rules of the workflow")
+    chosen = set(always)
+    for pattern in settings(config)["submit_host_rules"]:
+        matched = fnmatch.filter(sorted(known), pattern)
+        if not matched:
+            raise ValueError(
+                f"cluster.submit_host_rules: {pattern!r} matches no rule of the workflow "
+                f"(rules: {', '.join(sorted(known))})"
+            )
+        chosen.update(matched)
+    return sorted(chosen & defined)
+
+
 # --------------------------------------------------------------------------- container
 
 
@@ -382,93 +377,3 @@ def launch_spec(config: dict, world_size: int, containerized: bool = False) -> d
         "python": container["python"],
         "env": env,
     }
-
-
-# --------------------------------------------------------------------------- sbatch preview
-
-
-class _PreviewJob:
-    """Just enough of a Snakemake job for the plugin's sbatch-command builder."""
-
-    def __init__(self, name: str, resources: dict[str, Any], threads: int) -> None:
-        self.name = name
-        self.threads = threads
-        self.resources = _Resources({key: value for key, value in resources.items() if value is not None})
-
-    def is_group(self) -> bool:
-        return False
-
-
-class _Resources(dict):
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError as missing:
-            raise AttributeError(name) from missing
-
-
-def sbatch_command(resources: dict[str, Any], threads: int = 1, rule: str = "scaling_run") -> str:
-    """The sbatch call the Slurm executor plugin makes for these resources (imports the plugin)."""
-    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
-    from snakemake_executor_plugin_slurm.utils import set_gres_string
-    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
-
-    job = _PreviewJob(rule, resources, threads)
-    validate_slurm_extra(job)
-    account = resources.get("slurm_account")
-    partition = resources.get("slurm_partition")
-    params = {
-        "run_uuid": "<run-uuid>",
-        "slurm_logfile": f".snakemake/slurm_logs/rule_{rule}/%j.log",
-        "comment_str": f"rule_{rule}",
-        "account": f" -A {shlex.quote(account)}" if account else "",
-        "partition": f" -p {shlex.quote(partition)}" if partition else "",
-        "workdir": None,
-    }
-    return get_submit_command(job, params) + set_gres_string(job)
-
-
-def _load_config(path: str, schema: str) -> dict:
-    """A config file with the schema's defaults filled in, as the Snakefile sees it."""
-    import yaml
-    from snakemake.utils import validate
-
-    with open(path) as handle:
-        config = yaml.safe_load(handle)
-    validate(config, schema)
-    configcheck.check(config, schema)
-    return config
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print every grid point's Slurm request: what `snakemake --profile profiles/slurm` submits."""
-    import argparse
-
-    from scalestudy.plan import grid
-
-    parser = argparse.ArgumentParser(prog="python -m scalestudy.plan.cluster", description=main.__doc__)
-    parser.add_argument("--configfile", default="config/config.yaml")
-    parser.add_argument("--schema", default="config/schema.yaml")
-    parser.add_argument("--attempt", type=int, default=1)
-    args = parser.parse_args(argv)
-    config = _load_config(args.configfile, args.schema)
-    for point in grid.all_points(config):
-        resources = train_resources(config, point.world_size, args.attempt)
-        print(describe(config, point.world_size, resources, f"{point.stage} {point.name}"))
-        command = sbatch_command(resources, threads=point.world_size, rule=f"{point.stage}_run")
-        print(f"    sbatch {command.split(' --comment ', 1)[1].split(' ', 1)[1].strip()}")
-    return 0
-
-
-def describe(config: dict, world_size: int, resources: dict[str, Any], name: str) -> str:
-    """One line a user can check: 'scaling strong/w8_r0: world 8 = 2 nodes x 4 ranks, ...'."""
-    nodes, per_node = layout(config, world_size)
-    gpus = f", --gres={resources['gres']} per node" if resources["gres"] else ", CPU only"
-    return (
-        f"{name}: world {world_size} = {nodes} node(s) x {per_node} rank(s){gpus}, "
-        f"{resources['cpus_per_task']} CPUs/rank, {resources['mem_mb']} MB/node, {resources['runtime']} min"
-    )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

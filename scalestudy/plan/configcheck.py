@@ -1,21 +1,22 @@
 """The checks of a config that JSON Schema validation lets through, run before any job is planned.
 
-The Snakefile calls `check(config, "config/schema.yaml")` right after snakemake.utils.validate.
-It walks the config along the schema, so a key added to the schema later is covered without a
-change here, and refuses, in one line naming every offending key:
+The Snakefile calls `check(config)` right after snakemake.utils.validate (the schema:
+scalestudy.plan.schema). It walks the config along the schema, so a key added to the schema later
+is covered without a change here, and refuses, in one line naming every offending key:
 
 - an integer key holding a float or a boolean: JSON Schema counts 2.0 as an integer, and a world
   size of 2.0 would otherwise surface as a MissingInputException on `w2.0` that names no key;
-- a string that does not match its key's `pattern`. The patterns below keep values that reach a
-  shell unquoted to characters no shell treats specially: Snakemake puts the container image path
-  as it is into its `apptainer exec` command line, and a path with braces would be taken for a
-  wildcard. Values the project quotes (`{params.x:q}`, shlex.quote) or passes as one argv item need
-  no pattern: they may hold any character (data.url, cluster.sbatch_extra, study.title, ...);
+- a string that does not match its key's `pattern`. The patterns (scalestudy.plan.patterns) keep
+  values that reach a shell unquoted to characters no shell treats specially: Snakemake puts the
+  container image path as it is into its `apptainer exec` command line, and a path with braces
+  would be taken for a wildcard. Values the project quotes (`{params.x:q}`, shlex.quote) or passes
+  as one argv item need no pattern: they may hold any character (data.url, cluster.sbatch_extra,
+  study.title, ...);
 - settings that are each valid but do not fit together or the grid: a sensitivity axis that is no
   run-config key the sweep may set, or a value that key refuses or a run folder cannot be named
   by; a data source the workload cannot read; a command workload without its script.
 
-Pure standard library apart from PyYAML, read only when a schema is given as a path.
+Pure standard library at import (PyYAML is imported only when a schema is read).
 """
 
 from __future__ import annotations
@@ -26,32 +27,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from scalestudy import workloads
+from scalestudy.plan import grid, runconfig, schema
+from scalestudy.plan.patterns import MEANINGS
 
-# A local path or command name: nothing a shell expands or splits, no wildcard braces, no leading
-# "-" (an option) and no ":" (an image URL such as docker://). The image path goes unquoted into
-# Snakemake's apptainer command (container.sif, container.prebuilt).
-SAFE_PATH = r"^[A-Za-z0-9_.+@%,=/][A-Za-z0-9_.+@%,=/-]*$"
-# A Slurm partition, account, QOS or GRES type.
-SLURM_NAME = r"^[A-Za-z0-9_.+-]+$"
-# A Slurm feature expression (sbatch -C 'a100&ib'); the executor plugin quotes it.
-SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|!*\[\]():,-]+$"
-# An environment value of the ranks (nccl:). It passes through apptainer's environment setup, which
-# runs in a shell interpreter, so it carries no shell syntax (a conservative choice, not checked
-# against a real Apptainer here). Covers NCCL's list and exclusion syntax: '^docker0,lo',
-# '=mlx5_0:1,mlx5_1:1', '/tmp/nccl.%h.%p.log'.
-ENV_VALUE = r"^[A-Za-z0-9_.,:=^/%@+-]*$"
-# A unit of throughput (workload.command.sample_unit): it appears in figures, tables and LaTeX.
-UNIT_NAME = r"^[A-Za-z][A-Za-z0-9-]*$"
-
-PATTERN_MEANINGS = {
-    SAFE_PATH: "a local path of letters, digits and _ . + @ % , = / - (no whitespace, quotes, braces, "
-    "':' or other shell syntax; not starting with -)",
-    SLURM_NAME: "a Slurm name of letters, digits and _ . + -",
-    SLURM_CONSTRAINT: "a Slurm feature expression of letters, digits and _ . & | ! * [ ] ( ) : , -",
-    ENV_VALUE: "an environment value of letters, digits and _ . , : = ^ / % @ + - (no whitespace, "
-    "quotes or shell syntax)",
-    UNIT_NAME: "a unit name: a letter, then letters, digits and - (samples, tokens, images)",
-}
 # The data sources each kind of workload data (scalestudy.workloads.DataKind) is fetched from.
 SOURCES_OF_DATA = {
     workloads.CIFAR10.name: ("cifar10", "synthetic"),
@@ -63,18 +41,23 @@ class ConfigError(ValueError):
     """A config value the workflow must not start with; the message names each key."""
 
 
-def check(config: Mapping[str, Any], schema: Mapping[str, Any] | str | os.PathLike) -> None:
-    """Raise ConfigError naming every key whose value the schema's types or patterns refuse."""
-    if not isinstance(schema, Mapping):
-        schema = load_schema(schema)
-    problems = list(problems_of(config, schema))
+def check(config: Mapping[str, Any], given: Mapping[str, Any] | str | os.PathLike | None = None) -> None:
+    """Raise ConfigError naming every key whose value the schema's types or patterns refuse (the
+    package's schema unless another is given, as a mapping or a path)."""
+    if given is None:
+        given = schema.load()
+    elif not isinstance(given, Mapping):
+        given = load_schema(given)
+    problems = list(problems_of(config, given))
     if not problems:  # the checks across keys assume the values have their types
-        problems = [*axes_problems(config), *workload_problems(config, schema)]
+        problems = [*axes_problems(config), *workload_problems(config, given)]
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
 
 def load_schema(path: str | os.PathLike) -> dict:
+    """A schema file other than the package's. PyYAML imported here, not at module level: the
+    Snakefile imports this module when it parses the workflow."""
     import yaml
 
     with open(path, encoding="utf-8") as handle:
@@ -120,15 +103,13 @@ def _leaf_problems(value: Any, node: Mapping[str, Any], key: str) -> Iterator[st
             yield f"{key} must be an integer, got {value!r}"
     pattern = node.get("pattern")
     if pattern and isinstance(value, str) and not re.search(pattern, value):
-        meaning = PATTERN_MEANINGS.get(pattern, f"a string matching {pattern}")
+        meaning = MEANINGS.get(pattern, f"a string matching {pattern}")
         yield f"{key} = {value!r} is not allowed: it must be {meaning}"
 
 
 def axes_problems(config: Mapping[str, Any]) -> list[str]:
     """sensitivity.axes: each key a run-config key the sweep may set, each value one that key takes
     (scalestudy.plan.runconfig.RULES) and that can name a run folder; per_gpu_batch among them."""
-    from scalestudy.plan import grid, runconfig
-
     axes = (config.get("sensitivity") or {}).get("axes") or {}
     problems = []
     for key, values in axes.items():
@@ -154,8 +135,6 @@ def axes_problems(config: Mapping[str, Any]) -> list[str]:
 
 
 def _axis_value_problem(rule: Any, value: Any) -> str | None:
-    from scalestudy.plan import grid
-
     if not rule.accepts(value):
         return f"must be {rule.describe()}"
     if not grid.is_name_part(grid.format_value(value)):
@@ -163,7 +142,7 @@ def _axis_value_problem(rule: Any, value: Any) -> str | None:
     return None
 
 
-def workload_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+def workload_problems(config: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
     """The data source fits the workload; a command workload names its script; a text corpus is
     not looked for under CIFAR-10's URL and checksum (the defaults of data.url, md5, size_bytes)."""
     section = config.get("workload") or {}
@@ -183,7 +162,7 @@ def workload_problems(config: Mapping[str, Any], schema: Mapping[str, Any]) -> l
         )
     problems += _fsdp_problems(config, name)
     if source == "text":
-        defaults = schema.get("properties", {}).get("data", {}).get("properties", {})
+        defaults = given.get("properties", {}).get("data", {}).get("properties", {})
         problems += [
             f"data.{key} = {data[key]!r} is CIFAR-10's archive's (the default): give the text corpus's"
             for key in ("url", "md5", "size_bytes")

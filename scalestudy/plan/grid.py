@@ -17,12 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalestudy import workloads
-from scalestudy.plan import cluster
-
-RUNS_DIR = "results/runs"
-CHECKPOINTS_DIR = "results/checkpoints"
-PACKED_DIR = "results/data/packed"
-INDUCTOR_CACHE_DIR = "results/inductor-cache"  # torch.compile's cache, shared by every run
+from scalestudy.plan import cluster, runconfig
+from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DIR, RUNS_DIR
 
 # Keys copied from config["train"] into every run config.
 TRAIN_KEYS = (
@@ -55,17 +51,12 @@ TRAIN_KEYS = (
 )
 # Keys copied from config["train"] too, but written only where they differ from the trainer's default.
 OPTIONAL_TRAIN_KEYS = ("parallelism", "reshard_after_forward", "optimizer", "grad_clip")
-# The trainer's defaults (scalestudy.plan.runconfig.DEFAULTS; tests/test_grid_axes.py keeps them equal)
-# of the keys a run config holds only where they differ from them: a study that does not use them
-# keeps its run configs byte for byte, so none of its results is re-run.
+# Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a
+# study that does not use them keeps its run configs byte for byte, so none of its results is re-run.
 OMITTED_AT_DEFAULT: dict[str, Any] = {
-    "workload": workloads.DEFAULT,
-    "parallelism": "ddp",
-    "reshard_after_forward": True,
-    "optimizer": None,
-    "grad_clip": None,
-    "gpt": None,
-    "command": None,
+    key: runconfig.DEFAULTS[key]
+    for key in ("workload", "parallelism", "reshard_after_forward", "optimizer", "grad_clip")
+    + ("gpt", "command")
 }
 # config["train"]["measure"] -> the run config's keys (the steady-state window, scalestudy.train.steady)
 MEASURE_KEYS = {

@@ -1,8 +1,16 @@
-"""The columns of the CSV files in a run folder (docs/architecture.md, "Run folder").
+"""The files of a run folder and the columns of its CSV files (docs/architecture.md, "Run folder").
 
-One home for them: the trainer and the GPU monitor write them, the analysis and the constructed
-study of scalestudy.analysis.constructed_study follow them. Standard library only.
+One home for them: the trainer and the GPU monitor write them, the rules declare them as outputs,
+the analysis and the constructed study of scalestudy.analysis.constructed_study follow them.
+Standard library only (the Snakefile imports it).
 """
+
+SUMMARY = "summary.json"  # written last: a run folder with it is a finished run
+METRICS = "metrics.csv"  # one row per epoch (METRICS_COLUMNS)
+STEPS = "steps.csv"  # sampled steps' phase times (STEPS_COLUMNS)
+GPU_MONITOR = "gpu_monitor.csv"  # the GPU samples (MONITOR_COLUMNS)
+# The files every training run writes, by the name of the rule's output that declares each.
+RUN_FILES = {"summary": SUMMARY, "metrics": METRICS, "steps": STEPS, "gpu_monitor": GPU_MONITOR}
 
 METRICS_COLUMNS = (
     "epoch",

@@ -1,2 +1,4 @@
-"""Checks before the study's training jobs: the site (site), the system under test (system), the
-smoke tests (smoke) and the collective benchmark (collectives)."""
+"""Checks before the study's training jobs: the site (site, its rules in site_rules), the system under
+test (system, with the readers machine and nvidia), the smoke tests (smoke) and the collective
+benchmark (collectives), sharing one runner/record/table helper (common). docs/architecture.md,
+"Pre-flight checks"."""

@@ -1,31 +1,14 @@
-"""The collective benchmark: all-reduce, all-gather and reduce-scatter over the study's backend, as
-nccl-tests measures them, and the alpha-beta fit of the times.
+"""The collective benchmark: all-reduce, all-gather and reduce-scatter over the study's backend, timed
+as nccl-tests times them, and the alpha-beta fit of the times.
 
-Each rank of a job shaped like a training job of that world size runs
-
-    python -m scalestudy.launch --launch-json SPEC --module scalestudy.preflight.collectives -- \\
-        run --settings-json JSON --out results/comm/w2.csv
-
-(NCCL on GPUs, gloo on CPUs, torch.distributed either way). Per collective and message size
-(powers of two from comm_bench.min_bytes to max_bytes, float32), after `warmup_iters` untimed calls,
-`iters` calls are timed back to back between two barriers (device-synchronised on GPUs); `time_s` is
-the mean time of one call on the slowest rank. The bandwidths are nccl-tests' (its PERFORMANCE.md):
-
-    algbw = bytes / time
-    busbw = algbw * 2(n-1)/n   (all-reduce)
-    busbw = algbw * (n-1)/n    (all-gather, reduce-scatter; bytes = the whole gathered / scattered buffer)
-
-A collective the backend does not support is a row with no time and a note saying so, never a
-number. Then
-
-    python -m scalestudy.preflight.collectives fit --bench results/comm/w*.csv \\
-        --busbw-out results/comm/busbw.csv --fit-out results/tables/comm_bench_fit.csv
-
-fits time = alpha + beta * bytes per collective, world size and placement (intra-node: every rank on
-one host; inter-node otherwise) by least squares on the *relative* error (the sizes span eight
-orders of magnitude; an absolute fit would ignore every small message). For the ring model of
-scalestudy.analysis.commmodel, `link_alpha_s` = alpha / ring steps (2(n-1) for all-reduce, n-1 for
-the others) and `bandwidth_gb_s` = the bus bandwidth the slope implies, busfactor / beta.
+`run` runs on every rank of a job shaped like a training job of that world size (started by
+`python -m scalestudy.launch --module scalestudy.preflight.collectives`; NCCL on GPUs, gloo on
+CPUs): per collective and message size it times `iters` calls after `warmup_iters`, keeps the
+slowest rank's mean time, and rank 0 writes the rows with nccl-tests' algbw and busbw; a collective
+the backend lacks is a row with a note, never a number. `fit` combines the world sizes and fits
+time = alpha + beta * bytes per collective, world size and placement by least squares on the
+relative error, with the ring model's link alpha and bus bandwidth. The commands, formulas and the
+fit's choices: docs/architecture.md, "The collective benchmark".
 """
 
 from __future__ import annotations
@@ -39,9 +22,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from scalestudy import atomic, provenance
+from scalestudy.analysis.tableio import read_csv
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.progress import setup_logging
+from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.commbench")
 
@@ -155,8 +142,6 @@ def placement(hosts: Sequence[str]) -> str:
 def fit_alpha_beta(nbytes: Sequence[float], times: Sequence[float]) -> dict[str, Any]:
     """time = alpha + beta * bytes, least squares on the relative error; a negative alpha or beta is
     clipped to 0 and the other refitted (the method says so). r2 is on the times themselves."""
-    import numpy as np
-
     size = np.asarray(nbytes, dtype=float)
     t = np.asarray(times, dtype=float)
     keep = np.isfinite(t) & (t > 0)
@@ -193,8 +178,6 @@ def fit_alpha_beta(nbytes: Sequence[float], times: Sequence[float]) -> dict[str,
 
 def fit_table(bench):
     """One fit row per (collective, world size, nodes, placement, backend) of the bench rows."""
-    import pandas as pd
-
     rows = []
     keys = ["collective", "world_size", "nodes", "placement", "backend"]
     for key, group in bench.groupby(keys, sort=True):
@@ -365,8 +348,6 @@ def _collective_rows(bench: Bench, collective: str, sizes, where: dict, is_main:
 
 
 def write_bench(rows: list[dict[str, Any]], out: str, settings: dict[str, Any]) -> None:
-    import pandas as pd
-
     frame = pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
     record = provenance.flatten(provenance.collect(config=settings), "provenance.")
     for column, value in record.items():
@@ -387,10 +368,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from scalestudy.analysis.tableio import read_csv
-
     frames = [read_csv(path, ["collective", "world_size", "bytes", "time_s"]) for path in args.bench]
     bench = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(BENCH_COLUMNS))
     bench["note"] = bench["note"].astype(object).where(bench["note"].notna(), "")
@@ -411,25 +388,15 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.preflight.collectives", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = common.command_parser("collectives", __doc__)
     run = sub.add_parser("run", help="benchmark the collectives (every rank runs this)")
     run.add_argument("--settings-json", required=True, help="the comm_bench settings (see SETTINGS_DEFAULTS)")
-    run.add_argument("--out", required=True, help="CSV of this world size (rank 0 writes it)")
+    common.add_out(run, "CSV of this world size (rank 0 writes it)")
     fit = sub.add_parser("fit", help="combine the world sizes and fit alpha and beta")
     fit.add_argument("--bench", nargs="*", default=[], help="the per-world-size CSVs")
     fit.add_argument("--busbw-out", required=True, help="all rows (results/comm/busbw.csv)")
     fit.add_argument("--fit-out", required=True, help="the fit table (results/tables/comm_bench_fit.csv)")
-    args = parser.parse_args(argv)
-    setup_logging(getattr(logging, str(args.log_level).upper(), logging.INFO))
-    try:
-        return _run(args) if args.command == "run" else _fit(args)
-    except ValueError as error:
-        log.error("%s", error)
-        return 2
+    return common.run_command(parser.parse_args(argv), {"run": _run, "fit": _fit}, "commbench")
 
 
 if __name__ == "__main__":

@@ -1,49 +1,32 @@
 """Smoke tests before the study: minutes that find a broken setting before a grid of jobs queues.
 
-    python -m scalestudy.preflight.smoke io --run-config-json RUN --settings-json SMOKE --out
-    results/smoke/io.json
-    python -m scalestudy.launch ... (via) python -m scalestudy.preflight.smoke step --launch-json SPEC \\
-        --run-config-json RUN --out-dir results/smoke/train_w2 --out results/smoke/train_w2.json
-    python -m scalestudy.preflight.smoke table --inputs results/smoke/*.json --out results/tables/smoke.csv
+- `io`: the training data loader alone (images/s per rank, against smoke.loader_min_images_per_s)
+  and the real model's checkpoint: size, write and read bandwidth, and what the saves cost per epoch;
+- `step`: the real trainer through scalestudy.launch for a few steps at one world size (NCCL_DEBUG=INFO
+  on GPUs, the lines naming NCCL's transport kept); a failing step fails with the trainer's exit code;
+- `table`: every smoke result as rows of results/tables/smoke.csv.
 
-- `io`: the training data loader alone (the run config's loader, per-rank batch, device) for
-  smoke.loader_batches batches: images/s after the first batch; below smoke.loader_min_images_per_s
-  it fails, saying so. Then the real model's checkpoint (model + SGD momentum state, as the
-  trainer
-  writes it) saved smoke.checkpoint_repeats times with scalestudy.train.checkpoint.single_file.save to the
-  checkpoint
-  filesystem and read back with load_latest (the file is dropped from the page cache first where the
-  kernel allows): size, write and read bandwidth, and the time saves cost per epoch at the grid's
-  most frequent checkpointing.
-- `step`: the real trainer through scalestudy.launch.launcher for a few steps of one epoch at one world size
-  with the study's backend (NCCL_DEBUG=INFO unless the device is the CPU; the NCCL lines naming the
-  transport are kept). A failing step fails the job with the trainer's exit code and its log.
-- `table`: every smoke JSON as rows of a table for the report (a failed test has no JSON: its job,
-  and with it the study, stopped).
-
-Every smoke output is an input of every training job (rules/smoke.smk adds them to TRAINING_GATES).
+A failed test exits 1 and writes no result; every training job waits for the results
+(rules/smoke.smk). The commands and what each test measures: docs/architecture.md, "Smoke tests".
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import logging
 import math
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic, provenance
-from scalestudy.plan import grid
-from scalestudy.progress import setup_logging
+from scalestudy import workloads
+from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import grid, runconfig
+from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.smoke")
 
@@ -116,18 +99,13 @@ def _steps_per_epoch(run: dict[str, Any], samples: int | None) -> int:
 
 def _full(run: dict[str, Any]) -> dict[str, Any]:
     """The run config with the trainer's defaults filled in (what the workload's builders read)."""
-    from scalestudy.plan.runconfig import DEFAULTS
-
-    return {**DEFAULTS, **run, "max_steps_per_epoch": None}
+    return {**runconfig.DEFAULTS, **run, "max_steps_per_epoch": None}
 
 
 def loader_throughput(run: dict[str, Any], batches: int) -> dict[str, Any]:
     """Samples/s (images, tokens: the key keeps its name) of the run's training loader alone on this
     process's device (first batch excluded): the workload's loader, as one rank of the run uses it."""
-    import torch
-
-    from scalestudy import workloads
-    from scalestudy.launch import rendezvous as distributed
+    import torch  # torch only in the job: the Snakefile imports this module
 
     device = distributed.select_device(run["device"], 0)
     full = _full(run)
@@ -161,9 +139,8 @@ def loader_throughput(run: dict[str, Any], batches: int) -> dict[str, Any]:
 
 def checkpoint_bandwidth(run: dict[str, Any], repeats: int, directory: str) -> dict[str, Any]:
     """Size and write/read bandwidth of the real model's checkpoint on the checkpoint filesystem."""
-    import torch
+    import torch  # torch only in the job (train.optim and the checkpoint format import it too)
 
-    from scalestudy import workloads
     from scalestudy.train import optim
     from scalestudy.train.checkpoint import single_file as checkpoint
 
@@ -257,11 +234,6 @@ def run_io(run: dict[str, Any], settings: dict[str, Any], epoch: dict[str, Any])
 # --------------------------------------------------------------------------- step: the real trainer
 
 
-def launch_command(spec: dict[str, Any], run: dict[str, Any], out_dir: str) -> list[str]:
-    args = ["--run-config-json", json.dumps(run, sort_keys=True), "--out-dir", out_dir]
-    return [sys.executable, "-m", "scalestudy.launch", "--launch-json", json.dumps(spec), "--", *args]
-
-
 def with_nccl_debug(spec: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """NCCL_DEBUG=INFO for the ranks (whatever nccl: sets) unless they run on the CPU (gloo)."""
     if run["device"] == "cpu":
@@ -278,14 +250,9 @@ def run_step(spec: dict[str, Any], run: dict[str, Any], out_dir: str) -> dict[st
     """Run the trainer for the smoke steps; its output goes to this process's stderr (the log)."""
     shutil.rmtree(run["checkpoint_dir"], ignore_errors=True)
     spec = with_nccl_debug(spec, run)
-    command = launch_command(spec, run, out_dir)
+    trainer_args = ["--run-config-json", json.dumps(run, sort_keys=True), "--out-dir", out_dir]
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        sys.stderr.write(line)
-        lines.append(line)
-    code = process.wait()
+    code, lines = common.run_logged(common.launch_argv(spec, trainer_args))
     wall = time.perf_counter() - started
     shutil.rmtree(run["checkpoint_dir"], ignore_errors=True)
     if code != 0:
@@ -350,47 +317,17 @@ def _table_row(check, world, value, unit, detail) -> dict[str, Any]:
     return dict(zip(TABLE_COLUMNS, (check, world, shown, unit, detail), strict=True))
 
 
-def write_table(records: Sequence[dict[str, Any]], out: str) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(TABLE_COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    for record in records:
-        writer.writerows(table_rows(record))
-    atomic.write_text(out, buffer.getvalue())
-
-
 # --------------------------------------------------------------------------- command line
 
 
-def _finish(record: dict[str, Any], out: str, run: dict[str, Any]) -> None:
-    record["run_config"] = run
-    record["provenance"] = provenance.collect(config=run, seed=run.get("seed"))
-    atomic.write_json(out, record)
+def _table(args: argparse.Namespace) -> int:
+    records = common.read_records(args.inputs)
+    common.write_table(args.out, TABLE_COLUMNS, (row for record in records for row in table_rows(record)))
+    return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.preflight.smoke", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
-    io_parser = sub.add_parser("io", help="loader throughput and checkpoint bandwidth")
-    io_parser.add_argument("--settings-json", required=True, help="the config's smoke: section")
-    io_parser.add_argument("--epoch-json", required=True, help="saves per epoch (saves_per_epoch())")
-    step = sub.add_parser("step", help="a few training steps through scalestudy.launch.launcher")
-    step.add_argument("--launch-json", required=True)
-    step.add_argument("--out-dir", required=True, help="the trainer's run folder")
-    for p in (io_parser, step):
-        p.add_argument("--run-config-json", required=True)
-        p.add_argument("--out", required=True, help="the smoke result (JSON)")
-    table = sub.add_parser("table", help="the report's smoke table")
-    table.add_argument("--inputs", nargs="+", required=True)
-    table.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    setup_logging(getattr(logging, str(args.log_level).upper(), logging.INFO))
-    if args.command == "table":
-        write_table([json.loads(Path(path).read_text()) for path in args.inputs], args.out)
-        return 0
+def _check(args: argparse.Namespace) -> int:
+    """`io` or `step`: the record, with the run config and provenance, to --out; a failure exits 1."""
     run = json.loads(args.run_config_json)
     try:
         if args.command == "io":
@@ -400,8 +337,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SmokeFailure as failure:
         log.error("smoke test failed: %s", failure)
         return EXIT_FAILED
-    _finish(record, args.out, run)
+    common.write_record(args.out, {**record, "run_config": run}, config=run, seed=run.get("seed"))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, sub = common.command_parser("smoke", __doc__)
+    io_parser = sub.add_parser("io", help="loader throughput and checkpoint bandwidth")
+    io_parser.add_argument("--settings-json", required=True, help="the config's smoke: section")
+    io_parser.add_argument("--epoch-json", required=True, help="saves per epoch (saves_per_epoch())")
+    step = sub.add_parser("step", help="a few training steps through scalestudy.launch.launcher")
+    common.add_launch_json(step, "the training jobs' at this world size")
+    step.add_argument("--out-dir", required=True, help="the trainer's run folder")
+    for p in (io_parser, step):
+        p.add_argument("--run-config-json", required=True)
+        common.add_out(p, "the smoke result (JSON)")
+    common.add_table_command(sub, "--inputs", "the smoke results (JSON)", "results/tables/smoke.csv")
+    handlers = {"io": _check, "step": _check, "table": _table}
+    return common.run_command(parser.parse_args(argv), handlers, "smoke")
 
 
 if __name__ == "__main__":

@@ -7,27 +7,20 @@
 
 `describe` with a launch spec whose launcher resolves to srun (a Slurm job's batch step) runs
 itself once per node (`srun --ntasks-per-node=1`, inside the image when the spec names one);
-elsewhere it describes this machine. Each node records: CPU model, sockets, cores, NUMA nodes and
-memory (/proc, /sys); every GPU of the job through NVML (name, UUID, memory, enforced power limit,
-driver and CUDA driver versions, clocks), or "none" and why; the GPU/NIC topology from `nvidia-smi
-topo -m`; network interfaces (/sys/class/net) and InfiniBand ports with their rate
-(/sys/class/infiniband); kernel, OS and Slurm versions; filesystem type and free space of the
-results and data folders; torch, CUDA, cuDNN and NCCL versions; the image and its sha256.
-Pure readers of text (parse_*) are unit-tested with known answers; no extra tool is needed.
+elsewhere it describes this machine. Each node records its CPU, memory, network, OS and
+filesystems (preflight.machine), its GPUs, driver and topology (preflight.nvidia), the Slurm
+version, torch, CUDA, cuDNN and NCCL versions, and the image and its sha256; `table` makes one row
+of results/tables/system.csv per host (docs/architecture.md, "Pre-flight checks").
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import io
 import json
 import logging
 import os
-import platform
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -38,12 +31,12 @@ from typing import Any
 from scalestudy import atomic, provenance
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as launch
-from scalestudy.progress import setup_logging
+from scalestudy.preflight import common, machine, nvidia
+from scalestudy.preflight.common import NONE
 
 log = logging.getLogger("scalestudy.sysinfo")
 
-NONE = "none"
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GB = 1e9
 # The columns of results/tables/system.csv (one row per host).
 TABLE_COLUMNS = (
     "host",
@@ -80,251 +73,6 @@ TABLE_COLUMNS = (
 )
 
 
-# --------------------------------------------------------------------------- parsers (pure)
-
-
-def parse_cpuinfo(text: str) -> dict[str, Any]:
-    """Model, sockets (physical ids), cores (distinct physical id/core id) and logical CPUs."""
-    model, cores, sockets, logical = None, set(), set(), 0
-    for block in text.strip().split("\n\n"):
-        fields = {}
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-        if "processor" not in fields:
-            continue
-        logical += 1
-        model = model or fields.get("model name") or fields.get("Model") or fields.get("cpu model")
-        socket_id = fields.get("physical id", "0")
-        sockets.add(socket_id)
-        cores.add((socket_id, fields.get("core id", str(logical))))
-    return {"model": model, "sockets": len(sockets) or None, "cores": len(cores) or None, "logical": logical}
-
-
-def parse_meminfo(text: str) -> int | None:
-    """MemTotal in bytes."""
-    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.M)
-    return int(match[1]) * 1024 if match else None
-
-
-def parse_os_release(text: str) -> str | None:
-    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
-    return match[1] if match else None
-
-
-def mount_of(path: str, mounts_text: str) -> dict[str, str]:
-    """The mount (device, mount point, filesystem type) that holds `path`: the longest prefix."""
-    best, best_length = {"device": "unknown", "mount_point": "/", "fs_type": "unknown"}, -1
-    for line in mounts_text.splitlines():
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        point = parts[1].replace("\\040", " ")
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best_length:  # a later mount on the same point shadows the earlier
-            best, best_length = {"device": parts[0], "mount_point": point, "fs_type": parts[2]}, len(point)
-    return best
-
-
-def parse_topology(text: str) -> dict[str, Any]:
-    """`nvidia-smi topo -m` as {devices, links: {a: {b: kind}}, affinity: {a: {column: value}}, nics,
-    legend}. The matrix's header names the device columns (GPU0 .. NICk) then the affinity columns
-    ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID"); fields are tab-separated (two or more spaces
-    are accepted too); newer drivers underline the header with ANSI codes, which are dropped."""
-    lines = [ANSI.sub("", line).rstrip() for line in text.splitlines()]
-    header_at = next((i for i, line in enumerate(lines) if re.match(r"^\s+GPU0\b", line)), None)
-    if header_at is None:
-        raise ValueError("nvidia-smi topo -m: no header line starting with GPU0")
-    header = _fields(lines[header_at])
-    devices = [name for name in header if re.fullmatch(r"(GPU|NIC|mlx\d*_?)\w*", name)]
-    extra = header[len(devices) :]
-    links: dict[str, dict[str, str]] = {}
-    affinity: dict[str, dict[str, str]] = {}
-    for line in lines[header_at + 1 :]:
-        if not line.strip():
-            break
-        fields = _fields(line)
-        name, values = fields[0], fields[1:]
-        if name not in devices:
-            continue
-        links[name] = {other: value for other, value in zip(devices, values, strict=False) if other != name}
-        affinity[name] = dict(zip(extra, values[len(devices) :], strict=False))
-    nics = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)", "\n".join(lines), re.M))
-    legend = dict(re.findall(r"^\s*(X|SYS|NODE|PHB|PXB|PIX|NV#)\s+=\s+(.+)$", "\n".join(lines), re.M))
-    return {"devices": devices, "links": links, "affinity": affinity, "nics": nics, "legend": legend}
-
-
-def _fields(line: str) -> list[str]:
-    parts = line.split("\t") if "\t" in line else re.split(r"\s{2,}", line)
-    return [part.strip() for part in parts if part.strip()]
-
-
-def topology_summary(topology: dict[str, Any]) -> str:
-    """One line: the distinct GPU-GPU and GPU-NIC link kinds, e.g. 'GPU-GPU NV18; GPU-NIC PXB, SYS'."""
-    pairs: dict[str, set[str]] = {"GPU-GPU": set(), "GPU-NIC": set()}
-    for name, row in topology.get("links", {}).items():
-        if not name.startswith("GPU"):
-            continue
-        for other, kind in row.items():
-            pairs["GPU-GPU" if other.startswith("GPU") else "GPU-NIC"].add(kind)
-    return "; ".join(f"{key} {', '.join(sorted(kinds))}" for key, kinds in pairs.items() if kinds) or NONE
-
-
-# --------------------------------------------------------------------------- readers of this machine
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def cpu(root: Path = Path("/")) -> dict[str, Any]:
-    info = parse_cpuinfo(_read(root / "proc/cpuinfo") or "")
-    model = info["model"] or platform.processor() or platform.machine()
-    nodes = sorted(p.name for p in (root / "sys/devices/system/node").glob("node[0-9]*"))
-    memory = parse_meminfo(_read(root / "proc/meminfo") or "")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    return {
-        "model": model,
-        "sockets": info["sockets"],
-        "cores": info["cores"],
-        "logical_cpus": info["logical"] or os.cpu_count(),
-        "cpus_usable_here": usable,
-        "numa_nodes": len(nodes) or 1,
-        "memory_bytes": memory,
-    }
-
-
-def network(root: Path = Path("/")) -> dict[str, Any]:
-    """Interfaces of /sys/class/net (state, speed, MTU, type) and the ports of /sys/class/infiniband."""
-    interfaces = []
-    for path in sorted((root / "sys/class/net").glob("*")):
-        if path.name == "lo":
-            continue
-        speed = _read(path / "speed")
-        interfaces.append(
-            {
-                "name": path.name,
-                "state": _read(path / "operstate"),
-                "speed_mb_s": int(speed)
-                if speed and speed.lstrip("-").isdigit() and int(speed) > 0
-                else None,
-                "mtu": _int_or_none(_read(path / "mtu")),
-                "type": {"1": "ethernet", "32": "infiniband"}.get(
-                    _read(path / "type") or "", _read(path / "type")
-                ),
-            }
-        )
-    ports = []
-    for device in sorted((root / "sys/class/infiniband").glob("*")):
-        for port in sorted((device / "ports").glob("*")):
-            ports.append(
-                {
-                    "device": device.name,
-                    "port": port.name,
-                    "rate": _read(port / "rate"),
-                    "state": _read(port / "state"),
-                    "phys_state": _read(port / "phys_state"),
-                    "link_layer": _read(port / "link_layer"),
-                }
-            )
-    return {"interfaces": interfaces, "infiniband": ports}
-
-
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
-
-
-def gpus(nvml=None) -> dict[str, Any]:
-    """Every GPU NVML sees on this node, or {"available": false, "reason": ...} ("none")."""
-    try:
-        nvml = nvml or __import__("pynvml")
-        nvml.nvmlInit()
-    except Exception as error:  # noqa: BLE001 - no library, no driver, no GPU: all say "none"
-        return {"available": False, "reason": f"NVML unavailable: {error}", "devices": []}
-    try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda_driver = nvml.nvmlSystemGetCudaDriverVersion()
-        devices = [
-            _gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i), i) for i in range(nvml.nvmlDeviceGetCount())
-        ]
-    finally:
-        nvml.nvmlShutdown()
-    return {
-        "available": bool(devices),
-        "reason": "" if devices else "NVML sees no GPU",
-        "driver": driver,
-        "cuda_driver": f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}",
-        "devices": devices,
-    }
-
-
-def _gpu(nvml, handle, index: int) -> dict[str, Any]:
-    def optional(function, *args):
-        try:
-            return function(handle, *args)
-        except Exception:  # noqa: BLE001 - a field this GPU or driver does not report
-            return None
-
-    power = optional(nvml.nvmlDeviceGetEnforcedPowerLimit)
-    clocks = {
-        name: optional(nvml.nvmlDeviceGetMaxClockInfo, getattr(nvml, f"NVML_CLOCK_{name.upper()}"))
-        for name in ("sm", "mem")
-    }
-    memory = optional(nvml.nvmlDeviceGetMemoryInfo)
-    pci = optional(nvml.nvmlDeviceGetPciInfo)
-    return {
-        "index": index,
-        "name": _text(nvml.nvmlDeviceGetName(handle)),
-        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-        "memory_bytes": getattr(memory, "total", None),
-        "power_limit_w": power / 1000 if power is not None else None,
-        "max_clock_sm_mhz": clocks["sm"],
-        "max_clock_mem_mhz": clocks["mem"],
-        "pci_bus_id": _text(getattr(pci, "busId", None)) if pci is not None else None,
-    }
-
-
-def _text(value) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def command_output(argv: Sequence[str], timeout: float = 30) -> str | None:
-    """stdout of a tool, or None if it is missing or fails."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout if result.returncode == 0 else None
-
-
-def topology() -> dict[str, Any]:
-    text = command_output(["nvidia-smi", "topo", "-m"])
-    if text is None:
-        return {"available": False, "reason": "nvidia-smi topo -m: not available here", "summary": NONE}
-    try:
-        parsed = parse_topology(text)
-    except ValueError as error:
-        return {"available": False, "reason": str(error), "raw": text, "summary": NONE}
-    return {"available": True, **parsed, "summary": topology_summary(parsed), "raw": text}
-
-
-def filesystem(path: str, mounts_text: str) -> dict[str, Any]:
-    real = os.path.realpath(path)
-    probe = real
-    while not os.path.exists(probe):  # a folder not made yet: its nearest existing parent
-        probe = os.path.dirname(probe)
-    usage = shutil.disk_usage(probe)
-    return {"path": path, **mount_of(real, mounts_text), "free_bytes": usage.free, "total_bytes": usage.total}
-
-
 def software() -> dict[str, Any]:
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401 - imported so that the CUDA, cuDNN and NCCL versions are read
@@ -332,36 +80,34 @@ def software() -> dict[str, Any]:
 
 
 def describe(results_dir: str, data_dir: str, kind: str, root: Path = Path("/")) -> dict[str, Any]:
-    mounts = _read(root / "proc/mounts") or ""
-    slurm = command_output(["sinfo", "--version"]) or command_output(["srun", "--version"])
-    return {
+    """This node's description, with its provenance (`root`: where /proc and /sys are)."""
+    mounts = machine.read_text(root / "proc/mounts") or ""
+    slurm = common.command_output(["sinfo", "--version"]) or common.command_output(["srun", "--version"])
+    filesystems = {
+        "results": machine.filesystem(results_dir, mounts),
+        "data": machine.filesystem(data_dir, mounts),
+    }
+    record = {
         "host": socket.gethostname(),
         "kind": kind,
-        "cpu": cpu(root),
+        "cpu": machine.cpu(root),
         # NVML lists every GPU the node's cgroup lets it see; the job's own are CUDA_VISIBLE_DEVICES
-        "gpus": {**gpus(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
-        "topology": topology(),
-        "network": network(root),
-        "os": {
-            "name": parse_os_release(_read(root / "etc/os-release") or ""),
-            "kernel": platform.release(),
-            "machine": platform.machine(),
-        },
+        "gpus": {**nvidia.gpus(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
+        "topology": nvidia.topology(),
+        "network": machine.network(root),
+        "os": machine.operating_system(root),
         "slurm": {"version": slurm.strip() if slurm else None, **provenance.slurm_state()},
-        "filesystems": {"results": filesystem(results_dir, mounts), "data": filesystem(data_dir, mounts)},
+        "filesystems": filesystems,
         "software": software(),
         "image": {
             "path": os.environ.get(provenance.IMAGE_ENV),
             "sha256": os.environ.get(provenance.IMAGE_SHA256_ENV),
         },
-        "provenance": provenance.collect(),
     }
+    return common.with_provenance(record)
 
 
 # --------------------------------------------------------------------------- the table
-
-
-GB = 1e9
 
 
 def table_row(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,15 +159,6 @@ def table_row(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def _gb(value) -> float | None:
     return round(value / GB, 1) if value else None
-
-
-def write_table(records: Sequence[Mapping[str, Any]], out: str) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(TABLE_COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    for record in sorted(records, key=lambda r: (r["kind"], r["host"])):
-        writer.writerow(table_row(record))
-    atomic.write_text(out, buffer.getvalue())
 
 
 # --------------------------------------------------------------------------- command line
@@ -481,22 +218,23 @@ def _describe_here(args: argparse.Namespace) -> str:
     return record["host"]
 
 
+def _describe_here_command(args: argparse.Namespace) -> int:
+    _describe_here(args)
+    return 0
+
+
 def _table(args: argparse.Namespace) -> int:
-    records = []
-    for index in args.index:
-        for path in json.loads(Path(index).read_text())["files"]:
-            records.append(json.loads(Path(path).read_text()))
-    write_table(records, args.out)
+    records = common.read_records(
+        path for index in common.read_records(args.index) for path in index["files"]
+    )
+    rows = (table_row(record) for record in sorted(records, key=lambda r: (r["kind"], r["host"])))
+    common.write_table(args.out, TABLE_COLUMNS, rows)
     log.info("%d host(s) -> %s", len(records), args.out)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.preflight.system", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = common.command_parser("system", __doc__)
     for name in ("describe", "describe-here"):
         p = sub.add_parser(name, help="describe every node of the job" if name == "describe" else "this node")
         p.add_argument("--out-dir", required=True, help="where <hostname>.json goes")
@@ -504,19 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--data-dir", default="results/data")
         p.add_argument("--kind", default="compute", help="the node kind (compute, cpu)")
         if name == "describe":
-            p.add_argument("--launch-json", help="launch spec of the job's shape (one task per node)")
+            common.add_launch_json(p, "the job's shape (one task per node)", required=False)
             p.add_argument("--index", required=True, help="JSON listing the hosts described")
-    table = sub.add_parser("table", help="results/tables/system.csv from the indexes")
-    table.add_argument("--index", nargs="+", required=True)
-    table.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    setup_logging(getattr(logging, str(args.log_level).upper(), logging.INFO))
-    if args.command == "describe":
-        return _describe(args)
-    if args.command == "describe-here":
-        _describe_here(args)
-        return 0
-    return _table(args)
+    common.add_table_command(sub, "--index", "the indexes of `describe`", "results/tables/system.csv")
+    handlers = {"describe": _describe, "describe-here": _describe_here_command, "table": _table}
+    return common.run_command(parser.parse_args(argv), handlers, "system")
 
 
 if __name__ == "__main__":

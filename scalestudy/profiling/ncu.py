@@ -11,8 +11,10 @@ Which kernels `run` profiles:
   `profile.start_step` (past cudnn autotuning, compilation and the first epoch's one-off work) with
   cudaProfilerStart and closes it after `profile.steps` steps (`scalestudy.train.ranges.ProfileWindow`);
   ncu runs with `--profile-from-start off`, so nothing before the window counts, and with
-  `--nvtx --nvtx-include step/` only kernels inside the trainer's NVTX `step` ranges (not evaluation,
-  logging or checkpoints) are candidates;
+  `--nvtx --nvtx-include step` only kernels inside the trainer's NVTX `step` ranges (not evaluation,
+  logging or checkpoints) are candidates. Those are start/end ranges (no trailing slash; `step/`
+  would mean a push/pop range): process-wide, so the backward's kernels and the collectives that
+  autograd's device thread launches count too (scalestudy.train.ranges.named_range);
 - *which*: a configured `--kernel-regex`, else the `--top-kernels` kernels with the most GPU time in
   the nsys summary of the same one-GPU profile point (`<nsys-stats>/r0_cuda_gpu_kern_sum.csv`) when
   that run used nsys, matched by function name (`--kernel-name-base function`), else every kernel;
@@ -106,7 +108,7 @@ def profile_prefix(report: str | Path, kernel_regex: str, launch_count: int, ncu
         "off",
         "--nvtx",
         "--nvtx-include",
-        f"{STEP_RANGE}/",
+        STEP_RANGE,  # a start/end range: no trailing "/" (that selects push/pop ranges)
         "--kernel-name-base",
         "function",
         "--kernel-name",

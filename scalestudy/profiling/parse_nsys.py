@@ -6,13 +6,19 @@ Nsight Systems 2023.x-2025.x):
 - `cuda_gpu_kern_sum`: "Total Time (ns)", "Instances", "Name" (required) -> busy time per
   category (`categorize.category`), NCCL kernels (`nccl*`) being communication;
 - `cuda_gpu_mem_time_sum`: "Total Time (ns)", "Operation" -> memory copy (memcpy and memset);
-- `nvtx_sum`: "Total Time (ns)", "Instances", "Range" -> the window (the `step` ranges: their
-  total time is the window, their count the steps) and data loading (the `data` ranges);
+- `nvtx_sum`: "Total Time (ns)", "Instances", "Range" -> the steps (the count of the `step`
+  ranges), a lower bound of the window (their total time) and data loading (the `data` ranges);
 - `cuda_gpu_trace`: "Start (ns)", "Duration (ns)", "Name" -> the exact compute/communication
   overlap: measure of union(NCCL kernels) intersected with union(other kernels).
 
-Without NVTX ranges the window is the span of the GPU trace; without a trace the overlap is the
-lower bound (see `breakdown`). Data loading is host time and may overlap GPU work.
+The window is the longer of the `step` ranges' total and the GPU trace's span (first activity's
+start to last activity's end). The NVTX ranges are CPU time: the trainer queues work ahead of the
+GPU, and the drain after the last step's range (before the window's closing synchronise) is in no
+range, so with the ranges alone the GPU's busy time could exceed the window and push idle to 0.
+The trace span covers that drain (nsys records only the cudaProfilerApi capture range, which the
+trainer opens and closes after a synchronise). Without NVTX ranges the window is the trace span;
+without a trace, the step ranges (and the overlap is the lower bound, see `breakdown`). Data
+loading is host time and may overlap GPU work.
 """
 
 from __future__ import annotations
@@ -93,11 +99,14 @@ def exact_overlap(trace: pd.DataFrame) -> float:
 
 
 def window_of(ranges: dict, trace: pd.DataFrame | None, steps: int, source: Path) -> tuple[float, int]:
-    """(window seconds, steps): the NVTX step ranges, else the span of the GPU trace."""
+    """(window seconds, steps): the longer of the NVTX step ranges' total and the GPU trace's span
+    (see the module doc), with the step ranges' count; either one alone where the other is missing."""
+    span = float(trace["end_s"].max() - trace["start_s"].min()) if trace is not None and len(trace) else None
     if STEP_RANGE in ranges and ranges[STEP_RANGE][1] > 0:
-        return ranges[STEP_RANGE]
-    if trace is not None and len(trace):
-        return float(trace["end_s"].max() - trace["start_s"].min()), steps
+        cpu_s, counted = ranges[STEP_RANGE]
+        return max(cpu_s, span or 0.0), counted
+    if span is not None:
+        return span, steps
     raise TableError(
         f"{source}: no NVTX {STEP_RANGE!r} ranges and no GPU trace: the profiled window is unknown"
     )

@@ -239,7 +239,10 @@ class GpuMonitor:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             except nvml.NVMLError as error:
-                problems.append(f"NVML GPU {index}: {error}")  # may be another job's GPU: not fatal
+                if _no_permission(nvml, error):  # another job's GPU behind Slurm's device cgroup
+                    log.debug("GPU monitor: NVML GPU %d is not this job's: %s", index, error)
+                else:
+                    problems.append(f"NVML GPU {index}: {error}")  # may be another job's GPU: not fatal
                 continue
             if self.wanted is None or uuid_key(uuid) in self.wanted:
                 matched.add(uuid_key(uuid))
@@ -367,6 +370,14 @@ class GpuMonitor:
             device.last_error["gpm_sm_util"] = f"NVML return code {metric.nvmlReturn}"
             return None
         return float(metric.value)
+
+
+def _no_permission(nvml, error) -> bool:
+    """NVML_ERROR_NO_PERMISSION: under Slurm's device cgroup (ConstrainDevices) NVML still counts the
+    node's other GPUs but may not open them; expected there, so not a warning. The rank's own GPU
+    missing is still reported (by UUID)."""
+    code = getattr(nvml, "NVML_ERROR_NO_PERMISSION", None)
+    return code is not None and getattr(error, "value", None) == code
 
 
 def power_fraction(power_w: float | None, limit_w: float | None) -> float | None:

@@ -6,8 +6,11 @@ run config).
   decay to zero at the last step, updated every step.
 - `optimizer`: sgd (momentum, nesterov, weight decay on all parameters) or adamw (betas 0.9/0.95,
   decoupled weight decay on weight matrices and embeddings, none on biases and norms); null: the
-  workload's (sgd for the ResNet, adamw for the LM). Fused kernels where the parameters
-  are plain tensors; foreach where they are FSDP2's DTensors.
+  workload's (sgd for the ResNet, adamw for the LM). Fused kernels: AdamW's fused step has DTensor
+  sharding strategies, so it runs fused under FSDP2 too, and a fused step takes GradScaler's
+  found-inf flag as a tensor (no host sync; the foreach step reads it with `.item()` every fp16
+  step). SGD's fused step has none (torch 2.14: "aten._fused_sgd_ ... no sharding strategy"), so
+  SGD over FSDP2's DTensors runs foreach (and syncs once per fp16 step).
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ def optimizer_name(config: dict[str, Any]) -> str:
 
 
 def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: float, sharded: bool):
-    kernel = {"foreach": True} if sharded else {"fused": True}
     if optimizer_name(config) == "adamw":
         matrices = [p for p in model.parameters() if p.dim() >= 2]
         vectors = [p for p in model.parameters() if p.dim() < 2]
@@ -51,14 +53,14 @@ def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: flo
             {"params": matrices, "weight_decay": config["weight_decay"]},
             {"params": vectors, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, **kernel)
+        return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, fused=True)
     return torch.optim.SGD(
         model.parameters(),
         lr=peak_lr,
         momentum=config["momentum"],
         nesterov=config["nesterov"],
         weight_decay=config["weight_decay"],
-        **kernel,
+        **({"foreach": True} if sharded else {"fused": True}),
     )
 
 

@@ -9,6 +9,12 @@ holds in memory.
   communication. Precision bf16/fp16 runs through FSDP2's MixedPrecisionPolicy (parameters cast to
   that dtype for the compute, gradients reduced in fp32) instead of autocast. With one rank, FSDP2
   runs in a process group of its own (nothing to shard, but the same code path and its overheads).
+  The root module (embeddings, head) is left on FSDP2's default, which keeps its parameters
+  gathered after the forward: the backward needs them first, and resharding them would put an
+  exposed all-gather at the start of every backward. With `compile`, each shard unit is compiled
+  (in place: the same state_dict keys) before it is sharded (torchtitan's order): compiling the
+  whole model after fully_shard graph-breaks at FSDP2's dynamo-disabled hooks and leaves the
+  root's forward eager.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from scalestudy.train import torch_options as torchopts
+from scalestudy.train.process import check_deterministic
 
 COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 FSDP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,10 +47,13 @@ class Wrapped:
     options: dict[str, Any] | None  # DDP's options or FSDP2's choices; None with one plain rank
     sharded: bool  # parameters are FSDP2 DTensors
     autocast: bool  # the step runs under autocast (not with FSDP2's mixed-precision policy)
+    compiled: bool = False  # the shard units are compiled already (the caller compiles nothing more)
 
 
 def wrap(model: torch.nn.Module, config: dict[str, Any], device: torch.device, world_size: int, shard_units):
-    """The model `model` (already on `device`) prepared for `config["parallelism"]`."""
+    """The model `model` (already on `device`) prepared for `config["parallelism"]`; RunConfigError
+    first where `deterministic` cannot run it on `device` (process.check_deterministic)."""
+    check_deterministic(model, config, device)
     if config["parallelism"] == "fsdp":
         return _fully_shard(model, config, shard_units)
     if world_size == 1:
@@ -68,18 +78,25 @@ def _fully_shard(model: torch.nn.Module, config: dict[str, Any], shard_units) ->
     dtype = FSDP_DTYPES.get(config["precision"])
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     reshard = config["reshard_after_forward"]
+    compiled = bool(config["compile"]) and bool(shard_units)
+    if compiled:
+        torchopts.log_graph_breaks()
     for unit in shard_units:
+        if compiled:
+            unit.compile()  # before fully_shard: its hooks stay outside the compiled frame
         fully_shard(unit, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(model, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)  # root: reshard_after_forward left to FSDP2 (False for it)
     if config["comm_hook"] != "none":
         log.warning("comm_hook=%r is DDP's; FSDP2 reduces in its reduce_dtype", config["comm_hook"])
     options = {
         "reshard_after_forward": reshard,
+        "root_reshard_after_forward": False,
+        "compiled_units": len(shard_units) if compiled else 0,
         "param_dtype": str(dtype).removeprefix("torch.") if dtype else None,
         "reduce_dtype": "float32" if dtype else None,
         "shard_units": len(shard_units),
     }
-    return Wrapped(model, options, sharded=True, autocast=dtype is None)
+    return Wrapped(model, options, sharded=True, autocast=dtype is None, compiled=compiled)
 
 
 def needs_process_group(config: dict[str, Any], world_size: int) -> bool:
@@ -87,10 +104,26 @@ def needs_process_group(config: dict[str, Any], world_size: int) -> bool:
 
 
 def init_single_rank_group(backend: str) -> None:
-    """A process group of one rank (FSDP2 needs a device mesh even then), in memory: no port."""
+    """A process group of one rank (FSDP2 needs a device mesh even then), in memory: no port.
+
+    It serves CPU tensors too (single_rank_backend): with one rank there is no separate gloo
+    control group, so the stop agreement (StopRequest.agreed) and the object collectives run on
+    this group, and NCCL alone serves CUDA tensors only ("No backend type associated with device
+    type cpu" at the first step)."""
     import torch.distributed as dist
 
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(single_rank_backend(backend), store=dist.HashStore(), rank=0, world_size=1)
+
+
+def single_rank_backend(backend: str) -> str:
+    """`backend` ("nccl", "gloo" or "device:backend,...") with gloo added for the CPU where it
+    serves no CPU tensors: "nccl" -> "cpu:gloo,cuda:nccl"."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    devices = BackendConfig(Backend(backend)).get_device_backend_map()
+    if "cpu" in devices:
+        return backend
+    return ",".join(f"{device}:{name}" for device, name in {"cpu": "gloo", **devices}.items())
 
 
 # --- memory --------------------------------------------------------------------------------------

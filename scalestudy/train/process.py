@@ -1,6 +1,15 @@
-"""The trainer's process: seeds, determinism and threads for a run (process_settings), the autocast
-dtype a device can run, the device's name, glibc's allocator settings for CPU steps, and how the
-process ends (exit_now)."""
+"""The trainer's process: seeds, determinism, threads, fp32 math and the CUDA allocator for a run
+(process_settings), the autocast dtype a device can run, the device's name, glibc's allocator
+settings for CPU steps, and how the process ends (exit_now).
+
+fp32 math: `precision: fp32` is IEEE fp32 on a GPU too. torch 2.14 runs cuDNN convolutions in TF32
+by default (torch.backends.cudnn.conv.fp32_precision == "tf32"), which would make an "fp32"
+ResNet run on tensor cores while its MFU divides by the non-tensor-core fp32 peak (~7x too high
+on an H100). process_settings sets cuDNN's and cuBLAS's fp32 precision to "ieee" for every
+precision but `tf32`, which sets both to "tf32" (its own peak in analysis.peak_tflops); fp32_math()
+reads back what ran, for the summary. The autocast precisions (bf16, fp16) keep their fp32 ops
+(outside autocast) in IEEE as well.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +28,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+FP32_MATH = {"tf32": "tf32"}  # precision -> torch's fp32_precision for cuDNN and cuBLAS; else "ieee"
+# FSDP2's all-gathered parameters come and go every step in varying sizes: expandable segments
+# keep the caching allocator from fragmenting (PyTorch's FSDP2 recommendation); the environment's
+# own PYTORCH_CUDA_ALLOC_CONF wins.
+FSDP_ALLOC_CONF = "expandable_segments:True"
+# Modules whose CUDA backward has no deterministic kernel: torch.use_deterministic_algorithms(True)
+# raises at the first backward (torch's use_deterministic_algorithms documentation lists them).
+NONDETERMINISTIC_CUDA_BACKWARD = (
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool2d",
+    "AvgPool3d",
+    "MaxPool3d",
+    "FractionalMaxPool2d",
+    "FractionalMaxPool3d",
+    "ReflectionPad1d",
+    "ReflectionPad2d",
+    "ReflectionPad3d",
+    "ReplicationPad1d",
+    "ReplicationPad2d",
+    "ReplicationPad3d",
+)
 
 log = logging.getLogger("scalestudy.train")
 
@@ -31,7 +62,12 @@ def process_settings(config: dict[str, Any]):
         torch.are_deterministic_algorithms_enabled(),
         torch.get_num_threads(),
         torch.backends.cudnn.benchmark,
+        fp32_math(),
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     )
+    set_fp32_math(FP32_MATH.get(config["precision"], "ieee"))
+    if config.get("parallelism") == "fsdp":
+        use_expandable_segments()
     if config["deterministic"]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
         torch.use_deterministic_algorithms(True)
@@ -44,6 +80,65 @@ def process_settings(config: dict[str, Any]):
         torch.use_deterministic_algorithms(saved[0])
         torch.set_num_threads(saved[1])
         torch.backends.cudnn.benchmark = saved[2]
+        set_fp32_math(saved[3]["cudnn_conv"], saved[3]["cudnn_rnn"], saved[3]["cuda_matmul"])
+        _restore_environ("PYTORCH_CUDA_ALLOC_CONF", saved[4])
+
+
+def _restore_environ(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def fp32_math() -> dict[str, str]:
+    """How fp32 convolutions, RNNs and matmuls run on a GPU ("ieee", "tf32"; "none": torch's
+    default, IEEE for matmuls), as torch's fp32_precision settings say (recorded in summary.json)."""
+    return {
+        "cudnn_conv": torch.backends.cudnn.conv.fp32_precision,
+        "cudnn_rnn": torch.backends.cudnn.rnn.fp32_precision,
+        "cuda_matmul": torch.backends.cuda.matmul.fp32_precision,
+    }
+
+
+def set_fp32_math(conv: str, rnn: str | None = None, matmul: str | None = None) -> None:
+    """torch's fp32_precision of cuDNN convolutions, RNNs (default: as conv) and cuBLAS matmuls
+    (default: as conv). Only the new API: mixing it with allow_tf32 raises in torch 2.14."""
+    torch.backends.cudnn.conv.fp32_precision = conv
+    torch.backends.cudnn.rnn.fp32_precision = rnn or conv
+    torch.backends.cuda.matmul.fp32_precision = matmul or conv
+
+
+def effective_precision(precision: str, amp_dtype: torch.dtype | None) -> str:
+    """The precision that ran: `precision`, or fp32 where autocast could not run its dtype."""
+    return precision if AUTOCAST_DTYPES[precision] == amp_dtype else "fp32"
+
+
+def use_expandable_segments() -> None:
+    """FSDP_ALLOC_CONF for the CUDA caching allocator, unless PYTORCH_CUDA_ALLOC_CONF is set: in the
+    environment (read when the allocator starts) and, where CUDA has started, set now as well."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = FSDP_ALLOC_CONF
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(FSDP_ALLOC_CONF)
+
+
+def check_deterministic(model: torch.nn.Module, config: dict[str, Any], device: torch.device) -> None:
+    """RunConfigError before training where `deterministic: true` cannot run on `device`: a module
+    whose CUDA backward has no deterministic kernel (the ResNet's AdaptiveAvgPool2d) would raise at
+    the first backward step."""
+    if not config["deterministic"] or device.type != "cuda":
+        return
+    found = sorted({type(m).__name__ for m in model.modules()} & set(NONDETERMINISTIC_CUDA_BACKWARD))
+    if found:
+        from scalestudy.plan.runconfig import RunConfigError
+
+        raise RunConfigError(
+            f"run config deterministic=true cannot run {config['workload']} on {device}: the CUDA "
+            f"backward of {', '.join(found)} has no deterministic kernel (torch.use_deterministic_"
+            "algorithms would raise at the first step); set deterministic: false or device: cpu"
+        )
 
 
 def seed_everything(seed: int) -> None:

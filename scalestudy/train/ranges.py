@@ -1,7 +1,12 @@
 """Named ranges around the phases of a step, and the profiling window of a profile run.
 
 `named_range("forward")` shows up as a record_function range in torch.profiler traces and, on a
-GPU, as an NVTX range in Nsight Systems. `ProfileWindow` captures `steps` steps from `start_step`:
+GPU, as an NVTX start/end range (nvtxRangeStart/End) in Nsight Systems and Nsight Compute. Not a
+push/pop range: those are per thread, and autograd runs the CUDA backward (and DDP's/FSDP2's
+collectives it issues) on its own device thread, whose stack holds no `step`: ncu's
+`--nvtx-include step/` never saw a backward or communication kernel. A start/end range is the
+process's, whichever thread launches the kernel (ncu filters on it with `--nvtx-include step`, no
+trailing slash). `ProfileWindow` captures `steps` steps from `start_step`:
 
 - tool "nsys": torch.cuda.profiler.start()/stop() (cudaProfilerStart/Stop); the nsys process that
   wraps each rank is started with `--capture-range=cudaProfilerApi` and records only that window.
@@ -34,15 +39,15 @@ log = logging.getLogger("scalestudy.ranges")
 
 @contextlib.contextmanager
 def named_range(name: str) -> Iterator[None]:
+    """A record_function range and, with CUDA, a process-wide NVTX start/end range named `name`."""
     nvtx = _cuda_available()
     with torch.profiler.record_function(name):
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
+        handle = torch.cuda.nvtx.range_start(name) if nvtx else None
         try:
             yield
         finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
+            if handle is not None:
+                torch.cuda.nvtx.range_end(handle)
 
 
 def check_profile(profile: dict[str, Any] | None) -> tuple[str, int, int]:

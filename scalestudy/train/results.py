@@ -1,6 +1,6 @@
-"""What a finished run reports (summary.json's results and provenance), as a part of the Trainer:
-the steady-state window (scalestudy.train.steady), whole-run rates, the workload, its loss, and the memory
-of every rank."""
+"""What a finished run reports (summary.json's results and provenance): the steady-state window
+(scalestudy.train.steady), whole-run rates, the workload, its loss, and the memory of every rank.
+RunResults is given what it reports on (the run state, the window, what setup built and chose)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,58 @@ import logging
 import math
 import os
 import statistics
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from scalestudy import provenance
 from scalestudy.train import optim
 from scalestudy.train import torch_options as torchopts
-from scalestudy.train.process import AUTOCAST_DTYPES
+from scalestudy.train.process import effective_precision, fp32_math
+from scalestudy.train.state import RunState
+from scalestudy.train.steady import SteadyWindow
+from scalestudy.workloads import Workload
+from scalestudy.workloads.built import Built
 
 log = logging.getLogger("scalestudy.train")
 
 
-class RunResults:
-    """The Trainer's results methods (scalestudy.train.trainer.Trainer derives from it)."""
+def steady_result(steady: SteadyWindow, world_size: int, attempt: int) -> dict[str, Any]:
+    """An attempt's measurement window (attempt 0 is the first, each resume adds one)."""
+    return {**steady.result(world_size), "measure_attempt": attempt}
 
-    def results(self) -> dict[str, Any]:
-        c, metrics = self.config, self.history.metrics
+
+@dataclass
+class RunResults:
+    """summary.json of a run: `summary(memory)`, memory being every rank's memory_report."""
+
+    config: dict[str, Any]
+    given: dict[str, Any]  # the run config as given (summary.json's "run")
+    state: RunState
+    steady: SteadyWindow  # this attempt's window
+    workload: Workload
+    built: Built
+    wrapped_options: dict[str, Any] | None  # parallel.Wrapped.options
+    world_size: int
+    steps_per_epoch: int
+    device: torch.device
+    backend: str
+    ranks: list[dict[str, Any]]  # every rank's host, device and start time
+    launcher: str
+    amp_dtype: torch.dtype | None
+    peak_lr: float
+
+    def summary(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"run": self.given, "results": self.results(memory), "provenance": self.provenance()}
+
+    def results(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
+        c, metrics = self.config, self.state.history.metrics
         later = metrics[1:] or metrics
         test_accs = [row["test_acc"] for row in metrics]
         return {
             "epochs": len(metrics),
-            "steps": self.position.global_step,
+            "steps": self.state.position.global_step,
             "steps_per_epoch": self.steps_per_epoch,
             "world_size": self.world_size,
             "global_batch": c["global_batch"],
@@ -41,25 +73,25 @@ class RunResults:
             "final_test_acc": test_accs[-1] if test_accs else None,
             "best_test_acc": max(test_accs) if test_accs else None,
             "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
-            "time_to_target_s": self.history.time_to_target_s,
+            "time_to_target_s": self.state.history.time_to_target_s,
             "target_accuracy": c["target_accuracy"],
-            "total_time_s": self.elapsed_s(),
-            "resumed_from_step": self.resumed_from_step,
-            "resumes": self.history.resumes,
+            "total_time_s": self.state.elapsed_s(),
+            "resumed_from_step": self.state.resumed_from_step,
+            "resumes": self.state.history.resumes,
             "device": self.device.type,
             "device_name": self.ranks[0]["device_name"],
             "backend": self.backend,  # chosen for the device even with one rank (no process group)
-            "precision_effective": next(k for k, v in AUTOCAST_DTYPES.items() if v == self.amp_dtype),
+            "precision_effective": effective_precision(c["precision"], self.amp_dtype),
             "parameters": self.built.parameters,
             "forward_flops_per_image": self.built.forward_flops_per_sample,
             "train_flops_per_image": self.built.train_flops_per_sample,
             "peak_lr": self.peak_lr,
-            **self.workload_results(),
+            **self.workload_results(memory),
         }
 
-    def workload_results(self) -> dict[str, Any]:
-        """What is trained and how, its loss, and the memory of every rank (finish gathered it)."""
-        metrics = self.history.metrics
+    def workload_results(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
+        """What is trained and how, its loss, and the memory of every rank."""
+        metrics = self.state.history.metrics
         test_loss = metrics[-1]["test_loss"] if metrics else None
         perplexity = self.workload.metric == "perplexity" and test_loss is not None
         return {
@@ -71,18 +103,14 @@ class RunResults:
             "optimizer": optim.optimizer_name(self.config),
             "final_test_loss": test_loss,
             "final_test_perplexity": math.exp(test_loss) if perplexity else None,
-            "peak_memory_bytes": max(rank["peak"] for rank in self.memory),
-            "peak_memory_bytes_per_rank": [rank["peak"] for rank in self.memory],
-            "peak_memory_source": self.memory[0]["source"],
-            "model_state_bytes_per_rank": max(rank["state"] for rank in self.memory),
+            "peak_memory_bytes": max(rank["peak"] for rank in memory),
+            "peak_memory_bytes_per_rank": [rank["peak"] for rank in memory],
+            "peak_memory_source": memory[0]["source"],
+            "model_state_bytes_per_rank": max(rank["state"] for rank in memory),
         }
 
     def parallel_options(self, parallelism: str) -> dict[str, Any] | None:
-        return self.wrapped.options if self.config["parallelism"] == parallelism else None
-
-    def steady_result(self) -> dict[str, Any]:
-        """This attempt's measurement window (attempt 0 is the first, each resume adds one)."""
-        return {**self.steady.result(self.world_size), "measure_attempt": len(self.history.resumes)}
+        return self.wrapped_options if self.config["parallelism"] == parallelism else None
 
     def steady_results(self) -> dict[str, Any]:
         """The window the run reports: this attempt's if it filled one, else the last filled window
@@ -92,8 +120,8 @@ class RunResults:
         they would be on that attempt's clock, and gpu_monitor.csv covers only this (the last)
         attempt, so its GPU monitor summary is "not measured".
         """
-        current = self.steady_result()
-        earlier = self.history.steady_window
+        current = steady_result(self.steady, self.world_size, self.state.attempt)
+        earlier = self.state.history.steady_window
         if current["window_filled"]:
             return current
         if earlier is not None:
@@ -111,7 +139,7 @@ class RunResults:
 
     def whole_run_rates(self) -> dict[str, Any]:
         """Images over the training time of every epoch, the first one's one-off costs included."""
-        metrics = self.history.metrics
+        metrics = self.state.history.metrics
         seconds = sum(row["epoch_time_s"] for row in metrics)
         images = sum(row["images_per_s"] * row["epoch_time_s"] for row in metrics)
         if not seconds > 0:
@@ -133,8 +161,10 @@ class RunResults:
             "device_names": sorted({r["device_name"] for r in self.ranks}),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
-            "launcher": self.dist_env.launcher,
+            "launcher": self.launcher,
             "ddp_options": self.parallel_options("ddp"),
+            "fp32_math": fp32_math(),  # how fp32 convolutions and matmuls ran (process_settings)
+            "graph_breaks": torchopts.graph_breaks() if self.config["compile"] else None,
         }
         return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
 

@@ -1,14 +1,15 @@
-"""The state and clocks of a training run (scalestudy.train.trainer): where it is (Position), the current
-epoch's totals (EpochProgress), what the results need from earlier epochs and attempts (History),
-training time without pauses (TrainingClock), a sampled step's phases (StepTimer), and the stop
-signals every rank agrees on (StopRequest)."""
+"""The state and clocks of a training run (scalestudy.train.trainer): the run state that goes into
+its checkpoints (RunState: where it is, Position; the current epoch's totals so far, EpochProgress;
+what the results need from earlier epochs and attempts, History), the running epoch's totals on
+this rank (EpochMeter), training time without pauses (TrainingClock), a sampled step's phases
+(StepTimer), and the stop signals every rank agrees on (StopRequest)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -138,3 +139,79 @@ class History:
     time_to_target_s: float | None = None
     resumes: list[int] = field(default_factory=list)
     steady_window: dict[str, Any] | None = None  # the last filled measurement window (any attempt)
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds of the run besides model, optimizer and schedule (state_dict /
+    load_state_dict), and the clock of the current attempt (elapsed_s: training wall time of every
+    attempt so far)."""
+
+    position: Position = field(default_factory=Position)
+    progress: EpochProgress = field(default_factory=EpochProgress)  # the epoch's totals at the last save
+    history: History = field(default_factory=History)
+    resumed_from_step: int | None = None
+    attempt_t0: float = field(default_factory=time.perf_counter)
+    attempt_first_step: int = 0
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number: 0 is the first, each resume adds one."""
+        return len(self.history.resumes)
+
+    def start_attempt(self) -> None:
+        self.attempt_t0 = time.perf_counter()
+        self.attempt_first_step = self.position.global_step
+
+    def elapsed_s(self) -> float:
+        return self.history.elapsed_s + time.perf_counter() - self.attempt_t0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": asdict(self.position),
+            "epoch_progress": asdict(self.progress),
+            "history": asdict(self.history) | {"elapsed_s": self.elapsed_s()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = Position(**state["position"])
+        self.progress = EpochProgress(**state["epoch_progress"])
+        self.history = History(**state["history"])
+
+    def mark_resumed(self) -> None:
+        self.resumed_from_step = self.position.global_step
+        self.history.resumes.append(self.position.global_step)
+
+
+class EpochMeter:
+    """The running epoch's totals on this rank, from the carried totals of a resumed epoch (rank 0
+    holds them, the others add only their own): loss sum and correct count on the device (float64:
+    the carried totals keep their bits; read at log steps only), samples, and the epoch's clock."""
+
+    def __init__(self, carried: EpochProgress, device: torch.device, is_main: bool) -> None:
+        start = carried if is_main else EpochProgress(time_s=carried.time_s)
+        self.carried_s = carried.time_s
+        self.sums = torch.tensor([start.loss_sum, start.correct], dtype=torch.float64, device=device)
+        self.samples = start.images
+        self.clock = TrainingClock()
+        self._log_mark, self._log_samples = 0.0, 0
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, world_size: int) -> int:
+        """One step's loss (a mean) and hits; returns the step's samples on this rank."""
+        samples = targets.numel()
+        hits = (logits.argmax(-1) == targets).sum().double()
+        self.sums += torch.stack((loss.detach().double() * samples, hits))
+        self.samples += samples
+        self._log_samples += samples * world_size
+        return samples
+
+    def time_s(self) -> float:
+        """The epoch's training seconds, earlier attempts' part of it included."""
+        return self.carried_s + self.clock.seconds()
+
+    def log_rate(self) -> float:
+        """Samples per second over all ranks since the previous call (or the epoch's start)."""
+        now = self.clock.seconds()
+        rate = self._log_samples / (now - self._log_mark)
+        self._log_mark, self._log_samples = now, 0
+        return rate

@@ -12,7 +12,7 @@ after the attempt's first step (outside the window), to time it.
 
 A window belongs to one attempt (one process): a resumed attempt starts a fresh warm-up, because its
 compile, autotuning and caches start cold again; a window that an interruption cut short is
-discarded (see Trainer.steady_results for which window a resumed run reports).
+discarded (see RunResults.steady_results for which window a resumed run reports).
 
 Times: `measure_start_s` / `measure_end_s` are seconds since `t0` on the wall clock (time.time()),
 the time base of gpu_monitor.csv's time_s; durations use the monotonic perf_counter. The window's

@@ -1,5 +1,6 @@
 """Options of the GPU step path that depend on the installed torch: DistributedDataParallel's
-options, torch.compile's cache folder and the time spent compiling (used by scalestudy.train.trainer)."""
+options, torch.compile's cache folder, the time spent compiling and its graph breaks (used by
+scalestudy.train.trainer and scalestudy.train.parallel)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def compile_seconds() -> float:
 
 
 COMPILE_METRICS = ("_compile.compile_inner", "backward._backward_impl")
+
+
+def log_graph_breaks() -> None:
+    """Dynamo's graph breaks and recompiles in the run's log (TORCH_LOGS=graph_breaks,recompiles),
+    each with its reason and where it happened; the environment's TORCH_LOGS wins if set."""
+    import torch._logging
+
+    if not os.environ.get("TORCH_LOGS"):
+        torch._logging.set_logs(graph_breaks=True, recompiles=True)
+
+
+def graph_breaks() -> int:
+    """Graph breaks Dynamo has taken in this process (0 without compiling): its `graph_break`
+    counter plus its `unimplemented` one (a call it cannot trace, such as FSDP2's
+    dynamo-disabled hooks, which leaves the rest of that frame eager)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()) + sum(counters["unimplemented"].values())

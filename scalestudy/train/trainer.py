@@ -1,52 +1,19 @@
-"""The trainer: `python -m scalestudy.train --run-config-json JSON | --run-config PATH --out-dir DIR`.
+"""One rank's training run (the Trainer), started by scalestudy.train.program (`python -m scalestudy.train`).
 
-Reads top to bottom: run config -> ranks and devices -> data and model (the workload's:
-scalestudy.workloads) -> data parallelism (DDP or FSDP2: scalestudy.train.parallel) -> optimizer and
-schedule (scalestudy.train.optim) -> resume -> training loop (timing, logging, checkpoints, stop signals)
--> results. Rank 0 writes the run folder once, at the end (gpu_monitor.*, metrics.csv, steps.csv,
-then summary.json), every file atomically; checkpoints go to the run config's checkpoint_dir
-(scalestudy.train.checkpoint.single_file, or scalestudy.train.checkpoint.dcp for workloads that reshard).
-
-The Trainer is split along those lines: this module holds setup and the training loop; its
-resume and checkpoint methods are scalestudy.train.checkpoint.manager's, its results
-scalestudy.train.results',
-its state and clocks scalestudy.train.state's, the process settings scalestudy.train.process's.
-
-Every workload's step is the same: the model maps a batch to logits over classes in its last
-dimension (ResNet: [B, 10] per image; LM: [B, T, vocab] per token), the loss is their cross-entropy
-with the targets, and a sample is one target (an image, a token): throughput, accuracy and the
-loss are per sample, in the workload's unit (`sample_unit`; the result keys keep their historical
-names images_per_s, ... for every unit).
-
-Choices (see docs/architecture.md for the files):
-- Strong or weak scaling is the grid's decision, made through per_gpu_batch and global_batch;
-  here global_batch must equal per_gpu_batch x world_size.
-- Learning rate and optimizer: scalestudy.train.optim (linear/sqrt scaling, warm-up, cosine; SGD for the
-  ResNet, AdamW for the LM); grad_clip clips the global gradient norm.
-- Precision fp32; bf16 = autocast to bfloat16; fp16 = autocast to float16 with a GradScaler; under
-  FSDP2 its mixed-precision policy instead of autocast (scalestudy.train.parallel). If autocast cannot
-  run the dtype on the device, the run falls back to fp32 with a warning and records
-  precision_effective.
-- Epochs in metrics.csv and steps.csv count from 1; steps.csv's step is the global step (from 0)
-  and its timings are rank 0's.
-- Throughput, step time (and so MFU) come from a steady-state window (scalestudy.train.steady):
-  measure_steps optimizer steps after measure_warmup_steps steps of the attempt, across epochs,
-  with evaluation, checkpoints and profiler output paused out of it. steps.csv samples no step
-  inside the window (its per-phase synchronisation would slow the steps measured).
-- DDP: BatchNorm statistics are per rank by design (forward_sync_buffers / broadcast_buffers off);
-  evaluation and checkpoints use rank 0's, which every rank takes before evaluating, so test
-  metrics are those of the checkpointed model whether or not the run was resumed.
-- Peak memory per rank (CUDA's max allocated, or the CPU's peak RSS) and the bytes of model state
-  a rank holds (parameters, gradients, optimizer state: FSDP2 shards them) go into the results.
-- SIGTERM/SIGUSR1: the current step is finished (with several ranks also the next one, while they
-  agree), a checkpoint is written and every rank exits with EXIT_RESUMABLE (75): the workflow
-  retries, the retry resumes.
+In the order it happens: ranks and devices -> data and model (the workload's: scalestudy.workloads)
+-> data parallelism (scalestudy.train.parallel) -> optimizer and schedule (scalestudy.train.optim)
+-> resume (scalestudy.train.checkpoint.manager.Checkpointer) -> training loop -> results
+(scalestudy.train.results). Trainer.train_step is one optimizer step, read top to bottom;
+train_epoch puts around it the profiler window, the epoch's totals, the steady-state window
+(scalestudy.train.steady), progress lines, checkpoint cadence and stop signals. Rank 0 writes the
+run folder once, at the end (gpu_monitor.*, metrics.csv, steps.csv, then summary.json), every file
+atomically. SIGTERM/SIGUSR1 end the run with a checkpoint and EXIT_RESUMABLE (75): the retry
+resumes. The choices it makes (scaling, precision, timing windows, BatchNorm under DDP, signals)
+are in docs/architecture.md, "The trainer's choices".
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import signal
 import socket
@@ -58,51 +25,70 @@ import torch
 import torch.nn.functional as F
 
 from scalestudy import atomic, provenance, workloads
-from scalestudy.data.preprocess import PackedDataError
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.plan import runconfig
-from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
-from scalestudy.progress import format_seconds, setup_logging
+from scalestudy.progress import format_seconds
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import optim, parallel, steady
 from scalestudy.train import torch_options as torchopts
-from scalestudy.train.checkpoint import dcp as sharded_checkpoint
-from scalestudy.train.checkpoint import single_file as checkpoint
-from scalestudy.train.checkpoint.manager import RunCheckpoints
-from scalestudy.train.optim import lr_scale, lr_schedule  # noqa: F401 - the trainer's documented names
-from scalestudy.train.parallel import COMM_HOOKS  # noqa: F401
-from scalestudy.train.process import (
-    autocast_dtype,
-    device_name,
-    exit_now,
-    keep_freed_host_memory,
-    process_settings,
-)
+from scalestudy.train.checkpoint.manager import Checkpointer
+from scalestudy.train.process import autocast_dtype, device_name
 from scalestudy.train.ranges import ProfileWindow, named_range
-from scalestudy.train.results import RunResults
-from scalestudy.train.state import EpochProgress, History, Position, StepTimer, StopRequest, TrainingClock
+from scalestudy.train.results import RunResults, steady_result
+from scalestudy.train.state import EpochMeter, EpochProgress, Position, RunState, StepTimer, StopRequest
+from scalestudy.workloads.built import Built
 
-EXIT_RESUMABLE = 75
-EXIT_BAD_CONFIG = 2
-
+EXIT_RESUMABLE = 75  # stopped by a signal after a checkpoint: the retry resumes
 
 log = logging.getLogger("scalestudy.train")
-
-
-# --- run config -------------------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m scalestudy.train", description=__doc__.splitlines()[0])
-    runconfig.add_arguments(parser)
-    return parser.parse_args(argv)
 
 
 # --- the run ------------------------------------------------------------------------------------------
 
 
-class Trainer(RunCheckpoints, RunResults):
+class Trainer:
+    """One rank's run: setup() builds it, checkpointer.resume() resumes it, fit() trains it,
+    finish() writes the run folder. Every attribute is declared here."""
+
+    # given (__init__)
+    config: dict[str, Any]  # the run config, defaults filled in
+    given: dict[str, Any]  # the run config as given (summary.json's "run")
+    out_dir: Path
+    dist_env: distributed.DistEnv
+    device: torch.device
+    backend: str
+    rank: int
+    world_size: int
+    is_main: bool
+    config_hash: str
+    workload: workloads.Workload
+    state: RunState  # position, the epoch's totals, history: what checkpoints hold of the run
+    control_group: Any  # the gloo group the ranks agree on stopping over (None with one rank)
+    next_epoch_batches: dict[tuple[int, int], Any]  # (epoch, step) -> its batches, made early
+    # built by setup(), in this order
+    ranks: list[dict[str, Any]]  # every rank's host, device and start time
+    t0: float  # rank 0's start (time.time()): the time base of the GPU monitor and the window
+    train_data: Any  # the workload's loaders: steps_per_epoch, epoch(epoch, start_step)
+    test_data: Any
+    steps_per_epoch: int
+    total_steps: int
+    built: Built  # the bare model and its facts (parameters, FLOPs)
+    model: torch.nn.Module  # the bare model: evaluation, checkpoints, gradient clipping
+    wrapped: parallel.Wrapped
+    train_model: torch.nn.Module  # what the step calls: DDP or FSDP2, compiled or not
+    peak_lr: float
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    amp_dtype: torch.dtype | None
+    use_autocast: bool
+    scaler: torch.amp.GradScaler
+    checkpointer: Checkpointer
+    window: ProfileWindow
+    monitor: monitor.GpuMonitor
+    # made by fit(), for the attempt
+    steady: steady.SteadyWindow
+    steady_kept: bool  # this attempt's filled window is in the history (the next checkpoints keep it)
+
     def __init__(
         self, config: dict[str, Any], given: dict[str, Any], out_dir: Path, dist_env, device, backend
     ):
@@ -112,12 +98,9 @@ class Trainer(RunCheckpoints, RunResults):
         self.is_main = dist_env.is_main
         self.config_hash = provenance.config_hash(config)
         self.workload = workloads.get(config["workload"])
+        self.state = RunState()
         self.control_group = None
-        self.history = History()
-        self.position = Position()
-        self.carry = EpochProgress()
-        self.resumed_from_step: int | None = None
-        self.next_epoch_batches: dict[tuple[int, int], Any] = {}  # (epoch, step) -> its batches, made early
+        self.next_epoch_batches = {}
 
     # -- setup, in the order it happens --
 
@@ -143,6 +126,18 @@ class Trainer(RunCheckpoints, RunResults):
         self.amp_dtype = autocast_dtype(c["precision"], self.device)
         self.use_autocast = self.wrapped.autocast and self.amp_dtype is not None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self.checkpointer = Checkpointer(
+            config=c,
+            config_hash=self.config_hash,
+            sharded=self.workload.reshardable,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            run_state=self.state,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         self.window = ProfileWindow(c["profile"], self.out_dir, self.rank, self.world_size)
         # every rank samples its own GPU (by UUID); rank 0 writes the gathered reports in finish()
         self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank).start()
@@ -173,7 +168,9 @@ class Trainer(RunCheckpoints, RunResults):
         self.train_model = self.wrapped.module
         if c["compile"]:
             torchopts.use_inductor_cache(c["inductor_cache_dir"])
+        if c["compile"] and not self.wrapped.compiled:  # FSDP2's blocks were compiled before sharding
             # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
+            torchopts.log_graph_breaks()
             self.train_model = torch.compile(self.train_model)
         log.info("model: %s; %s", built.description, c["parallelism"] if self.world_size > 1 else "one rank")
 
@@ -184,12 +181,11 @@ class Trainer(RunCheckpoints, RunResults):
         warmup_steps = round(c["warmup_epochs"] * self.steps_per_epoch)
         self.scheduler = optim.build_scheduler(self.optimizer, warmup_steps, self.total_steps)
 
-    # -- training --
+    # -- training: the attempt, an epoch, one step --
 
     def fit(self, stop: StopRequest) -> int:
         c = self.config
-        self.attempt_t0 = time.perf_counter()
-        self.attempt_first_step = self.position.global_step
+        self.state.start_attempt()
         log.info(
             "training: %d ranks x %d = global batch %d, %d steps per epoch, %d epochs, peak lr %.4g, %s",
             self.world_size,
@@ -207,87 +203,111 @@ class Trainer(RunCheckpoints, RunResults):
             synchronize=self.synchronize,
             t0=self.t0,
         )
-        self.steady.start(self.position.global_step)
+        self.steady.start(self.state.position.global_step)
         self.steady_kept = False
-        while self.position.epoch < c["epochs"]:
+        while self.state.position.epoch < c["epochs"]:
             if not self.train_epoch(stop):
                 return self.stop_for_retry(stop)
             with self.steady.paused():
                 self.end_epoch()
-            if self.position.epoch < c["epochs"] and stop.agreed(self.control_group):
+            if self.state.position.epoch < c["epochs"] and stop.agreed(self.control_group):
                 return self.stop_for_retry(stop)
         stop.drain()
         return 0
 
     def train_epoch(self, stop: StopRequest) -> bool:
         """Runs the rest of the current epoch; False if stopped by a signal (after a checkpoint)."""
-        c, epoch = self.config, self.position.epoch
+        epoch = self.state.position.epoch
         self.train_model.train()
-        carry = self.carry if self.is_main else EpochProgress(time_s=self.carry.time_s)
-        # float64: the carried totals of a resumed epoch keep their bits; read at log steps only
-        sums = torch.tensor([carry.loss_sum, carry.correct], dtype=torch.float64, device=self.device)
-        images = carry.images
-        clock = TrainingClock()
-        log_mark, log_images = 0.0, 0
-        prepared = self.next_epoch_batches.pop((epoch, self.position.step), None)
-        batches = iter(prepared or self.train_data.epoch(epoch, self.position.step))
-        for step in range(self.position.step, self.steps_per_epoch):
-            self.profile_step(clock)
-            sampled = _every(self.position.global_step, c["step_timing_every"]) and not self.steady.measuring
-            timer = StepTimer(self.device, sampled)
-            with named_range("step"):
-                with named_range("data"):
-                    x, y = next(batches)
-                timer.mark("data")
-                with named_range("forward"), self.autocast():
-                    logits = self.train_model(x)
-                    loss = self.loss(logits, y, reduction="mean")
-                timer.mark("forward")
-                with named_range("backward"):
-                    self.scaler.scale(loss).backward()
-                timer.mark("backward_allreduce")
-                with named_range("optimizer"):
-                    self.clip_gradients()
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.scheduler.step()
-                timer.mark("optimizer")
-            if step + 1 == self.steps_per_epoch and epoch + 1 < c["epochs"]:
+        meter = EpochMeter(self.state.progress, self.device, self.is_main)
+        batches = self.epoch_batches(epoch, self.state.position.step)
+        for step in range(self.state.position.step, self.steps_per_epoch):
+            self.profile_step(meter.clock)
+            timer = StepTimer(self.device, self.times_this_step())
+            x, y, logits, loss = self.train_step(batches, timer)
+            if step + 1 == self.steps_per_epoch and epoch + 1 < self.config["epochs"]:
                 # The next epoch's plan (permutation, augmentation draws, one copy to the device),
                 # made while the device still runs this step rather than after the epoch end's sync.
                 self.next_epoch_batches = {(epoch + 1, 0): self.train_data.epoch(epoch + 1, 0)}
-            samples = y.numel()
-            sums += torch.stack((loss.detach().double() * samples, (logits.argmax(-1) == y).sum().double()))
-            images += samples
-            self.steady.step_done(samples * self.world_size)
-            if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
-                self.history.steady_window, self.steady_kept = self.steady_result(), True
-            log_images += samples * self.world_size
-            if timer.enabled and self.is_main:
-                self.history.steps.append(timer.row(epoch + 1, self.position.global_step))
-            self.position = Position(epoch, step + 1, self.position.global_step + 1)
-            if _every(step + 1, c["log_every_steps"]) or step + 1 == self.steps_per_epoch:
-                now = clock.seconds()
-                self.log_progress(sums, images, log_images / (now - log_mark))
-                log_mark, log_images = now, 0
+            self.count_step(meter, y, logits, loss, timer)
             stopping = stop.agreed(self.control_group)
-            periodic = _every(self.position.global_step, c["checkpoint_every_steps"])
-            if stopping or (periodic and step + 1 < self.steps_per_epoch):  # the epoch end saves anyway
-                totals = self.epoch_totals(sums, images)  # reads a collective: the device has caught up
-                totals.time_s = carry.time_s + clock.seconds()
-                with clock.paused(), self.steady.paused():
-                    self.save_checkpoint(totals)
+            if stopping or self.checkpoint_due():
+                self.save_mid_epoch(meter)
             if stopping:
                 return False
-        self.carry = self.epoch_totals(sums, images)
-        self.carry.time_s = carry.time_s + clock.seconds()
+        self.state.progress = self.epoch_totals(meter.sums, meter.samples)
+        self.state.progress.time_s = meter.time_s()
         return True
 
-    def profile_step(self, clock: TrainingClock) -> None:
+    def train_step(self, batches, timer: StepTimer):
+        """One optimizer step: batch, forward and loss, backward (DDP's all-reduce), clipping,
+        optimizer and schedule; `timer` times the phases of a sampled step."""
+        with named_range("step"):
+            with named_range("data"):
+                x, y = next(batches)
+            timer.mark("data")
+            with named_range("forward"), self.autocast():
+                logits = self.train_model(x)
+                loss = self.loss(logits, y, reduction="mean")
+            timer.mark("forward")
+            with named_range("backward"):
+                self.scaler.scale(loss).backward()
+            timer.mark("backward_allreduce")
+            with named_range("optimizer"):
+                self.clip_gradients()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+            timer.mark("optimizer")
+        return x, y, logits, loss
+
+    # -- around the step --
+
+    def epoch_batches(self, epoch: int, start_step: int):
+        prepared = self.next_epoch_batches.pop((epoch, start_step), None)
+        return iter(prepared or self.train_data.epoch(epoch, start_step))
+
+    def times_this_step(self) -> bool:
+        """steps.csv samples every step_timing_every-th step, none inside the steady window or the
+        profile window (its per-phase synchronisation would slow the steps measured or profiled)."""
+        every = _every(self.state.position.global_step, self.config["step_timing_every"])
+        return every and not self.steady.measuring and not self.window.active
+
+    def count_step(self, meter: EpochMeter, y, logits, loss, timer: StepTimer) -> None:
+        """After a step: the epoch's totals, the steady window, the sampled step's row, the next
+        position, and a progress line every log_every_steps steps and at the epoch's end."""
+        position, history = self.state.position, self.state.history
+        samples = meter.add(loss, logits, y, self.world_size)
+        self.steady.step_done(samples * self.world_size)
+        if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
+            history.steady_window = steady_result(self.steady, self.world_size, self.state.attempt)
+            self.steady_kept = True
+        if timer.enabled and self.is_main:
+            history.steps.append(timer.row(position.epoch + 1, position.global_step))
+        step = position.step + 1
+        self.state.position = Position(position.epoch, step, position.global_step + 1)
+        if _every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch:
+            self.log_progress(meter.sums, meter.samples, meter.log_rate())
+
+    def checkpoint_due(self) -> bool:
+        """Every checkpoint_every_steps global steps, but not at an epoch's end (which saves anyway)."""
+        position = self.state.position
+        periodic = _every(position.global_step, self.config["checkpoint_every_steps"])
+        return periodic and position.step < self.steps_per_epoch
+
+    def save_mid_epoch(self, meter: EpochMeter) -> None:
+        """A checkpoint with the epoch's totals so far, paused out of both clocks."""
+        totals = self.epoch_totals(meter.sums, meter.samples)  # reads a collective: the device has caught up
+        totals.time_s = meter.time_s()
+        with meter.clock.paused(), self.steady.paused():
+            self.state.progress = totals
+            self.checkpointer.save()
+
+    def profile_step(self, clock) -> None:
         """Open or close the profiler window (ProfileWindow.step) before a step; the steps where it
         opens or closes (synchronising, writing its output) are paused out of both clocks."""
-        profile, step = self.window, self.position.global_step
+        profile, step = self.window, self.state.position.global_step
         if profile.tool == "none" or profile.done:
             return
         if step == profile.start_step or (profile.active and step >= profile.start_step + profile.steps):
@@ -325,13 +345,14 @@ class Trainer(RunCheckpoints, RunResults):
 
     def log_progress(self, sums: torch.Tensor, images: int, images_per_s: float) -> None:
         loss_sum, correct = sums.tolist()  # the one device sync per log interval
-        done = self.position.global_step - self.attempt_first_step
-        eta = (self.total_steps - self.position.global_step) * (time.perf_counter() - self.attempt_t0) / done
+        state, position = self.state, self.state.position
+        done = position.global_step - state.attempt_first_step
+        eta = (self.total_steps - position.global_step) * (time.perf_counter() - state.attempt_t0) / done
         log.info(
             "epoch %d/%d step %d/%d | loss %.4f acc %.3f | %.0f %s/s | lr %.4g | ETA %s",
-            self.position.epoch + 1,
+            position.epoch + 1,
             self.config["epochs"],
-            self.position.step,
+            position.step,
             self.steps_per_epoch,
             loss_sum / images,
             correct / images,
@@ -342,10 +363,10 @@ class Trainer(RunCheckpoints, RunResults):
         )
 
     def end_epoch(self) -> None:
-        c, epoch = self.config, self.position.epoch
-        done = self.carry
+        c, epoch, history = self.config, self.state.position.epoch, self.state.history
+        done = self.state.progress
         test_loss, test_acc = self.evaluate()
-        wall = self.elapsed_s()
+        wall = self.state.elapsed_s()
         row = {
             "epoch": epoch + 1,
             "train_loss": done.loss_sum / done.images,
@@ -361,9 +382,9 @@ class Trainer(RunCheckpoints, RunResults):
             "lr": self.scheduler.get_last_lr()[0],
             "wall_time_s": wall,
         }
-        self.history.metrics.append(row)
-        if self.history.time_to_target_s is None and test_acc >= c["target_accuracy"]:
-            self.history.time_to_target_s = wall
+        history.metrics.append(row)
+        if history.time_to_target_s is None and test_acc >= c["target_accuracy"]:
+            history.time_to_target_s = wall
         log.info(
             "epoch %d/%d done in %s: train loss %.4f acc %.3f | test loss %.4f acc %.3f | %.0f %s/s",
             epoch + 1,
@@ -376,9 +397,9 @@ class Trainer(RunCheckpoints, RunResults):
             row["images_per_s"],
             self.workload.sample_unit,
         )
-        self.position = Position(epoch + 1, 0, self.position.global_step)
-        self.carry = EpochProgress()
-        self.save_checkpoint(self.carry)
+        self.state.position = Position(epoch + 1, 0, self.state.position.global_step)
+        self.state.progress = EpochProgress()
+        self.checkpointer.save()
 
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy over all ranks' shards, of the model the checkpoint saves: every
@@ -405,9 +426,6 @@ class Trainer(RunCheckpoints, RunResults):
             for buffer in self.model.buffers():
                 torch.distributed.broadcast(buffer, src=0)
 
-    def elapsed_s(self) -> float:
-        return self.history.elapsed_s + time.perf_counter() - self.attempt_t0
-
     def stop_for_retry(self, stop: StopRequest) -> int:
         """The checkpoint is written (rank 0); every rank exits with EXIT_RESUMABLE."""
         distributed.barrier()  # rank 0 has finished writing before any rank exits
@@ -415,7 +433,7 @@ class Trainer(RunCheckpoints, RunResults):
         log.warning(
             "stopping on %s after global step %d, checkpointed; exit %d: retry to resume",
             received,
-            self.position.global_step,
+            self.state.position.global_step,
             EXIT_RESUMABLE,
         )
         return EXIT_RESUMABLE
@@ -425,25 +443,37 @@ class Trainer(RunCheckpoints, RunResults):
     def finish(self) -> None:
         self.window.close()
         reports = distributed.gather_object(self.monitor.stop() if self.monitor else None)
-        self.memory = distributed.gather_object(self.memory_report())
+        memory = distributed.gather_object(self.memory_report())
         if not self.is_main:
             return
         import pandas as pd
 
+        history = self.state.history
         monitor.write_outputs(self.out_dir, reports, self.config["monitor_interval_s"])
-        atomic.write_csv(
-            self.out_dir / "metrics.csv", pd.DataFrame(self.history.metrics, columns=METRICS_COLUMNS)
-        )
-        atomic.write_csv(self.out_dir / "steps.csv", pd.DataFrame(self.history.steps, columns=STEPS_COLUMNS))
-        summary = {"run": self.given, "results": self.results(), "provenance": self.provenance()}
-        atomic.write_json(self.out_dir / "summary.json", summary)
+        atomic.write_csv(self.out_dir / "metrics.csv", pd.DataFrame(history.metrics, columns=METRICS_COLUMNS))
+        atomic.write_csv(self.out_dir / "steps.csv", pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
+        atomic.write_json(self.out_dir / "summary.json", self.results().summary(memory))
         log.info("wrote %s", self.out_dir)
-        if self.workload.reshardable:
-            sharded_checkpoint.finished(self.config["checkpoint_dir"], self.config["keep_checkpoints"])
-        else:
-            checkpoint.finished(
-                self.config["checkpoint_dir"], self.config_hash, self.config["keep_checkpoints"]
-            )
+        self.checkpointer.finish()
+
+    def results(self) -> RunResults:
+        return RunResults(
+            config=self.config,
+            given=self.given,
+            state=self.state,
+            steady=self.steady,
+            workload=self.workload,
+            built=self.built,
+            wrapped_options=self.wrapped.options,
+            world_size=self.world_size,
+            steps_per_epoch=self.steps_per_epoch,
+            device=self.device,
+            backend=self.backend,
+            ranks=self.ranks,
+            launcher=self.dist_env.launcher,
+            amp_dtype=self.amp_dtype,
+            peak_lr=self.peak_lr,
+        )
 
     def memory_report(self) -> dict[str, Any]:
         peak, source = parallel.peak_memory(self.device)
@@ -456,76 +486,3 @@ class Trainer(RunCheckpoints, RunResults):
 
 def _every(count: int, interval: int | None) -> bool:
     return bool(interval) and count % interval == 0
-
-
-# --- entry point --------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
-    """The trainer's command line; `exit_process` (python -m) ends the process here (see exit_now).
-    A run config of the command workload goes to its runner (scalestudy.workloads.command.runner): every
-    rule, the profiler and the smoke test start any workload the same way."""
-    args = parse_args(argv)
-    if _given_workload(args) == "command":
-        from scalestudy.workloads.command import runner as command
-
-        return command.main(argv)
-    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
-    try:
-        given, config = load_run_config(args)
-        dist_env = distributed.from_environ()
-        distributed.die_with_launcher()  # a torchrun rank ends with its agent, even a SIGKILLed one
-        if dist_env.world_size != config["world_size"]:
-            raise RunConfigError(
-                f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
-                f"has {dist_env.world_size} ranks"
-            )
-        device = distributed.select_device(config["device"], dist_env.local_rank)
-        backend = distributed.select_backend(config["backend"], device)
-        check_locations(config, args.out_dir)
-    except (RunConfigError, ValueError) as error:
-        log.error("%s", error)
-        return EXIT_BAD_CONFIG
-    if not dist_env.is_main:
-        logging.getLogger("scalestudy").setLevel(logging.WARNING)
-    trainer = Trainer(config, given, args.out_dir, dist_env, device, backend)
-    code = run(trainer, config)
-    if exit_process:
-        exit_now(code)  # while `trainer` (model, DDP reducer, profiler) is still alive
-    return code
-
-
-def _given_workload(args: argparse.Namespace) -> str | None:
-    """The run config's workload, or None where it cannot be read (load_run_config says why)."""
-    with contextlib.suppress(RunConfigError):
-        given, _ = load_run_config(args, validated=False)
-        return given.get("workload")
-    return None
-
-
-def run(trainer: Trainer, config: dict[str, Any]) -> int:
-    with process_settings(config), StopRequest() as stop:
-        try:
-            trainer.setup()
-            trainer.resume()
-            code = trainer.fit(stop)
-            if code == 0:
-                trainer.finish()
-            elif trainer.monitor:
-                trainer.monitor.stop()
-            return code
-        except (RunConfigError, PackedDataError) as error:
-            log.error("%s", error)
-            return EXIT_BAD_CONFIG
-        finally:
-            distributed.destroy_process_group()
-
-
-def run_as_program() -> None:
-    """`python -m scalestudy.train`: the trainer's process from start to exit."""
-    keep_freed_host_memory()
-    exit_now(main(exit_process=True))
-
-
-if __name__ == "__main__":
-    run_as_program()

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from scalestudy.plan.paths import PACKED_DIR, RAW_DATA_DIR
+
 DEFAULT = "resnet18-cifar10"
-RAW_DIR = "results/data"
-PACKED_DIR = "results/data/packed"
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,12 @@ class DataKind:
     """The data a workload reads: the fetched file, and the packed files preprocessing writes."""
 
     name: str
-    raw_file: str | None  # under RAW_DIR; None: the workload brings its own data
+    raw_file: str | None  # under RAW_DATA_DIR; None: the workload brings its own data
     packed_files: tuple[str, ...]  # under PACKED_DIR, manifest.json last
 
     @property
     def raw_path(self) -> str | None:
-        return f"{RAW_DIR}/{self.raw_file}" if self.raw_file else None
+        return f"{RAW_DATA_DIR}/{self.raw_file}" if self.raw_file else None
 
     @property
     def packed_paths(self) -> list[str]:

@@ -9,9 +9,14 @@ DCP stores each tensor once by its fully qualified name, whatever the sharding, 
 ranks resumes at M ranks: scalestudy.workloads.gpt.loader defines the data order by a global sample index,
 so with the same global batch the resumed run sees the same batches. A checkpoint of the same run
 config apart from the layout (RESHARD_KEYS) is resumed; one with another global batch is refused
-(ReshardRefused: the optimisation and the data order would change); one of another run config is
-removed with a warning, as in scalestudy.train.checkpoint.single_file, whose finished-run semantics this
-follows.
+(ReshardRefused: the optimisation and the data order would change); the newest of another run
+config is set aside under `superseded/<its hash>/` with a warning, as in
+scalestudy.train.checkpoint.single_file, whose finished-run semantics this follows.
+
+A damaged checkpoint (a shard cut short or missing, an unreadable trainer.pt or .metadata: see
+`examine`) is named and moved to `damaged/`, and the one before it is tried: rank 0 decides and
+hands its choice to every rank, so all ranks resume from the same one; only when none is left does
+the run start over, saying so.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 
 from scalestudy import atomic, provenance
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.train.checkpoint.single_file import differences
+from scalestudy.train.checkpoint.single_file import SUPERSEDED, differences, set_aside
 
 FORMAT = 1
 KEEP = 2
@@ -37,6 +42,7 @@ TRAINER_STATE = "trainer.pt"
 FINISHED = "finished.json"
 RESHARD_KEYS = ("world_size", "per_gpu_batch", "nodes")  # may change on a resume; global_batch may not
 _NAME = re.compile(r"^dcp-(\d{9})$")
+DAMAGED = "damaged"  # checkpoint folders that cannot be resumed, set aside for inspection
 
 log = logging.getLogger("scalestudy.checkpoint")
 
@@ -81,8 +87,9 @@ def save(directory: str | Path, step: int, model, optimizer, trainer_state: dict
     with _one_process_is_fine():
         dcp.save(_state_dicts(model, optimizer), checkpoint_id=str(tmp))
     if is_main:  # dcp.save returns on rank 0 after every rank's shards and the .metadata are written
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file() and p.name != TRAINER_STATE}
         buffer = io.BytesIO()
-        torch.save({"format": FORMAT, **trainer_state}, buffer)
+        torch.save({"format": FORMAT, **trainer_state, "files": files}, buffer)
         atomic.write_bytes(tmp / TRAINER_STATE, buffer.getvalue())
         shutil.rmtree(final, ignore_errors=True)  # a retried run reaching the same step again
         tmp.rename(final)
@@ -105,35 +112,84 @@ def load(path: str | Path, model, optimizer) -> None:
 def latest(directory: str | Path) -> tuple[dict[str, Any], Path] | None:
     """(trainer state, folder) of the newest complete checkpoint; damaged ones are skipped."""
     for _, path in _candidates(Path(directory)):
-        try:
-            state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is skipped
-            log.warning("skipping checkpoint %s: its %s does not load (%s)", path, TRAINER_STATE, error)
-            continue
-        if state.get("format") != FORMAT or not (path / ".metadata").is_file():
-            log.warning("skipping checkpoint %s: not a complete format-%d checkpoint", path, FORMAT)
-            continue
-        return state, path
+        state, damage = examine(path)
+        if damage is None:
+            return state, path
+        log.warning("skipping checkpoint %s: %s", path, damage)
+    return None
+
+
+def examine(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(trainer state, None) for a checkpoint folder that can be resumed, else (None, what is wrong):
+    its trainer.pt loads and is of this FORMAT, DCP's .metadata reads, every file it names exists
+    and holds the bytes of its items, and every file has the size it had when it was saved (a
+    shard cut short by a quota, a node lost while copying). Sizes, not checksums: hashing every
+    shard at every save would cost a pass over the whole model and optimizer state."""
+    try:
+        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is skipped
+        return None, f"its {TRAINER_STATE} does not load ({type(error).__name__}: {error})"
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not (path / ".metadata").is_file():
+        return None, f"not a complete format-{FORMAT} checkpoint"
+    try:
+        import torch.distributed.checkpoint as dcp
+
+        storage = dcp.FileSystemReader(str(path)).read_metadata().storage_data or {}
+    except Exception as error:  # noqa: BLE001 - a damaged .metadata
+        return None, f"its .metadata does not load ({type(error).__name__}: {error})"
+    needed: dict[str, int] = dict(state.get("files") or {})
+    for info in storage.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        found = file.stat().st_size if file.is_file() else None
+        recorded = (state.get("files") or {}).get(name)
+        if found is None:
+            return None, f"{name} is missing"
+        if found < size or (recorded is not None and found != recorded):
+            return None, f"{name} has {found} bytes, but it was saved with {recorded or f'at least {size}'}"
+    return state, None
+
+
+def _newest_intact(directory: Path) -> tuple[dict[str, Any], Path] | None:
+    """claim's latest: a damaged checkpoint is named and set aside (damaged/), the one before it tried."""
+    for _, path in _candidates(directory):
+        state, damage = examine(path)
+        if damage is None:
+            return state, path
+        moved = set_aside(path, directory / DAMAGED)
+        log.warning(
+            "checkpoint %s is damaged (%s): set aside as %s; trying the one before it", path, damage, moved
+        )
     return None
 
 
 def claim(directory: str | Path, config: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
     """Rank 0: the checkpoint this run resumes from, or None (see the module docstring)."""
     directory = Path(directory)
-    found = latest(directory)
+    had_any = bool(_candidates(directory))
+    found = _newest_intact(directory)
     if found is None:
-        if _candidates(directory):
+        if had_any:
             log.warning(
-                "%s: no checkpoint in it loads; removed %d, starting from scratch",
-                directory,
-                retire(directory),
+                "%s: no checkpoint in it can be resumed (see %s/): starting from scratch", directory, DAMAGED
             )
         return None
     state, path = found
     theirs = state["run_config"]
     if state["resume_hash"] != resume_hash(config):
-        reason = f"{path.name} was written by another run config ({differences(theirs, config)})"
-    elif theirs["global_batch"] != config["global_batch"]:
+        kept = supersede(directory, path, state["resume_hash"])
+        log.warning(
+            "%s: %s was written by another run config (%s): set aside as %s (delete it when it is not "
+            "wanted); starting from scratch",
+            directory,
+            path.name,
+            differences(theirs, config),
+            kept,
+        )
+        return None
+    if theirs["global_batch"] != config["global_batch"]:
         raise ReshardRefused(
             f"checkpoint {path} was written with global_batch={theirs['global_batch']} "
             f"({theirs['world_size']} ranks x {theirs['per_gpu_batch']}); this run has global_batch="
@@ -169,6 +225,8 @@ def finished(directory: str | Path, keep: bool) -> None:
 
 
 def retire(directory: str | Path) -> int:
+    """Remove the checkpoint folders (and leftovers) of `directory`, and the folder if that empties
+    it (superseded/ and damaged/ stay); returns how many were removed."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0
@@ -179,6 +237,17 @@ def retire(directory: str | Path) -> int:
     with contextlib.suppress(OSError):  # not empty: someone else's files are kept
         directory.rmdir()
     return len(checkpoints)
+
+
+def supersede(directory: Path, newest: Path, their_hash: str) -> Path:
+    """Another run config's checkpoints: the newest goes to `superseded/<its resume hash>/` (one kept
+    per run config), the others are removed. Returns where it went."""
+    folder = directory / SUPERSEDED / their_hash[:16]
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    kept = set_aside(newest, folder)
+    retire(directory)
+    return kept
 
 
 def _candidates(directory: Path) -> list[tuple[int, Path]]:

@@ -1,45 +1,89 @@
-"""Resume and checkpoints of a run, as a part of the Trainer: rank 0 claims the interrupted
-attempt's checkpoint (scalestudy.train.checkpoint.single_file: one file; scalestudy.train.checkpoint.dcp:
-DCP folders for
-workloads that reshard) and hands it to every rank; every checkpoint holds the position, the epoch's
-totals so far, the history and every rank's RNG state."""
+"""A run's checkpointer: given what it saves (model, optimizer, schedule, grad scaler and the run
+state, scalestudy.train.state.RunState), `save()` writes a checkpoint of all of it and `resume()`
+loads the interrupted attempt's, which rank 0 claims and hands to every rank. The format is the
+workload's: one atomic file (scalestudy.train.checkpoint.single_file) or a DCP folder that reshards
+(scalestudy.train.checkpoint.dcp). Every checkpoint also holds the run config, its hash and every
+rank's RNG state; `finish()` retires (or marks finished) the checkpoints of a run that wrote its
+outputs."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from typing import Any
+
+import torch
 
 from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.train.checkpoint import single_file as checkpoint
-from scalestudy.train.state import EpochProgress, History, Position
+from scalestudy.train.state import RunState
 
 log = logging.getLogger("scalestudy.train")
 
 
-class RunCheckpoints:
-    """The Trainer's resume and checkpoint methods (scalestudy.train.trainer.Trainer derives from it)."""
+class Checkpointer:
+    """Saves and resumes the objects it is given; `sharded` picks the DCP format (every rank writes
+    and loads its shards), else rank 0 writes one file."""
 
-    def resume(self) -> None:
+    def __init__(
+        self,
+        *,
+        config: dict[str, Any],
+        config_hash: str,
+        sharded: bool,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        scaler: torch.amp.GradScaler,
+        run_state: RunState,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.config, self.config_hash, self.sharded = config, config_hash, sharded
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.run_state = run_state
+        self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
+        self.directory = config["checkpoint_dir"]
+
+    def resume(self) -> bool:
         """Rank 0 claims the checkpoint of this run's interrupted attempt, if there is one (any
         other is removed: scalestudy.train.checkpoint.single_file.claim and .dcp.claim), and
-        hands it to every rank; a sharded checkpoint's tensors every rank loads itself."""
+        hands it to every rank; a sharded checkpoint's tensors every rank loads itself. False:
+        none, the run starts from scratch."""
         found, error = None, None
         if self.is_main:
             try:
-                found = self.claim_checkpoint()
+                found = self._claim()
             except (OSError, sharded_checkpoint.ReshardRefused) as failure:
                 # every rank must hear of it, or the others wait in the broadcast
-                error = f"checkpoint_dir {self.config['checkpoint_dir']}: {failure}"
+                error = f"checkpoint_dir {self.directory}: {failure}"
         found, error = distributed.broadcast_object((found, error))
         if error:
             raise RunConfigError(error)
         if found is None:
-            log.info("no checkpoint in %s: starting from scratch", self.config["checkpoint_dir"])
-            return
+            log.info("no checkpoint in %s: starting from scratch", self.directory)
+            return False
         state, path = found
-        if self.workload.reshardable:
+        self._load(state, path)
+        position = self.run_state.position
+        log.info(
+            "resumed from %s: epoch %d, step %d of it, global step %d",
+            path,
+            position.epoch + 1,
+            position.step,
+            position.global_step,
+        )
+        return True
+
+    def _claim(self):
+        c = self.config
+        if self.sharded:
+            return sharded_checkpoint.claim(self.directory, c)
+        return checkpoint.claim(self.directory, self.config_hash, c["epochs"], c)
+
+    def _load(self, state: dict[str, Any], path) -> None:
+        if self.sharded:
             sharded_checkpoint.load(path, self.model, self.optimizer)
         else:
             self.model.load_state_dict(state["model"])
@@ -50,51 +94,47 @@ class RunCheckpoints:
             checkpoint.set_rng_state(state["rng"][self.rank])
         else:  # resharded: the data order does not depend on it (scalestudy.workloads.gpt.loader)
             log.info("resharded: random number generators stay seeded from seed=%d", self.config["seed"])
-        self.position = Position(**state["position"])
-        self.carry = EpochProgress(**state["epoch_progress"])
-        self.history = History(**state["history"])
-        self.resumed_from_step = self.position.global_step
-        self.history.resumes.append(self.position.global_step)
-        log.info(
-            "resumed from %s: epoch %d, step %d of it, global step %d",
-            path,
-            self.position.epoch + 1,
-            self.position.step,
-            self.position.global_step,
-        )
+        self.run_state.load_state_dict(state)
+        self.run_state.mark_resumed()
 
-    def claim_checkpoint(self):
-        c = self.config
-        if self.workload.reshardable:
-            return sharded_checkpoint.claim(c["checkpoint_dir"], c)
-        return checkpoint.claim(c["checkpoint_dir"], self.config_hash, c["epochs"], c)
-
-    def save_checkpoint(self, progress: EpochProgress) -> None:
+    def save(self) -> None:
+        """A checkpoint at the run state's position (a collective: every rank calls it)."""
         rng_states = distributed.all_gather_object(checkpoint.rng_state())
+        position = self.run_state.position
+        run_state = self.run_state.state_dict()
         state = {
             "config_hash": self.config_hash,
             "run_config": self.config,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "position": asdict(self.position),
+            "position": run_state["position"],
             "sampler": {
                 "loader": self.config["loader"],
                 "seed": self.config["seed"],
-                "epoch": self.position.epoch,
-                "start_step": self.position.step,
+                "epoch": position.epoch,
+                "start_step": position.step,
                 "world_size": self.world_size,
             },
             "rng": rng_states,
-            "epoch_progress": asdict(progress),
-            "history": asdict(self.history) | {"elapsed_s": self.elapsed_s()},
+            "epoch_progress": run_state["epoch_progress"],
+            "history": run_state["history"],
         }
-        step, directory = self.position.global_step, self.config["checkpoint_dir"]
-        if self.workload.reshardable:  # a collective: every rank writes its shards
+        if self.sharded:  # a collective: every rank writes its shards
             state["resume_hash"] = sharded_checkpoint.resume_hash(self.config)
-            path = sharded_checkpoint.save(directory, step, self.model, self.optimizer, state, self.is_main)
+            path = sharded_checkpoint.save(
+                self.directory, position.global_step, self.model, self.optimizer, state, self.is_main
+            )
         elif self.is_main:
             state |= {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-            path = checkpoint.save(directory, state, step)
+            path = checkpoint.save(self.directory, state, position.global_step)
         else:
             return
         log.info("checkpoint %s", path)
+
+    def finish(self) -> None:
+        """The run wrote its outputs: its checkpoints go, or with keep_checkpoints stay marked finished."""
+        keep = self.config["keep_checkpoints"]
+        if self.sharded:
+            sharded_checkpoint.finished(self.directory, keep)
+        else:
+            checkpoint.finished(self.directory, self.config_hash, keep)

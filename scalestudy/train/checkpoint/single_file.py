@@ -7,8 +7,10 @@ previous one; KEEP of them are kept. Files load with torch.load(weights_only=Tru
 only tensors and plain Python values (RNG states are converted accordingly).
 
 Checkpoints are the bookkeeping of one attempt chain (a run interrupted by a signal or a kill and
-retried), not a cache of results: `claim` hands a run only a checkpoint of its own run config, and
-removes any other (written by another run config: an older version of the output). A run that has
+retried), not a cache of results: `claim` hands a run only a checkpoint of its own run config; one
+written by another run config (an older version of the output, a typo in the config, two runs
+pointed at one folder) is set aside, not deleted: the newest of each other run config is moved to
+`superseded/<its config hash>/` beside them, for the user to resume by hand or delete. A run that has
 written its run folder calls `finished`, which removes its checkpoints (or, where they are kept,
 marks them finished): so a checkpoint at the end of the last epoch without that mark is a run
 interrupted between its last checkpoint and its outputs, and resumes (to write them), while one with
@@ -24,6 +26,7 @@ import io
 import logging
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from scalestudy import atomic
 FORMAT = 2  # 2: steady-state window in the history; finished runs mark or remove their checkpoints
 FINISHED = "finished.json"  # the mark of a finished run whose checkpoints are kept
 KEEP = 2  # the newest and one previous, in case the newest turns out damaged
+SUPERSEDED = "superseded"  # another run config's newest checkpoint, set aside: superseded/<hash>/
 _NAME = re.compile(r"^ckpt-(\d{9})-([0-9a-f]{16})\.pt$")
 
 log = logging.getLogger("scalestudy.checkpoint")
@@ -76,9 +80,10 @@ def claim(
 ) -> tuple[dict[str, Any], Path] | None:
     """The checkpoint an interrupted run of `config_hash` resumes from, or None: start from scratch.
 
-    A checkpoint of another run config, one at the end of the last of `epochs` of a run marked
-    finished, and files none of which loads are removed, with a warning naming them, and None is
-    returned. An unmarked one at the end is resumed: the run stopped before writing its outputs.
+    A checkpoint of another run config is set aside (supersede: the newest of each run config is
+    kept under superseded/), one at the end of the last of `epochs` of a run marked finished and
+    files none of which loads are removed; each with a warning naming them, and None is returned.
+    An unmarked one at the end is resumed: the run stopped before writing its outputs.
     """
     directory = Path(directory)
     found = load_latest(directory)
@@ -90,11 +95,18 @@ def claim(
         state, path = found
         position = state.get("position") or {}
         if state.get("config_hash") != config_hash:
-            reason = (
-                f"{path.name} was written by run config {state.get('config_hash')}, this run's is "
-                f"{config_hash} ({differences(state.get('run_config') or {}, config or {})}): "
-                "it belongs to an older version of this output"
+            kept = supersede(directory, path, str(state.get("config_hash")))
+            log.warning(
+                "%s: %s was written by run config %s, this run's is %s (%s): set aside as %s (delete "
+                "it when it is not wanted); starting from scratch",
+                directory,
+                path.name,
+                state.get("config_hash"),
+                config_hash,
+                differences(state.get("run_config") or {}, config or {}),
+                kept,
             )
+            return None
         elif position.get("epoch", 0) >= epochs and (directory / FINISHED).is_file():
             reason = f"{path.name} ends a finished run ({epochs} of {epochs} epochs): a re-run measures anew"
         else:
@@ -130,6 +142,29 @@ def retire(directory: str | Path) -> int:
     with contextlib.suppress(OSError):  # not empty: someone else's files are kept
         directory.rmdir()
     return len(checkpoints)
+
+
+def set_aside(path: Path, folder: Path, name: str | None = None) -> Path:
+    """Move a checkpoint (file or folder) into `folder` (created), replacing one of the same name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (name or path.name)
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    target.unlink(missing_ok=True)
+    path.rename(target)
+    return target
+
+
+def supersede(directory: Path, newest: Path, config_hash: str) -> Path:
+    """Another run config's checkpoints: the newest goes to `superseded/<its config hash>/` (which
+    keeps one, the newest of that run config), the rest of the folder's checkpoints are retired.
+    Returns where it went."""
+    folder = directory / SUPERSEDED / config_hash[:16]
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    kept = set_aside(newest, folder)
+    retire(directory)
+    return kept
 
 
 def differences(theirs: dict[str, Any], ours: dict[str, Any]) -> str:

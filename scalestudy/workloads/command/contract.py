@@ -1,43 +1,15 @@
 """The contract between scalestudy and your own training script (`workload: command`).
 
 Standard library only: import it (`from scalestudy import contract`) or copy this file next to
-your script. docs/workloads.md ("Your own script") has the whole contract; in short:
-
-scalestudy starts `python -m scalestudy.workloads.command` on every rank (torchrun or srun set
-RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or SLURM_* variables), which runs your
-script as a child process, `python SCRIPT ARGS...` (run config `command.script` and
-`command.args`, the script relative to the workflow directory), with the environment plus
-
-    SCALESTUDY_RUN_CONFIG      a JSON file with the full run config (per_gpu_batch, global_batch,
-                               world_size, epochs, lr, seed, precision, device, ...)
-    SCALESTUDY_OUT_DIR         a folder the script may write into (the run folder)
-    SCALESTUDY_CHECKPOINT_DIR  the run's checkpoint folder, kept over retries: save there, resume
-                               from there
-    SCALESTUDY_PROGRESS        this rank's progress file: JSON lines, appended to
-
-The script reports, one JSON object per line (Reporter writes them and flushes each line):
-
-    {"event": "step", "step": k, "samples": n, "seconds": s, "loss": l, "time": t}
-        one per optimizer step: k the global step (from 0), n the GLOBAL samples of the step in the
-        workload's unit (command.sample_unit: samples, tokens, ...), s that step's wall time on
-        this rank; loss (optional), time (optional: time.time() at the step's end, places the
-        measurement window on the GPU monitor's clock)
-    {"event": "epoch", "epoch": e, "end_step": k, "train_loss": ..., "test_loss": ...,
-     "test_acc": ..., "train_acc": ..., "lr": ...}
-        after each epoch (e counts from 1; end_step = steps done at the epoch's end; every other
-        field optional)
-    {"event": "memory", "peak_bytes": b, "source": "cuda_max_memory_allocated"}
-        optional: this rank's peak memory (the largest reported counts)
-    {"event": "model", "parameters": n, "train_flops_per_sample": f}
-        optional: the model's parameter count (the communication model's gradient bytes) and its
-        training FLOPs per sample, forward + backward (MFU); the last reported counts
-
-A script that resumes APPENDS to the same file; a step reported again (the steps after the last
-checkpoint, repeated after a resume) counts once: its last occurrence wins.
-
-Exit codes: 0 = finished (rank 0's runner then writes the run folder), EXIT_RESUMABLE (75) =
-stopped on SIGTERM/SIGUSR1 after saving a checkpoint, retry to resume. The runner forwards SIGTERM
-and SIGUSR1 to the script: `install_stop_handler()` turns them into `stop_requested`.
+your script. docs/workloads.md ("Your own script") has the whole contract. In short: scalestudy
+runs `python SCRIPT ARGS...` on every rank with torch's rendezvous variables and
+SCALESTUDY_RUN_CONFIG (the run config, a JSON file), SCALESTUDY_OUT_DIR, SCALESTUDY_CHECKPOINT_DIR
+(kept over retries: save and resume there) and SCALESTUDY_PROGRESS (this rank's progress file).
+`Reporter` appends the script's progress to that file, one flushed JSON line per event: "step"
+(every optimizer step), "epoch", and optionally "memory", "model" and "saved" (a checkpoint is on
+disk); after a resume a step reported again counts once, its last occurrence wins. The script
+exits 0 when finished, or EXIT_RESUMABLE (75) when it stopped on SIGTERM/SIGUSR1 after saving a
+checkpoint (`install_stop_handler()` turns the signals into `stop_requested`).
 """
 
 from __future__ import annotations
@@ -112,6 +84,10 @@ class Reporter:
         if train_flops_per_sample is not None:
             line["train_flops_per_sample"] = float(train_flops_per_sample)
         self._write(line)
+
+    def saved(self, step: int | None = None) -> None:
+        """A checkpoint is on disk; `step`: the step it resumes at (default: the next)."""
+        self._write({"event": "saved", "step": self.next_step if step is None else int(step)})
 
     def install_stop_handler(self) -> None:
         """SIGTERM/SIGUSR1 set `stop_requested`: save a checkpoint and exit EXIT_RESUMABLE."""

@@ -1,20 +1,26 @@
 """A command workload's progress files (scalestudy.workloads.command.contract) -> the trainer's results,
-metrics.csv
-and steps.csv rows. Standard library only.
+metrics.csv and steps.csv rows. Standard library only.
 
 A progress file spans the attempts of one run: the runner writes `{"event": "attempt", ...}` before
 it starts the script and `{"event": "exit", ...}` after it ends; the script's lines come between.
 A step reported again after a resume counts once (its last occurrence wins); an epoch likewise.
 The steady-state window belongs to one attempt (a resumed script warms up again), as the
-trainer's does (scalestudy.train.steady, Trainer.steady_results): the run reports the last attempt's
+trainer's does (scalestudy.train.steady, RunResults.steady_results): the run reports the last attempt's
 window if it filled, else the last filled one of an earlier attempt, else the last unfilled one.
+
+The file is read line by line and the steps are kept as columns of machine numbers (array.array:
+step, samples, seconds, time; 32 bytes a step), not as one dict per line: a long run of a fast
+model reports millions of steps, and the runner parses them in bounded memory (1e6 step lines:
+scalestudy.benchmark.progress_parser, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ from scalestudy.train import steady
 STEP_KEYS = {"step": (int, 0), "samples": ((int, float), 0), "seconds": ((int, float), None)}
 WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")
 EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "wall_time_s")
+_DENSE_SLACK = 1 << 20  # step numbers up to 4 x lines + this: a bitmap finds repeats, else a set
 
 
 class ProgressError(ValueError):
@@ -34,17 +41,43 @@ class ProgressError(ValueError):
 class Attempt:
     started: float | None = None  # time.time() when the runner started the script
     seconds: float | None = None  # the script's wall time, from the runner's exit line
-    steps: list[dict[str, Any]] = field(default_factory=list)  # in the order reported
+    first: int = 0  # its steps are Steps rows first..end, in the order reported
+    end: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.end - self.first
+
+
+@dataclass
+class Steps:
+    """Every step line, in the order reported, as columns (time: NaN where the line has none)."""
+
+    step: array = field(default_factory=lambda: array("q"))
+    samples: array = field(default_factory=lambda: array("d"))
+    seconds: array = field(default_factory=lambda: array("d"))
+    time: array = field(default_factory=lambda: array("d"))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.step.append(record["step"])
+        self.samples.append(record["samples"])
+        self.seconds.append(record["seconds"])
+        end = record.get("time")
+        self.time.append(end if _is_number(end) else math.nan)
 
 
 @dataclass
 class Progress:
     path: Path
     attempts: list[Attempt] = field(default_factory=list)
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)  # last occurrence wins
+    reported: Steps = field(default_factory=Steps)
     epochs: dict[int, dict[str, Any]] = field(default_factory=dict)
     memory: list[dict[str, Any]] = field(default_factory=list)
     model: dict[str, Any] = field(default_factory=dict)  # the last "model" line: parameters, FLOPs
+    _final: list[int] | None = None  # rows of the steps' last occurrences, by step number
 
     @property
     def current(self) -> Attempt:
@@ -52,17 +85,44 @@ class Progress:
             self.attempts.append(Attempt())
         return self.attempts[-1]
 
+    @property
+    def final(self) -> list[int]:
+        """The row of each step's last occurrence, in step order (computed once)."""
+        if self._final is None:
+            self._final = _last_occurrences(self.reported.step)
+        return self._final
+
+    @property
+    def steps(self) -> list[int]:
+        """The step numbers, each once, in order."""
+        return [self.reported.step[row] for row in self.final]
+
+
+def _last_occurrences(numbers: array) -> list[int]:
+    """Rows of the last occurrence of each number, ordered by number. Dense numbers (the usual
+    0..N) go through a bitmap and a position array (9 bytes a step number); sparse ones a dict."""
+    if not numbers:
+        return []
+    top = max(numbers)
+    if top > 4 * len(numbers) + _DENSE_SLACK:
+        rows = {number: row for row, number in enumerate(numbers)}
+        return [rows[number] for number in sorted(rows)]
+    where = array("q", [-1]) * (top + 1)
+    for row, number in enumerate(numbers):
+        where[number] = row
+    return array("q", (row for row in where if row >= 0))
+
 
 def read_progress(path: str | Path) -> Progress:
-    """Parse one rank's progress file; ProgressError names file:line and the bad value."""
+    """Parse one rank's progress file, line by line; ProgressError names file:line and the bad value."""
     progress = Progress(Path(path))
     try:
-        text = progress.path.read_text(encoding="utf-8")
+        with open(progress.path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    _take(progress, _parse_line(line.rstrip("\n"), f"{path}:{number}"), f"{path}:{number}")
     except (OSError, UnicodeDecodeError) as error:
         raise ProgressError(f"progress file {path}: cannot be read: {error}") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            _take(progress, _parse_line(line, f"{path}:{number}"), f"{path}:{number}")
     return progress
 
 
@@ -79,16 +139,16 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
 def _take(progress: Progress, record: dict[str, Any], where: str) -> None:
     event = record["event"]
     if event == "attempt":
-        progress.attempts.append(Attempt(started=record.get("time")))
+        end = len(progress.reported)
+        progress.attempts.append(Attempt(started=record.get("time"), first=end, end=end))
     elif event == "exit":
         progress.current.seconds = record.get("seconds")
     elif event == "step":
         for key, (kinds, minimum) in STEP_KEYS.items():
             _check_number(record, key, kinds, minimum, where)
-        step = {**record, "attempt": len(progress.attempts) - 1}
-        progress.current.steps.append(step)
-        progress.steps.pop(record["step"], None)  # re-inserted: dict order is the order of last reports
-        progress.steps[record["step"]] = step
+        progress.current.end = len(progress.reported) + 1
+        progress.reported.append(record)
+        progress._final = None
     elif event == "epoch":
         _check_number(record, "epoch", int, 1, where)
         if "end_step" in record:
@@ -102,7 +162,7 @@ def _take(progress: Progress, record: dict[str, Any], where: str) -> None:
         if record.get("train_flops_per_sample") is not None:
             _check_number(record, "train_flops_per_sample", (int, float), None, where)
         progress.model = record
-    # other events: left for later versions of the contract
+    # other events ("saved", ...): the runner's, or left for later versions of the contract
 
 
 def _check_number(record: dict, key: str, kinds, minimum: float | None, where: str) -> None:
@@ -128,7 +188,7 @@ def peak_memory(progress: Progress) -> tuple[int | None, str | None]:
 def step_results(progress: Progress, config: dict[str, Any], t0: float | None) -> dict[str, Any]:
     """The trainer's step-derived results keys from rank 0's progress. `t0`: the wall-clock origin of
     this attempt's gpu_monitor.csv."""
-    if not progress.steps:
+    if not progress.final:
         raise ProgressError(
             f'{progress.path}: no "step" line: the script reported no optimizer step '
             "(scalestudy.workloads.command.contract.Reporter.step)"
@@ -136,7 +196,7 @@ def step_results(progress: Progress, config: dict[str, Any], t0: float | None) -
     world_size = config["world_size"]
     results = {
         "epochs": len(progress.epochs) or config["epochs"],
-        "steps": len(progress.steps),
+        "steps": len(progress.final),
         "steps_per_epoch": _steps_per_epoch(progress),
         "world_size": world_size,
         "global_batch": config["global_batch"],
@@ -162,20 +222,21 @@ def step_results(progress: Progress, config: dict[str, Any], t0: float | None) -
 
 def window(progress: Progress, config: dict[str, Any], t0: float | None) -> dict[str, Any]:
     """The steady-state window of each attempt (its steps as reported); the run's choice of them."""
-    found = []
+    found, columns = [], progress.reported
     for index, attempt in enumerate(progress.attempts):
-        if not attempt.steps:
+        if not attempt.count:
             continue
-        times = [step.get("time") for step in attempt.steps]
-        placed = t0 is not None and index == len(progress.attempts) - 1 and all(map(_is_number, times))
+        rows = slice(attempt.first, attempt.end)
+        times = columns.time[rows]
+        placed = t0 is not None and index == len(progress.attempts) - 1 and all(map(math.isfinite, times))
         result = steady.window_of_steps(
-            [step["seconds"] for step in attempt.steps],
-            [step["samples"] for step in attempt.steps],
+            columns.seconds[rows],
+            columns.samples[rows],
             config["measure_warmup_steps"],
             config["measure_steps"],
             config["measure_intervals"],
             config["world_size"],
-            start_step=attempt.steps[0]["step"],
+            start_step=columns.step[attempt.first],
             end_times=times if placed else None,
             t0=t0 or 0.0,
         )
@@ -186,50 +247,63 @@ def window(progress: Progress, config: dict[str, Any], t0: float | None) -> dict
 
 def whole_run(progress: Progress, world_size: int) -> dict[str, Any]:
     """Samples over the summed step times of every step (the first steps' one-off costs included)."""
-    steps = progress.steps.values()
-    seconds = sum(step["seconds"] for step in steps)
-    samples = sum(step["samples"] for step in steps)
-    rates = (samples / seconds, samples / seconds / world_size, seconds / len(steps))
+    seconds, samples = _sums(progress, progress.final)
+    rates = (samples / seconds, samples / seconds / world_size, seconds / len(progress.final))
     return dict(zip(WHOLE_RUN_KEYS, rates, strict=True))
 
 
 def total_time(progress: Progress) -> float:
     """The script's wall time over all attempts (an attempt cut short: its steps' time)."""
+    seconds = progress.reported.seconds
     return sum(
-        attempt.seconds if _is_number(attempt.seconds) else sum(step["seconds"] for step in attempt.steps)
+        attempt.seconds if _is_number(attempt.seconds) else math.fsum(seconds[attempt.first : attempt.end])
         for attempt in progress.attempts
     )
 
 
+def _sums(progress: Progress, rows) -> tuple[float, float]:
+    """(seconds, samples) summed over the given rows of the reported steps."""
+    columns = progress.reported
+    return math.fsum(columns.seconds[row] for row in rows), math.fsum(columns.samples[row] for row in rows)
+
+
 def _resumes(progress: Progress) -> dict[str, Any]:
-    starts = [attempt.steps[0]["step"] for attempt in progress.attempts if attempt.steps]
+    starts = [progress.reported.step[attempt.first] for attempt in progress.attempts if attempt.count]
     resumes = starts[1:]
     return {"resumed_from_step": resumes[-1] if resumes else None, "resumes": resumes}
 
 
-def _epochs(progress: Progress) -> list[tuple[dict[str, Any], list[dict[str, Any]] | None]]:
-    """(epoch record, its steps) per reported epoch, in epoch order: the steps from the previous
-    epoch's end_step up to its own (None without an end_step)."""
+def _epochs(progress: Progress) -> list[tuple[dict[str, Any], range | None]]:
+    """(epoch record, the indices into progress.final of its steps) per reported epoch, in epoch
+    order: the steps from the previous epoch's end_step up to its own (None without an end_step)."""
+    final = progress.final
+    numbers = array("q", (progress.reported.step[row] for row in final))
     epochs, previous_end = [], 0
     for number in sorted(progress.epochs):
         record = progress.epochs[number]
         end = record.get("end_step")
-        steps = None if end is None else [s for n, s in progress.steps.items() if previous_end <= n < end]
-        epochs.append((record, steps))
+        span = None
+        if end is not None:
+            span = range(bisect.bisect_left(numbers, previous_end), bisect.bisect_left(numbers, end))
+        epochs.append((record, span))
         previous_end = previous_end if end is None else end
     return epochs
 
 
-def _seconds(steps: list[dict[str, Any]] | None) -> float | None:
-    return sum(step["seconds"] for step in steps) or None if steps else None
+def _rows(progress: Progress, span: range | None):
+    return progress.final[span.start : span.stop] if span else None
+
+
+def _seconds(progress: Progress, rows) -> float | None:
+    return _sums(progress, rows)[0] or None if rows else None
 
 
 def epoch_rows(progress: Progress, config: dict[str, Any]) -> list[dict[str, Any]]:
     """metrics.csv's rows: what the script reported; the time and rate from the epoch's steps."""
     rows = []
     for record, steps in _epochs(progress):
-        seconds = _seconds(steps)
-        rate = sum(step["samples"] for step in steps) / seconds if seconds else None
+        seconds = _seconds(progress, _rows(progress, steps))
+        rate = _sums(progress, _rows(progress, steps))[1] / seconds if seconds else None
         row = {key: record.get(key) for key in EPOCH_METRICS}
         row |= {
             "epoch": record["epoch"],
@@ -244,26 +318,42 @@ def epoch_rows(progress: Progress, config: dict[str, Any]) -> list[dict[str, Any
     return rows
 
 
+def step_columns(progress: Progress) -> dict[str, array]:
+    """steps.csv's columns (epoch, step, step_s; epoch 0: none), each step once in step order: every
+    step's wall time; the phases are the script's own affair."""
+    columns, final = progress.reported, progress.final
+    epoch = array("q", [0]) * len(final)
+    for record, span in _epochs(progress):
+        for index in span or ():
+            epoch[index] = record["epoch"]
+    return {
+        "epoch": epoch,
+        "step": array("q", (columns.step[row] for row in final)),
+        "step_s": array("d", (columns.seconds[row] for row in final)),
+    }
+
+
 def step_rows(progress: Progress) -> list[dict[str, Any]]:
-    """steps.csv's rows: every step's wall time (step_s); the phases are the script's own affair."""
-    epoch_of = {step["step"]: record["epoch"] for record, steps in _epochs(progress) for step in steps or ()}
+    """steps.csv's rows as dicts (small files; the runner writes step_columns)."""
+    columns = step_columns(progress)
     return [
-        {"epoch": epoch_of.get(number), "step": number, "step_s": step["seconds"]}
-        for number, step in sorted(progress.steps.items())
+        {"epoch": epoch or None, "step": step, "step_s": seconds}
+        for epoch, step, seconds in zip(columns["epoch"], columns["step"], columns["step_s"], strict=True)
     ]
 
 
 def _epoch_time(progress: Progress, epochs: int) -> float:
     """The median epoch time after the first epoch (or the only one); without epoch lines the
     steps' time over the run config's epochs."""
-    times = [seconds for _, steps in _epochs(progress) if (seconds := _seconds(steps)) is not None]
+    spans = [span for _, span in _epochs(progress)]
+    times = [seconds for span in spans if (seconds := _seconds(progress, _rows(progress, span))) is not None]
     if not times:
-        return sum(step["seconds"] for step in progress.steps.values()) / epochs
+        return _sums(progress, progress.final)[0] / epochs
     return statistics.median(times[1:] or times)
 
 
 def _steps_per_epoch(progress: Progress) -> int | None:
-    counts = [len(steps) for _, steps in _epochs(progress) if steps]
+    counts = [len(span) for _, span in _epochs(progress) if span]
     return counts[0] if counts else None
 
 

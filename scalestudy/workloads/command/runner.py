@@ -8,14 +8,18 @@ ARGS...`, the script relative to the current directory, the workflow's) under th
 scalestudy.workloads.command.contract (docs/workloads.md, "Your own script"): the environment
 tells the script its run config, run folder, checkpoint folder and progress file; the script
 reports its steps, epochs and peak memory as JSON lines. The runner forwards SIGTERM/SIGUSR1 to the
-script and exits with its exit code (75: saved, retry to resume). Each rank samples its own GPU
-(scalestudy.train.gpu_monitor) while the script runs.
+script and exits with its exit code (75: saved, retry to resume); a script still running a grace
+period after the stop is killed with its whole process tree (scalestudy.workloads.command.process:
+its own process group, a reaper that outlives the runner). A failing script is logged at ERROR
+with its last lines of stderr. Each rank samples its own GPU (scalestudy.train.gpu_monitor) while
+the script runs.
 
 The ranks share no process group: they meet through files in the run's checkpoint_dir (which, like
 the run folder, is on the file system every node sees). Under `<checkpoint_dir>/scalestudy/`:
 `run_config.json`, `progress-rank<r>.jsonl` (kept over retries), `command_run.json` (the run
-config's hash: rank 0 empties a checkpoint_dir of another run config, or of a finished run, before
-any rank starts its script; the other ranks wait for it) and `reports/<launch>/rank<r>.json` (each
+config's hash: before any rank starts its script, rank 0 empties a checkpoint_dir of a finished
+run, and moves one of another run config into `superseded/<its hash>/`, never deleting it; the
+other ranks wait for it) and `reports/<launch>/rank<r>.json` (each
 rank's exit code, GPU monitor report and peak memory, merged by rank 0). After a finished run rank 0
 writes the run folder (summary.json last) and empties checkpoint_dir, or with keep_checkpoints
 marks it finished, so a run asked for again measures anew.
@@ -35,7 +39,6 @@ import resource
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +53,7 @@ from scalestudy.progress import setup_logging
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.workloads.command import contract
 from scalestudy.workloads.command import progress as command_progress
+from scalestudy.workloads.command.process import ScriptProcess, stop_grace_s
 from scalestudy.workloads.command.progress import ProgressError
 
 EXIT_BAD_CONFIG = 2
@@ -57,6 +61,7 @@ REQUIRED = ("checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "ep
 STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
 RUN_MARK, FINISHED_MARK = "command_run.json", "finished.json"
 POLL_S = 0.2
+SUPERSEDED = "superseded"  # another run config's checkpoint_dir content: superseded/<its hash>/
 
 log = logging.getLogger("scalestudy.workloads.command")
 
@@ -159,29 +164,44 @@ class Runner:
         self.checkpoint_dir = Path(config["checkpoint_dir"])
         self.state_dir = self.checkpoint_dir / STATE_DIR
         self.progress_path = self.state_dir / f"progress-rank{self.rank}.jsonl"
-        self.child: subprocess.Popen | None = None
+        self.child: ScriptProcess | None = None
         self.signals: list[int] = []
+        self.stop_offset: int | None = None  # the progress file's size when the first stop arrived
 
     def run(self) -> int:
         device = rank_device(self.config["device"], self.dist_env.local_rank)
         self.claim_checkpoint_dir()
         self.start_attempt()
         with self.forwarding_signals():
-            self.child = subprocess.Popen(
-                [sys.executable, str(self.script), *self.config["command"]["args"]],
-                env={**os.environ, **self.child_env()},
-                preexec_fn=distributed.die_with_parent,  # a SIGKILLed rank leaves no script behind
-            )
-            for signum in self.signals:  # arrived before the script existed
-                self.child.send_signal(signum)
+            # the monitor first (it may import torch: seconds), so nothing delays the wait for the script
             sampler = monitor.for_device(
                 device, self.config["monitor_interval_s"], self.t0, self.rank
             ).start()
-            code = self.child.wait()
-        code = 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + signal number
+            self.child = ScriptProcess(
+                [sys.executable, str(self.script), *self.config["command"]["args"]],
+                {**os.environ, **self.child_env()},
+                stop_grace_s(),
+            )
+            for signum in self.signals:  # arrived before the script existed
+                self.child.signal(signum)
+            try:
+                code = self.child.wait()
+            finally:
+                self.child.close()
+        code = self.exit_code(code)
         seconds = time.time() - self.t0
         self.append({"event": "exit", "code": code, "seconds": seconds})
-        log.info("rank %d: script exited with %d after %.1f s", self.rank, code, seconds)
+        if code in (0, contract.EXIT_RESUMABLE):
+            log.info("rank %d: script exited with %d after %.1f s", self.rank, code, seconds)
+        else:
+            tail = "\n".join(self.child.tail) or "(nothing on stderr)"
+            log.error(
+                "rank %d: script exited with %d after %.1f s; its last lines of stderr:\n%s",
+                self.rank,
+                code,
+                seconds,
+                tail,
+            )
         report = self.rank_report(code, sampler.stop(), device)
         if self.world_size > 1:
             atomic.write_json(self.report_dir() / f"rank{self.rank}.json", report)
@@ -210,12 +230,24 @@ class Runner:
         other rank waits for rank 0's mark of this run config."""
         mark, finished = self.state_dir / RUN_MARK, self.state_dir / FINISHED_MARK
         if self.is_main:
-            stale = _read_json(mark).get("config_hash") not in (None, self.config_hash)
-            if stale or finished.exists():
-                why = "a finished run: a re-run measures anew" if finished.exists() else "another run config"
-                log.warning("%s is of %s; emptying it", self.checkpoint_dir, why)
+            theirs = _read_json(mark).get("config_hash")
+            if finished.exists():
+                log.warning(
+                    "%s is of a finished run: a re-run measures anew; emptying it", self.checkpoint_dir
+                )
                 mark.unlink(missing_ok=True)  # first: the other ranks wait for the new one
                 empty_folder(self.checkpoint_dir)
+            elif theirs not in (None, self.config_hash):
+                mark.unlink(missing_ok=True)
+                kept = supersede_folder(self.checkpoint_dir, str(theirs))
+                log.warning(
+                    "%s holds the checkpoints of another run config (%s, this run's is %s): set aside as %s "
+                    "(delete it when it is not wanted); starting from scratch",
+                    self.checkpoint_dir,
+                    theirs,
+                    self.config_hash,
+                    kept,
+                )
             atomic.write_json(mark, {"config_hash": self.config_hash})
             return
         deadline = time.monotonic() + self.config["pg_timeout_s"]
@@ -242,6 +274,37 @@ class Runner:
         with open(self.progress_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    def exit_code(self, status: int) -> int:
+        """The script's exit code (killed by a signal: the shell's 128 + signal number); a script
+        killed after the stop grace gives EXIT_RESUMABLE only if it reported "saved" after the stop."""
+        code = 128 - status if status < 0 else status
+        if self.child is not None and self.child.killed and status == -signal.SIGKILL:
+            saved = self.saved_since(self.stop_offset or 0)
+            log.error(
+                "rank %d: the script was killed %.0f s after the stop signal; %s",
+                self.rank,
+                self.child.grace_s,
+                "it had reported a checkpoint (saved): exit 75, retry to resume"
+                if saved
+                else f'it reported no checkpoint after the stop (no "saved" line): exit {code}',
+            )
+            return contract.EXIT_RESUMABLE if saved else code
+        return code
+
+    def saved_since(self, offset: int) -> bool:
+        """Whether the progress file holds a "saved" line after byte `offset`."""
+        try:
+            with open(self.progress_path, "rb") as handle:
+                handle.seek(offset)
+                for line in handle:
+                    with contextlib.suppress(ValueError):
+                        record = json.loads(line)
+                        if isinstance(record, dict) and record.get("event") == "saved":
+                            return True
+        except OSError:
+            return False
+        return False
+
     def child_env(self) -> dict[str, str]:
         """The contract's variables, and torch's env:// rendezvous (srun sets only SLURM_*)."""
         env = self.dist_env
@@ -261,8 +324,11 @@ class Runner:
     def forwarding_signals(self):
         def forward(signum, _frame) -> None:
             self.signals.append(signum)
-            if self.child is not None and self.child.poll() is None:
-                self.child.send_signal(signum)
+            if self.stop_offset is None:
+                with contextlib.suppress(OSError):
+                    self.stop_offset = self.progress_path.stat().st_size
+            if self.child is not None:
+                self.child.signal(signum)
 
         previous = {signum: signal.signal(signum, forward) for signum in contract.STOP_SIGNALS}
         try:
@@ -344,8 +410,16 @@ class Runner:
         monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
         rows = command_progress.epoch_rows(progress, self.config)
         atomic.write_csv(self.out_dir / "metrics.csv", pd.DataFrame(rows, columns=METRICS_COLUMNS))
-        steps = command_progress.step_rows(progress)
-        atomic.write_csv(self.out_dir / "steps.csv", pd.DataFrame(steps, columns=STEPS_COLUMNS))
+        steps = command_progress.step_columns(progress)
+        frame = pd.DataFrame(
+            {
+                "epoch": pd.array([epoch or None for epoch in steps["epoch"]], dtype="Int64"),
+                "step": pd.array(steps["step"], dtype="int64"),
+                "step_s": pd.array(steps["step_s"], dtype="float64"),
+            },
+            columns=STEPS_COLUMNS,
+        )
+        atomic.write_csv(self.out_dir / "steps.csv", frame)
         summary = {"run": self.given, "results": results, "provenance": self.provenance(reports)}
         atomic.write_json(self.out_dir / "summary.json", summary)
         log.info("wrote %s", self.out_dir)
@@ -466,9 +540,25 @@ def drop_cut_line(path: Path) -> None:
             handle.truncate(data.rfind(b"\n") + 1)
 
 
+def supersede_folder(folder: Path, their_hash: str) -> Path:
+    """Another run config's files in checkpoint_dir: moved into superseded/<its hash>/ (one kept
+    per run config; superseded/ itself stays where it is). Returns that folder."""
+    target = folder / SUPERSEDED / their_hash[:16]
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for entry in folder.iterdir():
+        if entry.name != SUPERSEDED:
+            entry.rename(target / entry.name)
+    return target
+
+
 def empty_folder(folder: Path) -> None:
+    """Remove what `folder` holds but superseded/ (another run config's checkpoints, set aside)."""
     if folder.is_dir():
         for entry in folder.iterdir():
+            if entry.name == SUPERSEDED:
+                continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
@@ -498,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"has {dist_env.world_size} ranks"
             )
         script = check_paths(config, args.out_dir)
+        stop_grace_s()  # a bad SCALESTUDY_STOP_GRACE_S is named before the script starts
     except (RunConfigError, ValueError) as error:
         log.error("%s", error)
         return EXIT_BAD_CONFIG

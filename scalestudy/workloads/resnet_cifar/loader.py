@@ -20,11 +20,7 @@ pinned memory on CUDA. Every step then only slices that device tensor: no host-t
 host-to-device transfer of this module goes through `to_device` (a test counts them: per epoch, not
 per step). On the CPU the memory map stays put and each batch reads only its own images.
 
-How to confirm it on a GPU (not done here: no GPU was lent to this work): wrap each `next(batches)`
-of an epoch in `torch.cuda.set_sync_debug_mode("error")` (it raises on a synchronising call:
-`.item()`, `nonzero`, a blocking copy); and in an nsys CUDA API trace (`nsys stats --report
-cuda_api_sum,cuda_gpu_mem_time_sum`) the "data" ranges between two epoch starts show no
-cudaMemcpy*/cudaStreamSynchronize, only the one host-to-device copy per epoch.
+How to confirm it on a GPU: docs/architecture.md, "The GPU step path".
 
 `--loader dataloader` is the classic baseline: torchvision transforms on PIL images in a DataLoader
 with DistributedSampler and worker processes (pinned batches on CUDA), copied to the device every

@@ -1,0 +1,56 @@
+# track: the study in MLflow (scalestudy.tracking, docs/tracking.md). With `tracking.enabled`, every
+# training job's rank 0 streams its run live (the settings reach it through one environment
+# variable, never the run config), the points not yet running show as SCHEDULED (onstart), and rule
+# `track`, on the submit host, replays every run folder and the study's tables, figures and paper
+# into the store, adding only what is missing. Off: no rule, no variable, no mlflow import.
+
+from scalestudy import tracking as _tracking
+
+TRACKING = _tracking.settings(config, os.getcwd())
+TRACK_LOGS = "results/logs/tracking"
+TRACK_TARGETS = []
+
+if TRACKING:
+    # Inherited by every job (local, sbatch --export=ALL) and, as APPTAINERENV_*, inside the image.
+    os.environ.update(_tracking.to_environ(TRACKING))
+    TRACKING_JSON = json.dumps(TRACKING, sort_keys=True)
+
+    onstart:
+        # SCHEDULED runs for the grid's points (skipped by dry runs; a failure only warns: the
+        # training jobs and rule track create what is missing).
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as _points:
+            json.dump(_tracking.planned_points(config), _points)
+        _scheduled = subprocess.run(
+            [sys.executable, "-m", "scalestudy.tracking", "schedule", "--tracking-json", TRACKING_JSON,
+             "--points-json", _points.name],
+            capture_output=True, text=True,
+        )
+        os.unlink(_points.name)
+        if _scheduled.returncode != 0:
+            logger.warning(f"warning: tracking: the SCHEDULED runs were not created:\n{_scheduled.stderr[-2000:]}")
+
+    rule track:
+        input:
+            summaries=RUN_SUMMARIES,
+            study=[*ANALYSIS_TARGETS, *FIGURE_TARGETS, *PAPER_TARGETS],
+        output:
+            f"{TRACK_LOGS}/sync.json",
+        params:
+            tracking=lambda wildcards: TRACKING_JSON,
+        log:
+            f"{TRACK_LOGS}/sync.log",
+        # On the submit host, outside the image: it reaches the tracking server (compute nodes may
+        # not) and writes the embedded store with the venv's full mlflow.
+        localrule: True
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        shell:
+            "python -m scalestudy.tracking sync --tracking-json {params.tracking:q} --runs-dir results/runs"
+            " --study-files {input.study:q} --optional-files results/report.html --out {output:q} > {log:q} 2>&1"
+
+    TRACK_TARGETS = [rules.track.output[0]]

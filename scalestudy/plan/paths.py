@@ -1,0 +1,26 @@
+"""Where the workflow writes: every folder under results/, named once for the rules and the code.
+
+The rules (rules/*.smk) build their outputs from these names; the modules that find a file the
+workflow wrote (the paper, the analysis, the pre-flight checks) import them too. The files inside
+a run folder are named in scalestudy.plan.runfiles. Standard library only (the Snakefile imports it).
+"""
+
+RESULTS_DIR = "results"
+LOGS_DIR = f"{RESULTS_DIR}/logs"  # every rule's log, in a folder named like its outputs' folder
+BENCHMARKS_DIR = f"{RESULTS_DIR}/benchmarks"  # Snakemake's benchmark: files
+RAW_DATA_DIR = f"{RESULTS_DIR}/data"  # the fetched archive or corpus
+PACKED_DIR = f"{RESULTS_DIR}/data/packed"  # preprocess's arrays and manifest.json
+IMAGE_DIR = f"{RESULTS_DIR}/image"  # the container image's sha256 (scalestudy.launch.container_image)
+RUNS_DIR = f"{RESULTS_DIR}/runs"  # one run folder per grid point: <stage>/<point>
+CHECKPOINTS_DIR = f"{RESULTS_DIR}/checkpoints"  # <stage>/<point>, emptied when a run finishes
+INDUCTOR_CACHE_DIR = f"{RESULTS_DIR}/inductor-cache"  # torch.compile's cache, shared by every run
+GATES_DIR = f"{RESULTS_DIR}/gates"  # the training gate's record
+SITE_DIR = f"{RESULTS_DIR}/site"  # the site check's result per site
+SYSTEM_DIR = f"{RESULTS_DIR}/system"  # the system description
+SMOKE_DIR = f"{RESULTS_DIR}/smoke"  # the smoke tests' results
+COMM_DIR = f"{RESULTS_DIR}/comm"  # the collective benchmark
+PROFILE_DIR = f"{RESULTS_DIR}/profile"  # the profile stage's traces and tables
+TABLES_DIR = f"{RESULTS_DIR}/tables"
+FIGURES_DIR = f"{RESULTS_DIR}/figures"
+PAPER_DIR = f"{RESULTS_DIR}/paper"
+PAPER_FIGURES_DIR = f"{PAPER_DIR}/figures"

@@ -1,0 +1,138 @@
+"""Experiment tracking in MLflow (docs/tracking.md): one MLflow run per grid point, grouped under
+one run for the study.
+
+The run folder stays the source of truth. The study's settings (config `tracking:`) reach a
+training job through one environment variable (ENV, set by rules/track.smk), never through the run
+config, so the run configs and results/ are the same with tracking on or off. Rank 0 of a training
+job streams to MLflow from a background thread (scalestudy.tracking.live); `python -m
+scalestudy.tracking sync` (rule `track`, on the submit host) replays the run folders into MLflow
+afterwards, adding only what is missing (scalestudy.tracking.sync).
+
+This module imports no third-party package (the Snakefile imports it); only the submodules that
+talk to MLflow import mlflow, and only when tracking is on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ENV = "SCALESTUDY_TRACKING"
+# Beside the point's checkpoints: the MLflow run a retry of the point continues.
+RUN_ID_FILE = "mlflow-run.json"
+# In the run folder, written only with tracking on: the per-step metrics rank 0 streamed.
+JOURNAL = "tracking.jsonl"
+EMBEDDED_DB = "results/mlflow/mlflow.db"
+EMBEDDED_ARTIFACTS = "results/mlflow/artifacts"
+RUNS_ROOT = "results/runs"
+
+# Tags that identify a grid point's MLflow run (the sync and the trainer find runs by them).
+TAG_POINT = "scalestudy.point"
+TAG_HASH = "scalestudy.config_hash"
+TAG_STUDY = "scalestudy.study"
+TAG_HISTORY = "scalestudy.status_history"
+TAG_SUPERSEDED = "scalestudy.superseded"
+STUDY_POINT = "study"
+# metrics.csv columns logged per epoch (as epoch_<column>, step = epoch), live and by the sync.
+EPOCH_COLUMNS = (
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "lr",
+)
+STATUSES = ("SCHEDULED", "RUNNING", "FINISHED", "FAILED", "KILLED")
+
+
+def settings(config: dict[str, Any], root: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """The study's tracking settings (config `tracking:`), or None when tracking is off. The
+    embedded store is an SQLite file under results/ (absolute paths: jobs run elsewhere)."""
+    section = config.get("tracking") or {}
+    if not section.get("enabled", True):
+        return None
+    root = Path(root).resolve()
+    uri = section.get("uri") or f"sqlite:///{root / EMBEDDED_DB}"
+    artifacts = section.get("artifact_root") or (root / EMBEDDED_ARTIFACTS).as_uri()
+    study = config.get("study", {}).get("name", "study")
+    return {
+        "uri": uri,
+        "experiment": section.get("experiment") or f"scalestudy-{study}",
+        "artifact_root": artifacts if not section.get("uri") else section.get("artifact_root"),
+        "study": study,
+        "live": bool(section.get("live", True)),
+        "timeout_s": float(section.get("timeout_s", 5)),
+    }
+
+
+def to_environ(tracking: dict[str, Any] | None) -> dict[str, str]:
+    """The variables that carry the settings to a training job (and through apptainer's --cleanenv)."""
+    if tracking is None:
+        return {}
+    text = json.dumps(tracking, sort_keys=True)
+    return {ENV: text, f"APPTAINERENV_{ENV}": text}
+
+
+def from_environ(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The settings a job was given (None: tracking off, or a value that does not parse)."""
+    text = (os.environ if environ is None else environ).get(ENV)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and value.get("uri") else None
+
+
+def planned_points(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """{point, run} of every grid point of the study (the SCHEDULED runs before any starts)."""
+    from scalestudy.plan import grid
+
+    return [
+        {"point": f"{point.stage}/{point.name}", "run": grid.run_config(config, point)}
+        for point in grid.all_points(config)
+    ]
+
+
+def point_of(out_dir: str | os.PathLike) -> str:
+    """A run folder's point: its path below results/runs (`scaling/strong-w2_r0`), else its name."""
+    parts = Path(out_dir).resolve().parts
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index : index + 2] == ("results", "runs"):
+            return "/".join(parts[index + 2 :])
+    return Path(out_dir).name
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A run config as MLflow params: nested keys joined by '.', lists and null as JSON."""
+    flat: dict[str, str] = {}
+    for key, value in sorted(config.items()):
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, str):
+            flat[name] = value
+        else:
+            flat[name] = json.dumps(value, sort_keys=True)
+    return {key: value[:6000] for key, value in flat.items()}
+
+
+def point_tags(point: str, config_hash: str, given: dict[str, Any], study: str) -> dict[str, str]:
+    """The tags of a grid point's run that the run config decides."""
+    stage = point.split("/", 1)[0]
+    tags = {
+        TAG_POINT: point,
+        TAG_HASH: config_hash,
+        TAG_STUDY: study,
+        "stage": stage,
+        "point": point,
+        "mlflow.runName": point,
+    }
+    for key in ("mode", "world_size", "nodes", "parallelism", "workload", "precision", "per_gpu_batch"):
+        if given.get(key) is not None:
+            tags[key] = str(given[key])
+    return tags

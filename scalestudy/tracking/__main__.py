@@ -1,0 +1,91 @@
+"""`python -m scalestudy.tracking sync|schedule`: the study's run folders into MLflow (rule `track`).
+
+  sync      --tracking-json JSON --runs-dir results/runs [--study-files F ...] [--optional-files F ...]
+            --out RECORD.json
+  schedule  --tracking-json JSON --points-json FILE   (a JSON list of {"point", "run"}: SCHEDULED runs)
+
+Exit 2 for bad input (the option is named), 1 when the tracking store cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from scalestudy import atomic
+from scalestudy.progress import setup_logging
+
+log = logging.getLogger("scalestudy.tracking")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalestudy.tracking", description=__doc__.splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sync = sub.add_parser("sync", help="replay run folders and the study's files, adding what is missing")
+    sync.add_argument("--runs-dir", type=Path, default=Path("results/runs"))
+    sync.add_argument("--study-files", nargs="*", type=Path, default=[])
+    sync.add_argument(
+        "--optional-files", nargs="*", type=Path, default=[], help="study files sent if present"
+    )
+    sync.add_argument("--root", type=Path, default=Path("."), help="the study's folder (results/ is in it)")
+    sync.add_argument("--out", type=Path, help="a JSON record of what was added")
+    schedule = sub.add_parser("schedule", help="SCHEDULED runs for the points not yet running")
+    schedule.add_argument("--points-json", type=Path, required=True)
+    for command in (sync, schedule):
+        command.add_argument(
+            "--tracking-json", required=True, help="the settings (scalestudy.tracking.settings)"
+        )
+    return parser.parse_args(argv)
+
+
+def load_settings(text: str) -> dict:
+    try:
+        tracking = json.loads(text)
+    except ValueError as error:
+        raise SystemExit(f"--tracking-json: not JSON ({error}): {text[:200]!r}") from None
+    if not isinstance(tracking, dict) or not tracking.get("uri") or not tracking.get("experiment"):
+        raise SystemExit(f"--tracking-json: needs 'uri' and 'experiment', got {text[:200]!r}")
+    return tracking
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    try:
+        tracking = load_settings(args.tracking_json)
+        if args.command == "schedule":
+            try:
+                points = json.loads(args.points_json.read_text())
+            except (OSError, ValueError) as error:
+                raise SystemExit(f"--points-json {args.points_json}: {error}") from None
+    except SystemExit as error:
+        log.error("%s", error)
+        return 2
+    from scalestudy.tracking import sync
+
+    try:
+        if args.command == "schedule":
+            created = sync.schedule(tracking, points)
+            log.info("%d SCHEDULED run(s) created in %s", len(created), tracking["experiment"])
+            return 0
+        files = [*args.study_files, *(path for path in args.optional_files if path.is_file())]
+        record = sync.sync(tracking, args.runs_dir, files, args.root)
+    except Exception as error:  # the store: unreachable, refused, ...
+        log.error("MLflow at %s: %s: %s", tracking["uri"], type(error).__name__, error)
+        return 1
+    added = sum(run["metrics"] for run in record["runs"])
+    log.info(
+        "synced %d run(s) into %s: %d metric value(s) added", len(record["runs"]), tracking["uri"], added
+    )
+    if args.out:
+        atomic.write_json(args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

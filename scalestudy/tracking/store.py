@@ -1,0 +1,143 @@
+"""The MLflow side of tracking (imports mlflow: use only with tracking on): the client of a
+store, the study's experiment and parent run, a grid point's run found by its tags or created,
+its status with the history of its transitions, and the run-id file in the point's checkpoint
+folder that lets a retry continue the same MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from scalestudy import atomic
+from scalestudy.tracking import (
+    RUN_ID_FILE,
+    STUDY_POINT,
+    TAG_HASH,
+    TAG_HISTORY,
+    TAG_POINT,
+    TAG_STUDY,
+    flatten,
+)
+
+
+def client(tracking: dict[str, Any]):
+    """An MlflowClient of the settings' store; HTTP requests fail fast (no retries on a job's
+    critical path: a down server costs one timeout, then a warning)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(tracking.get("timeout_s", 5))))
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking["uri"])
+
+
+def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
+    found = mlflow_client.get_experiment_by_name(tracking["experiment"])
+    if found is not None:
+        return found.experiment_id
+    try:
+        return mlflow_client.create_experiment(
+            tracking["experiment"], artifact_location=tracking.get("artifact_root") or None
+        )
+    except Exception:  # another job created it in the meantime
+        found = mlflow_client.get_experiment_by_name(tracking["experiment"])
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def find_runs(mlflow_client, experiment: str, point: str, config_hash: str | None = None) -> list:
+    """The runs of a grid point (of one run config, if given), oldest first."""
+    query = f"tags.`{TAG_POINT}` = '{point}'"
+    if config_hash:
+        query += f" and tags.`{TAG_HASH}` = '{config_hash}'"
+    runs = mlflow_client.search_runs([experiment], filter_string=query, max_results=1000)
+    return sorted(runs, key=lambda run: run.info.start_time or 0)
+
+
+def study_run(mlflow_client, experiment: str, study: str) -> str:
+    """The study's parent run (found by its tags, or created)."""
+    found = find_runs(mlflow_client, experiment, STUDY_POINT)
+    if found:
+        return found[0].info.run_id
+    tags = {TAG_POINT: STUDY_POINT, TAG_STUDY: study, "mlflow.runName": f"study {study}", "stage": "study"}
+    return mlflow_client.create_run(experiment, tags=tags).info.run_id
+
+
+def point_run(
+    mlflow_client,
+    experiment: str,
+    tags: dict[str, str],
+    given: dict[str, Any] | None,
+    parent: str | None = None,
+    status: str = "SCHEDULED",
+) -> tuple[str, bool]:
+    """The run of a grid point's run config (its tags name both): (run id, created). A new one
+    starts in `status`, with the flattened run config as its params, nested under `parent`."""
+    found = find_runs(mlflow_client, experiment, tags[TAG_POINT], tags[TAG_HASH])
+    if found:
+        return found[-1].info.run_id, False
+    tags = dict(tags) | ({"mlflow.parentRunId": parent} if parent else {})
+    run_id = mlflow_client.create_run(experiment, tags=tags).info.run_id
+    if given is not None:
+        log_params(mlflow_client, run_id, given)
+    set_status(mlflow_client, run_id, status)
+    return run_id, True
+
+
+def log_params(mlflow_client, run_id: str, given: dict[str, Any]) -> None:
+    """The flattened run config, the keys the run does not have yet (params never change)."""
+    from mlflow.entities import Param
+
+    have = mlflow_client.get_run(run_id).data.params
+    params = [Param(k, v) for k, v in flatten(given).items() if k not in have]
+    for start in range(0, len(params), 100):
+        mlflow_client.log_batch(run_id, params=params[start : start + 100])
+
+
+def set_status(mlflow_client, run_id: str, status: str, reason: str | None = None) -> None:
+    """Moves the run to `status` and appends it to the status-history tag (KILLED, RUNNING,
+    FINISHED of a resumed job stay visible after the fact); a repeated status is not appended."""
+    run = mlflow_client.get_run(run_id)
+    history = [s for s in run.data.tags.get(TAG_HISTORY, "").split(",") if s]
+    if not history or history[-1] != status:
+        mlflow_client.set_tag(run_id, TAG_HISTORY, ",".join([*history, status]))
+    if reason:
+        mlflow_client.set_tag(run_id, "failure_reason", reason[:5000])
+    if status in ("FINISHED", "FAILED", "KILLED"):
+        mlflow_client.set_terminated(run_id, status)
+    else:
+        mlflow_client.update_run(run_id, status=status)
+
+
+def append_tag(mlflow_client, run_id: str, key: str, value: str | None) -> None:
+    """Adds `value` to a comma-separated tag (Slurm job ids of every attempt), once."""
+    if not value:
+        return
+    have = [v for v in mlflow_client.get_run(run_id).data.tags.get(key, "").split(",") if v]
+    if value not in have:
+        mlflow_client.set_tag(run_id, key, ",".join([*have, value]))
+
+
+def logged_steps(mlflow_client, run_id: str, key: str) -> set[int]:
+    return {metric.step for metric in mlflow_client.get_metric_history(run_id, key)}
+
+
+def read_run_id(checkpoint_dir: str | os.PathLike, config_hash: str, uri: str) -> str | None:
+    """The MLflow run an earlier attempt of this run config started in this store, if any."""
+    path = Path(checkpoint_dir) / RUN_ID_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("config_hash") == config_hash and record.get("uri") == uri:
+        return record.get("run_id")
+    return None
+
+
+def write_run_id(checkpoint_dir: str | os.PathLike, config_hash: str, uri: str, run_id: str) -> None:
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    record = {"run_id": run_id, "config_hash": config_hash, "uri": uri}
+    atomic.write_json(Path(checkpoint_dir) / RUN_ID_FILE, record)

@@ -1,0 +1,109 @@
+"""The trainer: `python -m scalestudy.train --run-config-json JSON | --run-config PATH --out-dir DIR`.
+
+The program around one rank's Trainer (scalestudy.train.trainer): reads and checks the run config
+and the launcher's environment, picks device and backend, then runs setup, resume, fit and finish
+in the run's process settings (scalestudy.train.process). A run config of the command workload goes
+to scalestudy.workloads.command.runner. Exit codes: 0 done, EXIT_BAD_CONFIG (2) bad input,
+EXIT_RESUMABLE (75, scalestudy.train.trainer) stopped by a signal after a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from typing import Any
+
+from scalestudy.data.preprocess import PackedDataError
+from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import runconfig
+from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
+from scalestudy.progress import setup_logging
+from scalestudy.train.process import exit_now, keep_freed_host_memory, process_settings
+from scalestudy.train.state import StopRequest
+from scalestudy.train.trainer import Trainer
+
+EXIT_BAD_CONFIG = 2
+
+log = logging.getLogger("scalestudy.train")
+
+
+# --- run config -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m scalestudy.train", description=__doc__.splitlines()[0])
+    runconfig.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+# --- entry point --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
+    """The trainer's command line; `exit_process` (python -m) ends the process here (see exit_now).
+    A run config of the command workload goes to its runner (scalestudy.workloads.command.runner): every
+    rule, the profiler and the smoke test start any workload the same way."""
+    args = parse_args(argv)
+    if _given_workload(args) == "command":
+        from scalestudy.workloads.command import runner as command
+
+        return command.main(argv)
+    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
+    try:
+        given, config = load_run_config(args)
+        dist_env = distributed.from_environ()
+        distributed.die_with_launcher()  # a torchrun rank ends with its agent, even a SIGKILLed one
+        if dist_env.world_size != config["world_size"]:
+            raise RunConfigError(
+                f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
+                f"has {dist_env.world_size} ranks"
+            )
+        device = distributed.select_device(config["device"], dist_env.local_rank)
+        backend = distributed.select_backend(config["backend"], device)
+        check_locations(config, args.out_dir)
+    except (RunConfigError, ValueError) as error:
+        log.error("%s", error)
+        return EXIT_BAD_CONFIG
+    if not dist_env.is_main:
+        logging.getLogger("scalestudy").setLevel(logging.WARNING)
+    trainer = Trainer(config, given, args.out_dir, dist_env, device, backend)
+    code = run(trainer, config)
+    if exit_process:
+        exit_now(code)  # while `trainer` (model, DDP reducer, profiler) is still alive
+    return code
+
+
+def _given_workload(args: argparse.Namespace) -> str | None:
+    """The run config's workload, or None where it cannot be read (load_run_config says why)."""
+    with contextlib.suppress(RunConfigError):
+        given, _ = load_run_config(args, validated=False)
+        return given.get("workload")
+    return None
+
+
+def run(trainer: Trainer, config: dict[str, Any]) -> int:
+    with process_settings(config), StopRequest() as stop:
+        try:
+            trainer.setup()
+            trainer.checkpointer.resume()
+            code = trainer.fit(stop)
+            if code == 0:
+                trainer.finish()
+            elif trainer.monitor:
+                trainer.monitor.stop()
+            return code
+        except (RunConfigError, PackedDataError) as error:
+            log.error("%s", error)
+            return EXIT_BAD_CONFIG
+        finally:
+            distributed.destroy_process_group()
+
+
+def run_as_program() -> None:
+    """`python -m scalestudy.train`: the trainer's process from start to exit."""
+    keep_freed_host_memory()
+    exit_now(main(exit_process=True))
+
+
+if __name__ == "__main__":
+    run_as_program()

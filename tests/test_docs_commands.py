@@ -1,0 +1,338 @@
+"""Every shell command README.md and docs/*.md show runs as shown, from a fresh copy of the workflow.
+
+The commands are taken from the pages: fenced ```bash/sh/shell blocks (every line; `\\` continues a
+line), ```console blocks (the `$ ` lines), and inline `code` that is a whole command (it starts with
+a program and has arguments; a synopsis with placeholders, `<x>`, `...`, `A|B` or CAPITALS, a bare
+program or module name, and a lone VAR=value are prose, not commands). Each one runs with bash in a
+copy of the checkout's tracked and new files (git ls-files) that links the checkout's .venv, whose
+bin/ is first on PATH (as `source scripts/bootstrap.sh` or `source .venv/bin/activate` leave a
+shell). A command that exits non-zero fails its test, named by file:line.
+
+What this machine (CPU, no Apptainer, no real site) does not run is in the tables below, each row
+with its reason; a row whose command the docs no longer show fails, so the tables stay current.
+The Slurm route of docs/slurm.md runs literally in tests/test_slurm.py (documented_commands()).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, snakemake_env
+
+PAGES = ("README.md", "docs/*.md")
+
+# --- the one place for commands this test does not run -----------------------------------------
+GPU = "needs a GPU (none on this machine)"
+SITE = "needs a real Slurm site with GPUs and Apptainer (config/config.yaml)"
+APPTAINER = "needs Apptainer (the slurm profile's software deployment checks for it even in a dry run)"
+NOT_RUN: dict[str, str] = {
+    ".venv/bin/python -m scalestudy.benchmark --device cuda": GPU,
+    "python -m scalestudy.benchmark --device cuda": GPU,
+    "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda --precision bf16 "
+    "--parallelism ddp fsdp": GPU,
+    "nsys stats": GPU,
+    "nsys stats --report cuda_api_sum": GPU,
+    "apptainer exec": APPTAINER,
+    "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,
+    "snakemake --profile profiles/slurm containers/scalestudy.sif --configfile config/config.yaml": APPTAINER,
+    "snakemake --profile profiles/slurm --configfile config/config.yaml": SITE,
+    "snakemake --profile profiles/slurm --configfile config/config.yaml --report results/report.html": SITE,
+    "$EDITOR config/config.yaml": "opens an editor",
+    "python -X importtime": "an interpreter option named in prose",
+    "pytest -ra": "the whole test suite: scripts/test.sh runs it (CI)",
+    "apptainer build --fakeroot": APPTAINER,
+    "srun -n1": "prose: how Snakemake's jobstep plugin wraps a job (needs a Slurm allocation)",
+    "python -m scalestudy.preflight.site rank": "prose: the rank program the launcher starts under srun",
+}
+# Commands that run too long for this module, and the test that runs them: (file, text in it).
+COVERED: dict[str, tuple[str, str]] = {
+    "bash scripts/demo.sh": ("tests/test_workflow.py", '["bash", "scripts/demo.sh"]'),
+    "bash scripts/demo.sh --configfile config/demo-gpt.yaml": (
+        "tests/test_workloads_workflow.py",
+        '["bash", "scripts/demo.sh", "--configfile", "config/demo-gpt.yaml"]',
+    ),
+    "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
+    ".venv/bin/python -m pytest -m slurm tests/test_slurm.py -v": (
+        "tests/test_slurm.py",
+        "@pytest.mark.slurm",
+    ),
+    "bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", 'cluster_script("up-two-node"'),
+    "WITH_DBD=1 bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", '"WITH_DBD": "1"'),
+    "bash tests/slurm/cluster.sh status": ("tests/test_slurm.py", 'cluster_script("status")'),
+    "bash tests/slurm/cluster.sh exec squeue": ("tests/test_slurm.py", '[CLUSTER_SH), "exec"]'),
+    "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
+    "bash tests/slurm/cluster.sh down": ("tests/test_slurm.py", 'cluster_script("down")'),
+}
+# The small settings the docs offer (docs/benchmarks.md's options), appended to a module's command.
+SMALL: dict[str, str] = {
+    "scalestudy.benchmark": "--repeats 1 --steps 2 --batch 16",
+    "scalestudy.benchmark dag": "--repeats 1",
+    "scalestudy.benchmark.lm": "--steps 2 --warmup 1 --repeats 1",
+}
+# Commands that take more than a few seconds: marked slow (CI runs them).
+SLOW = re.compile(r"scalestudy\.benchmark|snakemake (--profile profiles/local results/|--lint)")
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Command:
+    """One documented command: where it is (file:line) and its text (continuations joined)."""
+
+    where: str
+    text: str
+
+
+# --- extraction ----------------------------------------------------------------------------------
+FENCE = re.compile(r"^\s*(```+)\s*([\w+-]*)")
+PROGRAMS = re.compile(
+    r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?(?:python3?|snakemake|bash|source|sh|pytest|apptainer|nsys|ncu|sbatch|srun|squeue|torchrun|cp|\$EDITOR)(?:\s|$)"
+)
+SYNOPSIS = re.compile(r"\.\.\.|<[^>]*>|\||\[|/--|(?<![\w$=./-])[A-Z]+(?![\w=])")
+
+
+def strip_comment(line: str) -> str:
+    """The line without a trailing `# comment` (a # outside quotes, after a blank or at the start)."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line.rstrip()
+
+
+def is_command(span: str) -> bool:
+    """Inline code that is a whole command: a program with arguments, not a synopsis or a name."""
+    if not PROGRAMS.match(span) or SYNOPSIS.search(span):
+        return False
+    words = shlex.split(span)
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    module_only = len(words) == 3 and words[1] == "-m"
+    return len(words) >= 2 and not module_only
+
+
+def block_commands(lines: list[tuple[int, str]], console: bool) -> list[tuple[int, str]]:
+    """(line number, command) of a fenced block's lines; console blocks: the `$ ` lines only."""
+    commands: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, raw in lines:
+        line = raw.strip()
+        if pending is None:
+            if console and not line.startswith("$ "):
+                continue
+            line = line.removeprefix("$ ")
+            if not line or line.startswith("#"):
+                continue
+            pending = (number, "")
+        text = strip_comment(line)
+        if text.endswith("\\"):
+            pending = (pending[0], pending[1] + text[:-1].strip() + " ")
+            continue
+        commands.append((pending[0], " ".join((pending[1] + text).split())))
+        pending = None
+    return commands
+
+
+def extract(path: Path, name: str) -> list[Command]:
+    """The commands of one Markdown page, in page order, each named `name:line`."""
+    found: list[tuple[int, str]] = []
+    fence: tuple[str, str, list] | None = None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        opened = FENCE.match(line)
+        if fence is not None:
+            if opened and opened.group(1) == fence[0] and not opened.group(2):
+                if fence[1] in ("bash", "sh", "shell", "console"):
+                    found += block_commands(fence[2], console=fence[1] == "console")
+                fence = None
+            else:
+                fence[2].append((number, line))
+        elif opened:
+            fence = (opened.group(1), opened.group(2), [])
+        else:
+            found += [(number, span) for span in re.findall(r"`([^`]+)`", line) if is_command(span)]
+    return [Command(f"{name}:{number}", text) for number, text in sorted(found)]
+
+
+def documented_commands(root: Path = REPO) -> list[Command]:
+    pages = sorted({page for pattern in PAGES for page in root.glob(pattern)})
+    return [command for page in pages for command in extract(page, str(page.relative_to(root)))]
+
+
+def slurm_test_commands() -> set[str]:
+    """The docs/slurm.md commands tests/test_slurm.py runs literally (its own reading of the page)."""
+    from tests.test_slurm import documented_commands as slurm_documented
+
+    return {" ".join(words) for words in slurm_documented()}
+
+
+# --- running -------------------------------------------------------------------------------------
+def key(text: str) -> str:
+    """Commands that differ only by `.venv/bin/` run once (the venv's bin/ is first on PATH)."""
+    return text.replace(".venv/bin/", "")
+
+
+def with_small_settings(text: str) -> str:
+    """The command with the small settings of its module appended (the most specific match)."""
+    match = re.search(r"-m (scalestudy[\w.]*)((?: \w+)?)", text)
+    if not match:
+        return text
+    for module in (match.group(1) + match.group(2), match.group(1)):
+        if module in SMALL:
+            return f"{text} {SMALL[module]}"
+    return text
+
+
+def run_command(text: str, workdir: Path, where: str) -> str | None:
+    """Run one command in `workdir`; None if it exits 0, else a message naming file:line."""
+    env = {**snakemake_env(), "PATH": f"{workdir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    command = with_small_settings(text)
+    try:
+        result = subprocess.run(
+            ["bash", "-c", command],
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{where}: `{text}` did not finish in {TIMEOUT_S} s (ran: {command})"
+    if result.returncode == 0:
+        return None
+    tail = (result.stdout[-2000:] + "\n" + result.stderr[-4000:]).strip()
+    return f"{where}: `{text}` exited {result.returncode} (ran: {command})\n{tail}"
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The checkout's tracked and new (not ignored) files, as a fresh clone would have them, plus a
+    link to its .venv."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():  # a tracked file deleted in the checkout is not copied
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).write_bytes(source.read_bytes())
+            (dest / name).chmod(source.stat().st_mode)
+    (dest / ".venv").symlink_to(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")))
+    return dest
+
+
+ALL = documented_commands()
+SLURM_RUN = slurm_test_commands()
+
+
+def to_run() -> dict[str, list[Command]]:
+    """The commands this module runs, once each (by `key`), with every place the docs show them."""
+    runs: dict[str, list[Command]] = {}
+    for command in ALL:
+        if command.text not in NOT_RUN and command.text not in COVERED and command.text not in SLURM_RUN:
+            runs.setdefault(key(command.text), []).append(command)
+    return runs
+
+
+def params():
+    for text, places in to_run().items():
+        marks = [pytest.mark.slow] if SLOW.search(text) else []
+        yield pytest.param(text, places, id=places[0].where, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return fresh_copy(tmp_path_factory.mktemp("docs") / "scalestudy")
+
+
+@pytest.mark.parametrize(("text", "places"), list(params()))
+def test_documented_command_runs(text, places, workdir):
+    failure = run_command(places[0].text, workdir, ", ".join(place.where for place in places))
+    assert failure is None, failure
+
+
+# --- the tables stay true ------------------------------------------------------------------------
+def test_the_docs_show_commands_and_the_benchmark_is_among_those_run():
+    assert len(ALL) >= 20, [c.where for c in ALL]
+    assert "python -m scalestudy.benchmark" in to_run()
+    assert "python -m scalestudy.benchmark dag" in to_run()
+
+
+def test_every_row_of_the_tables_is_a_command_the_docs_still_show():
+    shown = {command.text for command in ALL}
+    stale = sorted((set(NOT_RUN) | set(COVERED)) - shown)
+    assert not stale, f"rows for commands no page shows any more (remove them): {stale}"
+
+
+def test_every_covered_command_is_run_by_the_test_named():
+    for command, (test_file, text) in COVERED.items():
+        assert text in (REPO / test_file).read_text(), f"{test_file} no longer runs `{command}`"
+
+
+def test_the_slurm_pages_commands_are_run_or_listed():
+    """docs/slurm.md's snakemake route runs in tests/test_slurm.py; the rest is run here or listed."""
+    slurm_page = [command for command in ALL if command.where.startswith("docs/slurm.md:")]
+    assert len(SLURM_RUN) >= 2 and {command.text for command in slurm_page} >= SLURM_RUN
+    for command in slurm_page:
+        if command.text.startswith("snakemake --profile profiles/slurm-noapptainer"):
+            assert command.text in SLURM_RUN, f"{command.where}: `{command.text}` is not run by test_slurm.py"
+
+
+# --- the extractor and the runner themselves -----------------------------------------------------
+BROKEN_PAGE = """\
+# A page
+
+```bash
+python -c 'print("fine")'   # a comment, then a broken command over two lines:
+python -m scalestudy.benchmark \\
+    --sections nonsense
+```
+
+Run `python -m scalestudy.benchmark --sections nonsense` to see it fail; `python -m scalestudy.train`
+and `python -m scalestudy.launch --launch-json JSON -- ARGS...` are names, not commands.
+
+```console
+$ python -c 'import sys; sys.exit(3)'
+output of the command, not a command
+```
+"""
+
+
+def test_a_broken_documented_command_fails_naming_its_file_and_line(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "broken.md").write_text(BROKEN_PAGE)
+    commands = documented_commands(tmp_path)
+    assert [(c.where, c.text) for c in commands] == [
+        ("docs/broken.md:4", "python -c 'print(\"fine\")'"),
+        ("docs/broken.md:5", "python -m scalestudy.benchmark --sections nonsense"),
+        ("docs/broken.md:9", "python -m scalestudy.benchmark --sections nonsense"),
+        ("docs/broken.md:13", "python -c 'import sys; sys.exit(3)'"),
+    ]
+    failures = [run_command(c.text, REPO, c.where) for c in commands]
+    assert failures[0] is None
+    assert failures[1].startswith("docs/broken.md:5: `python -m scalestudy.benchmark --sections nonsense`")
+    assert "unknown sections" in failures[1]
+    assert failures[3].startswith("docs/broken.md:13: `python -c 'import sys; sys.exit(3)'` exited 3")
+
+
+def test_small_settings_are_appended_to_the_most_specific_module():
+    assert with_small_settings(".venv/bin/python -m scalestudy.benchmark dag --profile").endswith(
+        "dag --profile --repeats 1"
+    )
+    assert with_small_settings("python -m scalestudy.benchmark").endswith("--repeats 1 --steps 2 --batch 16")
+    assert with_small_settings("OMP_NUM_THREADS=1 python -m scalestudy.benchmark.lm --steps 20").endswith(
+        "--steps 20 --steps 2 --warmup 1 --repeats 1"
+    )
+    assert with_small_settings("snakemake -n") == "snakemake -n"

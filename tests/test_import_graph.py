@@ -1,0 +1,188 @@
+"""The package's import graph: no cycles (imports inside functions count), the modules the Snakefile
+imports stay standard library at module level, and the old entry points keep working."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "scalestudy"
+WORKFLOW_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str, module_level_only: bool) -> list[tuple[str, int]]:
+    """(imported name, line) of every import statement in a module: `import a.b` gives a.b;
+    `from a.b import c` gives a.b.c where that is a module, else a.b. Imports under
+    `if TYPE_CHECKING:` never run; with module_level_only, those in function bodies are left out
+    (a class body runs at import, so its imports count)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if module_level_only and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in child.names:
+                    candidate = f"{base}.{alias.name}"
+                    found.append((candidate if candidate in MODULES else base, child.lineno))
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return found
+
+
+def graph(module_level_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the scalestudy modules it imports (the nearest module of a dotted name)."""
+    edges: dict[str, set[str]] = {}
+    for name in MODULES:
+        targets = set()
+        for imported, _ in imports_of(name, module_level_only):
+            while imported and imported not in MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported.startswith("scalestudy") and imported != name:
+                targets.add(imported)
+        edges[name] = targets
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (depth-first search, colours)."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_one_that_is_there():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_package_has_no_import_cycle_not_even_through_imports_inside_functions():
+    edges = graph()
+    assert len(edges) > 40 and edges["scalestudy.plan.grid"], "the graph was not built"
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def workflow_imports() -> set[str]:
+    """The scalestudy modules the Snakefile and rules/*.smk import (their `import` lines)."""
+    found = set()
+    pattern = re.compile(r"^\s*(?:from\s+(scalestudy[\w.]*)\s+import\s+(.+)|import\s+(scalestudy[\w.]*))")
+    for path in WORKFLOW_FILES:
+        for line in path.read_text().splitlines():
+            match = pattern.match(line)
+            if not match:
+                continue
+            if match.group(3):
+                found.add(match.group(3))
+                continue
+            base = match.group(1)
+            for item in match.group(2).strip("() ").split(","):
+                name = item.split(" as ")[0].strip()
+                if name:
+                    found.add(f"{base}.{name}" if f"{base}.{name}" in MODULES else base)
+    return found
+
+
+def loaded_at_parse(roots: set[str]) -> set[str]:
+    """The modules importing `roots` runs: their module-level scalestudy imports, transitively, and
+    the packages (__init__) above each."""
+    edges = graph(module_level_only=True)
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:end]) for end in range(1, len(parts))]
+        todo += edges[name]
+    return seen
+
+
+def third_party(name: str) -> list[str]:
+    out = []
+    for imported, line in imports_of(name, module_level_only=True):
+        top = imported.split(".")[0]
+        if top and top != "scalestudy" and top != "__future__" and top not in sys.stdlib_module_names:
+            out.append(f"{MODULES[name].relative_to(REPO)}:{line} imports {imported}")
+    return out
+
+
+def test_the_modules_the_workflow_imports_import_no_third_party_package_at_module_level():
+    roots = workflow_imports()
+    assert {"scalestudy.plan.grid", "scalestudy.plan.cluster", "scalestudy.provenance"} <= roots, roots
+    unknown = sorted(name for name in roots if name not in MODULES)
+    assert not unknown, f"the workflow imports modules that do not exist: {unknown}"
+    loaded = loaded_at_parse(roots)
+    problems = [problem for name in sorted(loaded) for problem in third_party(name)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_third_party_check_sees_a_module_level_import():
+    # scalestudy.paper.tables reads tables with pandas at module level: the check must see it.
+    assert any("imports pandas" in problem for problem in third_party("scalestudy.paper.tables"))
+
+
+def test_the_old_contract_path_still_works():
+    from scalestudy import contract
+
+    assert callable(contract.Reporter)
+    assert isinstance(contract.EXIT_RESUMABLE, int)
+
+
+@pytest.mark.parametrize("module", ["scalestudy.train", "scalestudy.launch"])
+def test_the_old_entry_points_still_answer_help(module):
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout

@@ -1,0 +1,244 @@
+"""MLflow tracking (scalestudy.tracking): settings, the sync of run folders into an embedded
+(SQLite) store, its idempotence, superseded runs, SCHEDULED points, and the live streamer of rank 0
+(RUNNING -> FINISHED; KILLED -> RUNNING -> FINISHED on a resume; an unreachable store: one warning,
+results as without tracking). Runs train in this process (one rank, a few steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalestudy import provenance, tracking
+from scalestudy.data.synthetic_cifar import generate_arrays
+
+pytest.importorskip("mlflow")
+
+from scalestudy.tracking import store, sync  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = {
+    "world_size": 1,
+    "per_gpu_batch": 16,
+    "global_batch": 16,
+    "base_batch": 16,
+    "epochs": 2,
+    "width": 8,
+    "lr": 0.05,
+    "seed": 0,
+    "deterministic": True,
+    "max_steps_per_epoch": 6,
+    "checkpoint_every_steps": 3,
+    "log_every_steps": 1,
+    "step_timing_every": 4,
+    "monitor_interval_s": 0.5,
+    "target_accuracy": 0.05,
+    "measure_warmup_steps": 2,
+    "measure_steps": 4,
+    "measure_intervals": 2,
+}
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def clean_environ() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCH_VARIABLES and not k.startswith(("SLURM_", tracking.ENV, "APPTAINERENV_"))
+    }
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch):
+    for name in set(os.environ) - set(clean_environ()):
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("packed")
+    arrays = generate_arrays(16, 8, seed=0)
+    for name, array in zip(
+        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
+    ):
+        np.save(folder / f"{name}.npy", array)
+    return folder
+
+
+def settings_for(root: Path, **changes) -> dict:
+    config = {"study": {"name": "t"}, "tracking": {"enabled": True, **changes}}
+    return tracking.settings(config, root)
+
+
+def make_run(root: Path, data_dir: Path, point: str, **changes) -> tuple[Path, dict]:
+    """A run folder results/runs/<point> under `root`, trained here; (folder, run config)."""
+    out = root / "results/runs" / point
+    config = {**BASE, "data_dir": str(data_dir), "checkpoint_dir": str(root / "ckpt" / point), **changes}
+    return out, config
+
+
+def train(out: Path, config: dict) -> int:
+    try:
+        from scalestudy.train import program as trainer
+    except ImportError:  # before the trainer's split into program and Trainer
+        from scalestudy.train import trainer
+
+    return trainer.main(
+        ["--run-config-json", json.dumps(config), "--out-dir", str(out), "--log-level", "WARNING"]
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """One finished run folder (tracking off) and its study root."""
+    root = tmp_path_factory.mktemp("study")
+    out, config = make_run(root, data_dir, "scaling/strong-w1_r0")
+    saved = dict(os.environ)
+    for name in set(os.environ) - set(clean_environ()):
+        del os.environ[name]
+    try:
+        assert train(out, config) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return root, out, config
+
+
+def all_metrics(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    run = client.get_run(run_id)
+    return {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+
+def test_tracking_off_gives_no_settings_and_no_variables():
+    assert tracking.settings({"tracking": {"enabled": False}}) is None
+    assert tracking.to_environ(None) == {}
+    assert tracking.from_environ({}) is None
+    assert tracking.from_environ({tracking.ENV: "not json"}) is None
+
+
+def test_the_default_store_is_an_sqlite_file_under_results(tmp_path):
+    found = settings_for(tmp_path)
+    assert found["uri"] == f"sqlite:///{tmp_path.resolve()}/results/mlflow/mlflow.db"
+    assert found["experiment"] == "scalestudy-t"
+    server = settings_for(tmp_path, uri="http://login01:5000", experiment="mine")
+    assert (server["uri"], server["experiment"], server["artifact_root"]) == (
+        "http://login01:5000",
+        "mine",
+        None,
+    )
+    assert tracking.from_environ(tracking.to_environ(server)) == server
+
+
+def test_a_run_config_is_flattened_into_params():
+    flat = tracking.flatten({"a": 1, "b": {"c": [1, 2], "d": None}, "e": "x"})
+    assert flat == {"a": "1", "b.c": "[1, 2]", "b.d": "null", "e": "x"}
+
+
+def test_tracking_off_imports_no_mlflow():
+    code = (
+        "import sys, scalestudy.tracking, scalestudy.tracking.live, scalestudy.train.trainer;"
+        "assert not [m for m in sys.modules if m.startswith('mlflow')], 'mlflow imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=clean_environ()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# --- sync ------------------------------------------------------------------------------------------
+
+
+def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
+    root, out, config = finished
+    settings = settings_for(root)
+    record = sync.sync(settings, root / "results/runs", [], root)
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    assert run.info.status == "FINISHED" and record["runs"][0]["created"]
+    summary = json.loads((out / "summary.json").read_text())
+    tags = run.data.tags
+    assert (
+        tags[tracking.TAG_HASH]
+        == provenance.config_hash(summary["run"])
+        == summary["provenance"]["config_hash"]
+    )
+    assert (tags["stage"], tags["world_size"], tags["mlflow.parentRunId"]) == (
+        "scaling",
+        "1",
+        record["study_run"],
+    )
+    assert run.data.params["per_gpu_batch"] == "16" and run.data.params["data_dir"] == config["data_dir"]
+    for key in ("images_per_s", "final_test_acc", "peak_memory_bytes"):
+        assert run.data.metrics[f"summary_{key}"] == pytest.approx(summary["results"][key], rel=1e-12)
+    metrics = pd.read_csv(out / "metrics.csv")
+    history = all_metrics(client, run.info.run_id)
+    assert history["epoch_test_acc"] == list(zip(metrics.epoch, metrics.test_acc, strict=True))
+    steps = pd.read_csv(out / "steps.csv")
+    assert [s for s, _ in history["step_time_s"]] == steps.step.tolist()
+    names = {info.path for info in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "metrics.csv", "steps.csv", "gpu_monitor.csv"} <= names
+
+
+def test_sync_twice_adds_nothing_and_a_new_config_supersedes(finished, tmp_path):
+    root, out, _ = finished
+    study = tmp_path / "study"
+    shutil.copytree(root / "results/runs", study / "results/runs")
+    settings = settings_for(study)
+    first = sync.sync(settings, study / "results/runs", [], study)
+    again = sync.sync(settings, study / "results/runs", [], study)
+    assert first["runs"][0]["metrics"] > 0 and first["runs"][0]["artifacts"] >= 4
+    assert again["runs"][0]["metrics"] == again["runs"][0]["artifacts"] == 0
+    assert again["runs"][0]["run_id"] == first["runs"][0]["run_id"] and not again["runs"][0]["created"]
+    summary_path = study / "results/runs/scaling/strong-w1_r0/summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["run"]["lr"] = 0.1  # the point re-run with another config
+    summary_path.write_text(json.dumps(summary))
+    third = sync.sync(settings, study / "results/runs", [], study)
+    assert third["runs"][0]["created"] and third["runs"][0]["superseded"] == 1
+    client = store.client(settings)
+    old = client.get_run(first["runs"][0]["run_id"])
+    assert old.data.tags[tracking.TAG_SUPERSEDED] == "true"
+    assert old.data.tags["scalestudy.superseded_by"] == third["runs"][0]["run_id"]
+
+
+def test_scheduled_points_become_the_runs_the_sync_finishes(finished, tmp_path):
+    root, out, _ = finished
+    study = tmp_path / "study"
+    shutil.copytree(root / "results/runs", study / "results/runs")
+    given = json.loads((out / "summary.json").read_text())["run"]
+    settings = settings_for(study)
+    points = [
+        {"point": "scaling/strong-w1_r0", "run": given},
+        {"point": "scaling/strong-w2_r0", "run": given},
+    ]
+    assert sync.schedule(settings, points) == ["scaling/strong-w1_r0", "scaling/strong-w2_r0"]
+    assert sync.schedule(settings, points) == []  # once
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    (waiting,) = store.find_runs(client, experiment, "scaling/strong-w2_r0")
+    assert waiting.info.status == "SCHEDULED"
+    record = sync.sync(settings, study / "results/runs", [], study)
+    (done,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    assert done.info.run_id == record["runs"][0]["run_id"] and done.info.status == "FINISHED"
+    assert done.data.tags[tracking.TAG_HISTORY] == "SCHEDULED,FINISHED"
+
+
+def test_the_command_line_names_a_bad_setting(tmp_path):
+    from scalestudy.tracking.__main__ import main
+
+    assert main(["sync", "--tracking-json", "{", "--runs-dir", str(tmp_path)]) == 2
+    assert main(["schedule", "--tracking-json", '{"uri": "x"}', "--points-json", str(tmp_path / "no")]) == 2
