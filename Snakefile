@@ -31,7 +31,7 @@ include: "rules/common.smk"
 include: "rules/container.smk"
 include: "rules/fetch.smk"
 include: "rules/preprocess.smk"
-# Checks before any training job (each adds its outputs to TRAINING_GATES, common.smk).
+# Checks before any training job (their results: TRAINING_GATES, common.smk).
 include: "rules/sitecheck.smk"
 include: "rules/system.smk"
 include: "rules/smoke.smk"

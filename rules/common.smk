@@ -15,7 +15,7 @@ from snakemake.settings.types import DeploymentMethod
 from scalestudy import workloads
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as _launch
-from scalestudy.plan import cluster, grid, paths, runfiles
+from scalestudy.plan import arrays, cluster, grid, paths, runfiles
 from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
@@ -66,6 +66,13 @@ APPTAINER_ENV = "../envs/apptainer.yaml"
 
 # The container image (rules/container.smk builds it; docs/slurm.md, "The image").
 CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+# The rules' `python` (issue 23, item 10): outside a container, the interpreter Snakemake runs in,
+# first on the PATH its jobs inherit (a Slurm job's Snakemake reads this file again and does the
+# same), so that a venv's snakemake started without activating the venv (cron, an editor) runs the
+# venv's packages, not the system's. Not a params value: another venv path must not look like a
+# changed job. Under --sdm apptainer a rule with `container:` runs the image's own `python`.
+if not CONTAINERIZED:
+    _launch.put_interpreter_first()
 IMAGE = cluster.container_image(config)
 IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
@@ -193,12 +200,39 @@ def world_resources(world_of):
     }
 
 
+@functools.lru_cache(maxsize=None)
+def array_rules(setting):
+    """The training rules the Slurm plugin's --slurm-array-jobs makes arrays; a setting that would put
+    points of different shapes into one array stops the run (scalestudy.plan.arrays)."""
+    return arrays.check_setting(config, setting)
+
+
+def is_array_task(rule_name):
+    """A job of rule `rule_name` is (or runs inside) a job-array task: read when jobs are made,
+    after Snakemake has its executor settings; inside the task, SLURM_ARRAY_TASK_ID says so."""
+    if os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return True
+    return rule_name in array_rules(getattr(workflow.executor_settings, "array_jobs", None))
+
+
+@functools.lru_cache(maxsize=None)
+def point_resources(rule_name, world_size, attempt):
+    if is_array_task(rule_name):
+        return arrays.array_train_resources(config, world_size, attempt)  # no `mpi`: dropped
+    return train_resources_of(world_size, attempt)
+
+
 def train_resources(stage):
-    """Slurm resources of a training job, from the grid point's world size and the attempt; and the
-    attempt itself, for the launcher's per-attempt log (a resource, not a param: a param would
-    make a point that needed a retry look changed to the next run)."""
+    """Slurm resources of a training job, from the grid point's world size and the attempt (the
+    one-task shape of an array task where the rule is an array); and the attempt itself, for the
+    launcher's per-attempt log (a resource, not a param: a param would make a point that needed a
+    retry look changed to the next run)."""
+    rule_name, world_of = f"{stage}_run", lambda wc: point_of(stage, wc).world_size
     return {
-        **world_resources(lambda wc: point_of(stage, wc).world_size),
+        **{
+            key: (lambda wc, attempt, key=key: point_resources(rule_name, world_of(wc), attempt).get(key))
+            for key in cluster.TRAIN_RESOURCE_KEYS
+        },
         "attempt": lambda wc, attempt: attempt,
     }
 

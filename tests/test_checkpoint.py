@@ -139,11 +139,33 @@ def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):
     assert not folder.exists() and last.name in caplog.text and "finished" in caplog.text
 
 
-def test_a_finished_run_that_keeps_nothing_leaves_nothing(tmp_path):
+def test_a_finished_run_that_keeps_nothing_keeps_its_last_checkpoint_until_asked_again(tmp_path, monkeypatch):
+    """Without keep_checkpoints only the newest stays, marked finished, so that a retry of the job
+    (issue 23, item 5) can rewrite the outputs; the run asked for again removes it."""
     folder = tmp_path / "ckpt"
-    checkpoint.save(folder, _run_state(20, epoch=2), 20)
+    monkeypatch.setenv("SCALESTUDY_ATTEMPT", "1")
+    checkpoint.save(folder, _run_state(10, epoch=1), 10)
+    last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
     checkpoint.finished(folder, "abc", keep=False)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([last.name, checkpoint.FINISHED])
+    assert checkpoint.claim(folder, "abc", epochs=2) is None  # attempt 1 of a new workflow run
     assert not folder.exists()
+
+
+def test_a_retry_of_the_job_that_finished_the_run_resumes_its_end_to_rewrite_the_outputs(
+    tmp_path, monkeypatch, caplog
+):
+    """Issue 23, item 5: the attempt that wrote the outputs failed afterwards (a stop during the
+    final writes); the workflow removed them and retries: the retry resumes the end, no step again."""
+    folder = tmp_path / "ckpt"
+    monkeypatch.setenv("SCALESTUDY_ATTEMPT", "1")
+    last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
+    checkpoint.finished(folder, "abc", keep=False)
+    monkeypatch.setenv("SCALESTUDY_ATTEMPT", "2")
+    with caplog.at_level(logging.WARNING, logger="scalestudy.checkpoint"):
+        state, path = checkpoint.claim(folder, "abc", epochs=2)
+    assert path == last and state["position"]["epoch"] == 2
+    assert "finished in attempt 1, but this is attempt 2 of its job" in caplog.text
 
 
 def test_a_run_stopped_between_its_last_checkpoint_and_its_outputs_resumes(tmp_path, caplog):

@@ -209,6 +209,7 @@ def test_the_schema_carries_the_patterns_the_code_checks():
     for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
         assert site[key]["pattern"] == patterns.SLURM_NAME, key
     assert site["constraint"]["pattern"] == patterns.SLURM_CONSTRAINT
+    assert site["submit_host_rules"]["items"]["pattern"] == patterns.RULE_GLOB
     assert SCHEMA["properties"]["nccl"]["additionalProperties"]["pattern"] == patterns.ENV_VALUE
 
 

@@ -458,4 +458,6 @@ def test_another_run_configs_checkpoint_dir_is_set_aside_not_deleted(tmp_path, f
     assert json.loads((kept / "state.json").read_text()) == {"step": 5}
     assert f"set aside as {kept}" in capsys.readouterr().err
     assert _summary(out)["results"]["steps"] == 12 and _summary(out)["results"]["resumes"] == []
+    assert _summary(out)["results"]["superseded_checkpoints"] == [str(kept)]  # in the run catalog
+    assert summary_row(out / "summary.json")["superseded_checkpoints"] == json.dumps([str(kept)])
     assert sorted(p.name for p in ckpt.iterdir()) == [command.SUPERSEDED]  # finished: the rest emptied

@@ -29,26 +29,31 @@ from tests.conftest import REPO, snakemake_env
 PAGES = ("README.md", "docs/*.md")
 
 # --- the one place for commands this test does not run -----------------------------------------
+# A row covers the command it names and every command that starts with it and a blank ("nsys": all
+# of nsys). Add a row with its reason; a row that matches no documented command fails the tests.
 GPU = "needs a GPU (none on this machine)"
-SITE = "needs a real Slurm site with GPUs and Apptainer (config/config.yaml)"
-APPTAINER = "needs Apptainer (the slurm profile's software deployment checks for it even in a dry run)"
+SITE = "needs a real Slurm site (its GPUs, allocation, login node or shared file system)"
+APPTAINER = "needs Apptainer (not installable here; the slurm profile checks for it even in a dry run)"
+STUDY = "needs a finished study with tracking set up (an MLflow server)"
 NOT_RUN: dict[str, str] = {
     ".venv/bin/python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark --device cuda": GPU,
-    "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda --precision bf16 "
-    "--parallelism ddp fsdp": GPU,
-    "nsys stats": GPU,
-    "nsys stats --report cuda_api_sum": GPU,
-    "apptainer exec": APPTAINER,
+    "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda": GPU,
+    "nsys": GPU,
+    "apptainer": APPTAINER,
     "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,
-    "snakemake --profile profiles/slurm containers/scalestudy.sif --configfile config/config.yaml": APPTAINER,
+    "snakemake --profile profiles/slurm containers/scalestudy.sif": APPTAINER,
     "snakemake --profile profiles/slurm --configfile config/config.yaml": SITE,
-    "snakemake --profile profiles/slurm --configfile config/config.yaml --report results/report.html": SITE,
+    "srun": SITE,
+    "salloc": SITE,
+    "python -m scalestudy.launch.allocation": SITE + " (inside salloc)",
+    "mlflow server": SITE,
+    "ssh": SITE + " (a tunnel from your laptop)",
+    "python -m scalestudy.tracking sync": STUDY + " (rule track runs it; tests/test_tracking.py tests sync)",
+    "snakemake --forcerun track": STUDY,
     "$EDITOR config/config.yaml": "opens an editor",
     "python -X importtime": "an interpreter option named in prose",
     "pytest -ra": "the whole test suite: scripts/test.sh runs it (CI)",
-    "apptainer build --fakeroot": APPTAINER,
-    "srun -n1": "prose: how Snakemake's jobstep plugin wraps a job (needs a Slurm allocation)",
     "python -m scalestudy.preflight.site rank": "prose: the rank program the launcher starts under srun",
 }
 # Commands that run too long for this module, and the test that runs them: (file, text in it).
@@ -58,22 +63,35 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/test_workloads_workflow.py",
         '["bash", "scripts/demo.sh", "--configfile", "config/demo-gpt.yaml"]',
     ),
+    "snakemake --report results/report.html": ("scripts/demo.sh", "--report results/report.html"),
     "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
     ".venv/bin/python -m pytest -m slurm tests/test_slurm.py -v": (
         "tests/test_slurm.py",
-        "@pytest.mark.slurm",
+        "pytestmark = pytest.mark.slurm",
     ),
     "bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", 'cluster_script("up-two-node"'),
     "WITH_DBD=1 bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", '"WITH_DBD": "1"'),
     "bash tests/slurm/cluster.sh status": ("tests/test_slurm.py", 'cluster_script("status")'),
-    "bash tests/slurm/cluster.sh exec squeue": ("tests/test_slurm.py", '[CLUSTER_SH), "exec"]'),
-    "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
+    "bash tests/slurm/cluster.sh exec squeue": ("tests/test_slurm.py", 'str(CLUSTER_SH), "exec"]'),
     "bash tests/slurm/cluster.sh down": ("tests/test_slurm.py", 'cluster_script("down")'),
+    "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
+    "sbatch profiles/slurm-allocation/driver.sbatch": (
+        "tests/test_slurm_scale.py",
+        r"^\$ (sbatch .*profiles/slurm-allocation/driver\.sbatch)",
+    ),
 }
+
+
+def row(table: dict, text: str) -> str | None:
+    """The row of `table` that covers the command `text` (the longest that does), or None."""
+    rows = [key for key in table if text == key or text.startswith(key + " ")]
+    return max(rows, key=len, default=None)
+
+
 # The small settings the docs offer (docs/benchmarks.md's options), appended to a module's command.
 SMALL: dict[str, str] = {
     "scalestudy.benchmark": "--repeats 1 --steps 2 --batch 16",
-    "scalestudy.benchmark dag": "--repeats 1",
+    "scalestudy.benchmark dag": "--repeats 1 --configfile config/demo.yaml",
     "scalestudy.benchmark.lm": "--steps 2 --warmup 1 --repeats 1",
 }
 # Commands that take more than a few seconds: marked slow (CI runs them).
@@ -91,8 +109,13 @@ class Command:
 
 # --- extraction ----------------------------------------------------------------------------------
 FENCE = re.compile(r"^\s*(```+)\s*([\w+-]*)")
+# Inline code that starts with one of these (after VAR=value words) may be a command.
+PROGRAM_NAMES = (
+    "python python3 snakemake bash source sh pytest apptainer nsys ncu sbatch srun squeue torchrun cp"
+)
+ASSIGNMENT = r"[A-Z_][A-Z0-9_]*=\S*"
 PROGRAMS = re.compile(
-    r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:\.venv/bin/)?(?:python3?|snakemake|bash|source|sh|pytest|apptainer|nsys|ncu|sbatch|srun|squeue|torchrun|cp|\$EDITOR)(?:\s|$)"
+    rf"^(?:{ASSIGNMENT}\s+)*(?:\.venv/bin/)?(?:{'|'.join(PROGRAM_NAMES.split())}|\$EDITOR)(?:\s|$)"
 )
 SYNOPSIS = re.compile(r"\.\.\.|<[^>]*>|\||\[|/--|(?<![\w$=./-])[A-Z]+(?![\w=])")
 
@@ -114,8 +137,11 @@ def is_command(span: str) -> bool:
     """Inline code that is a whole command: a program with arguments, not a synopsis or a name."""
     if not PROGRAMS.match(span) or SYNOPSIS.search(span):
         return False
-    words = shlex.split(span)
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+    try:
+        words = shlex.split(span)
+    except ValueError:  # unbalanced quotes: not a command
+        return False
+    while words and re.fullmatch(ASSIGNMENT, words[0]):
         words = words[1:]
     module_only = len(words) == 3 and words[1] == "-m"
     return len(words) >= 2 and not module_only
@@ -178,7 +204,7 @@ def slurm_test_commands() -> set[str]:
 # --- running -------------------------------------------------------------------------------------
 def key(text: str) -> str:
     """Commands that differ only by `.venv/bin/` run once (the venv's bin/ is first on PATH)."""
-    return text.replace(".venv/bin/", "")
+    return re.sub(r"(?<!\S)\.venv/bin/(?=python|snakemake)", "", text)
 
 
 def with_small_settings(text: str) -> str:
@@ -241,7 +267,11 @@ def to_run() -> dict[str, list[Command]]:
     """The commands this module runs, once each (by `key`), with every place the docs show them."""
     runs: dict[str, list[Command]] = {}
     for command in ALL:
-        if command.text not in NOT_RUN and command.text not in COVERED and command.text not in SLURM_RUN:
+        if (
+            not row(NOT_RUN, command.text)
+            and not row(COVERED, command.text)
+            and command.text not in SLURM_RUN
+        ):
             runs.setdefault(key(command.text), []).append(command)
     return runs
 
@@ -271,8 +301,8 @@ def test_the_docs_show_commands_and_the_benchmark_is_among_those_run():
 
 
 def test_every_row_of_the_tables_is_a_command_the_docs_still_show():
-    shown = {command.text for command in ALL}
-    stale = sorted((set(NOT_RUN) | set(COVERED)) - shown)
+    used = {row(table, command.text) for command in ALL for table in (NOT_RUN, COVERED)}
+    stale = sorted((set(NOT_RUN) | set(COVERED)) - used)
     assert not stale, f"rows for commands no page shows any more (remove them): {stale}"
 
 
@@ -329,7 +359,7 @@ def test_a_broken_documented_command_fails_naming_its_file_and_line(tmp_path):
 
 def test_small_settings_are_appended_to_the_most_specific_module():
     assert with_small_settings(".venv/bin/python -m scalestudy.benchmark dag --profile").endswith(
-        "dag --profile --repeats 1"
+        "dag --profile --repeats 1 --configfile config/demo.yaml"
     )
     assert with_small_settings("python -m scalestudy.benchmark").endswith("--repeats 1 --steps 2 --batch 16")
     assert with_small_settings("OMP_NUM_THREADS=1 python -m scalestudy.benchmark.lm --steps 20").endswith(

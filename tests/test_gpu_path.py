@@ -96,6 +96,44 @@ def test_precision_sets_the_fp32_math_of_cudnn_and_cublas_and_restores_it(precis
     assert process.fp32_math() == before
 
 
+@pytest.mark.parametrize(("precision", "math"), [("tf32", "tf32")])  # fp32: tests/test_train.py
+def test_a_run_records_its_fp32_math_and_precision_in_the_summary(tmp_path, monkeypatch, precision, math):
+    """A two-step CPU run of the trainer: provenance.fp32_math says how fp32 ran, per precision."""
+    import json
+
+    import numpy as np
+
+    from scalestudy.data.synthetic_cifar import generate_arrays
+    from scalestudy.train import program
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))]:
+        monkeypatch.delenv(key)
+    arrays = generate_arrays(2, 1, seed=0)
+    for name, array in zip(
+        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
+    ):
+        np.save(tmp_path / f"{name}.npy", array)
+    config = {
+        "world_size": 1,
+        "per_gpu_batch": 8,
+        "global_batch": 8,
+        "base_batch": 8,
+        "epochs": 1,
+        "width": 4,
+        "max_steps_per_epoch": 2,
+        "precision": precision,
+        "data_dir": str(tmp_path),
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+    }
+    out = tmp_path / "run"
+    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out), "--log-level", "WARNING"]
+    assert program.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["provenance"]["fp32_math"] == {"cudnn_conv": math, "cudnn_rnn": math, "cuda_matmul": math}
+    assert summary["results"]["precision_effective"] == precision
+    assert process.fp32_math()["cudnn_conv"] == "tf32"  # torch's default again after the run
+
+
 def test_the_precision_that_ran_is_recorded_as_such():
     assert process.effective_precision("tf32", None) == "tf32"
     assert process.effective_precision("fp32", None) == "fp32"
@@ -262,3 +300,25 @@ def test_fsdp2_runs_get_expandable_segments_unless_the_environment_says_otherwis
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     with process.process_settings(run_config(parallelism=parallelism)):
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+# --- 4. no synchronising (sampled) step inside the profile window --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("measuring", "profiling", "sampled"), [(False, False, True), (True, False, False), (False, True, False)]
+)
+def test_a_timed_step_never_falls_inside_the_profile_window(measuring, profiling, sampled):
+    """profiling.start_step on a step_timing_every step would make the first profiled step a
+    synchronising one (StepTimer syncs at every phase)."""
+    from types import SimpleNamespace
+
+    from scalestudy.train.trainer import Trainer
+
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(position=SimpleNamespace(global_step=8)),
+        config={"step_timing_every": 4},
+        steady=SimpleNamespace(measuring=measuring),
+        window=SimpleNamespace(active=profiling),
+    )
+    assert Trainer.times_this_step(trainer) is sampled

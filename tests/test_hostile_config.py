@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from scalestudy.data import synthetic_cifar as synthetic
-from scalestudy.plan import cluster, configcheck
+from scalestudy.plan import cluster, configcheck, slurm_requests
 from tests.conftest import REPO, copy_workflow, recorded_calls, snakemake_env, stub_apptainer
 
 SCHEMA_PATH = REPO / "config/schema.yaml"

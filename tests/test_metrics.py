@@ -113,6 +113,9 @@ def test_mfu_arithmetic():
     [
         ("NVIDIA H100 80GB HBM3", "cuda", "bf16", 989.4),
         ("NVIDIA H100 PCIe", "cuda", "bf16", 756.0),  # the longer key wins
+        ("NVIDIA H100 NVL", "cuda", "bf16", 835.5),  # not the SXM's 989.4 (issue 24)
+        ("NVIDIA H200 NVL", "cuda", "bf16", 835.5),
+        ("NVIDIA H100 80GB HBM3", "cuda", "tf32", 494.7),  # precision tf32: its own peak
         ("NVIDIA A100-SXM4-80GB", "cuda", "fp32", 19.5),
         ("x86_64", "cpu", "fp32", 0.1),  # CPU runs match on the device
     ],

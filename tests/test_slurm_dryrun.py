@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.plan import cluster, grid, slurm_requests
+from scalestudy.plan import grid, slurm_requests
 from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}

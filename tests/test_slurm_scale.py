@@ -15,17 +15,28 @@ shims on PATH (tests/slurm/overhead/shim.sh). About 4 minutes on 2 cores.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 
+from scalestudy.plan import grid, runfiles
 from tests.conftest import REPO, copy_workflow, snakemake_env
-from tests.test_slurm import Cluster, clusters, shorter_demo, summaries, write_config  # noqa: F401
+from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, shared
+    Cluster,
+    clusters,
+    run_in,
+    shorter_demo,
+    summaries,
+    write_config,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -76,17 +87,30 @@ def run_trivial(slurm: Cluster, workdir: Path, jobs: int, *options: str, timeout
     return started, time.time(), run.stdout + run.stderr
 
 
+def slurm_time(text: str) -> float:
+    return datetime.datetime.fromisoformat(text).timestamp()  # the controller's local time, as ours
+
+
 def test_a_short_job_is_seen_finished_within_seconds_polling_once_per_10_s(slurm_accounting, tmp_path):
+    """Overhead = queue wait (submit -> start) + detection (end -> the status query after which
+    Snakemake stops polling). The job's own run time (1 s of work after the jobstep plugin's second
+    Snakemake has parsed the workflow) depends on the machine's load and is reported, not bounded."""
     started, ended, _ = run_trivial(slurm_accounting, tmp_path, jobs=1)
     (submitted,) = calls(tmp_path, "sbatch")
-    overhead = ended - submitted - 1  # the job sleeps 1 s; Snakemake's own start is before sbatch
-    queries = calls(tmp_path, "squeue") + calls(tmp_path, "sacct")
-    polls = [stamp for stamp in queries if stamp > submitted]
-    print(f"overhead: {overhead:.1f} s submit -> detected-finished; {len(polls)} status queries")
-    assert overhead <= 15, overhead
-    assert len(polls) <= 1 + (ended - submitted) / 10, polls
+    polls = sorted(
+        stamp for stamp in calls(tmp_path, "squeue") + calls(tmp_path, "sacct") if stamp > submitted
+    )
+    assert polls, "no status query after the submission"
+    job = slurm_accounting.job((tmp_path / "out/0.txt").read_text().split()[0])
+    start, end = slurm_time(job["StartTime"]), slurm_time(job["EndTime"])
+    wait, detection = start - submitted, polls[-1] - end
+    print(
+        f"overhead: {wait + detection:.1f} s (queue {wait:.1f} s, detection {detection:.1f} s), job "
+        f"{end - start:.0f} s, {len(polls)} status queries, {ended - started:.1f} s end to end"
+    )
+    assert wait + detection <= 15, (wait, detection)
     gaps = [later - earlier for earlier, later in zip(polls, polls[1:], strict=False)]
-    assert all(gap >= 9.5 for gap in gaps), gaps
+    assert polls[0] - submitted >= 9.5 and all(gap >= 9.5 for gap in gaps), (polls[0] - submitted, gaps)
 
 
 def test_same_shaped_jobs_are_one_array_and_each_task_knows_its_index(slurm_accounting, tmp_path):
@@ -124,7 +148,14 @@ def allocation_demo(clusters, tmp_path_factory):  # noqa: F811
     sbatch = re.search(r"^\$ (sbatch .*profiles/slurm-allocation/driver\.sbatch)", DOCS_TEXT(), re.M)
     assert sbatch, "docs/slurm.md has no `$ sbatch ... profiles/slurm-allocation/driver.sbatch` command"
     toy = ["--nodes", str(slurm.nodes), "--ntasks-per-node=2", "--cpus-per-task=1", "--time=30"]
-    command = ["sbatch", "--parsable", *toy, "profiles/slurm-allocation/driver.sbatch", "--configfile", configfile]
+    command = [
+        "sbatch",
+        "--parsable",
+        *toy,
+        "profiles/slurm-allocation/driver.sbatch",
+        "--configfile",
+        configfile,
+    ]
     submitted = slurm.run(*command, cwd=workdir, env=snakemake_env())
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
@@ -141,7 +172,8 @@ def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocatio
     driver_log = (workdir / f"slurm-driver-{job_id}.log").read_text()
     assert state["JobState"] == "COMPLETED", driver_log[-6000:]
     assert sbatch_calls == 1, sbatch_calls
-    assert (workdir / "results/report.html").stat().st_size > 100_000
+    rows = pd.read_csv(workdir / "results/tables/runs.csv", dtype=str)
+    assert set(rows["provenance.slurm.job_id"]) == {job_id}, rows["provenance.slurm.job_id"]
     runs = summaries(workdir)
     assert {"baseline/default", "scaling/strong/w1_r0", "scaling/strong/w2_r0", "profile/w2"} <= set(runs)
     steps = {}
@@ -151,7 +183,95 @@ def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocatio
         assert recorded["step_id"] not in (None, "batch", "extern"), (point, recorded)
         steps[point] = recorded["step_id"]
     assert len(set(steps.values())) == len(steps), steps  # each point its own step
+    assert set(rows["provenance.slurm.step_id"]) == set(steps.values())  # the catalog names them
+    assert rows["provenance.slurm.jobid_taskid"].isna().all()  # the column array tasks fill
     sacct = slurm.run("sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State").stdout.split()
     step_rows = {row.split("|")[0].split(".")[1] for row in sacct if "." in row.split("|")[0]}
     assert set(steps.values()) <= step_rows, (steps, sacct)
     print(f"one allocation: job {job_id}, {len(step_rows)} steps, {len(runs)} points")
+
+
+# ----------------------------------------------------------------------------- job arrays
+
+
+def sweep_targets(workdir: Path, configfile: str) -> list[str]:
+    config = yaml.safe_load((workdir / configfile).read_text())
+    return [
+        f"results/runs/sensitivity/{point.name}/{runfiles.SUMMARY}"
+        for point in grid.sensitivity_points(config)
+    ]
+
+
+@pytest.fixture(scope="module")
+def array_sweep(allocation_demo, tmp_path_factory):
+    """The demo's sensitivity sweep (8 points at world 2, one node each) twice on the same cluster:
+    as one job per point (today's way), then again (--forcerun) with --slurm-array-jobs."""
+    slurm, alloc_dir, *_ = allocation_demo
+    workdir = copy_workflow(tmp_path_factory.mktemp("slurm-arrays") / "scalestudy")
+    shutil.copytree(alloc_dir / "results/data", workdir / "results/data")  # no fetch/preprocess again
+
+    def change(config: dict) -> None:
+        config["train"].update(epochs=2, max_steps_per_epoch=6)
+        config["cluster"]["ranks_per_node"] = 2  # world 2 on one node: an array-safe shape
+
+    configfile = write_config(workdir, "slurm-arrays.yaml", change)
+    targets, counts, outputs = sweep_targets(workdir, configfile), [], []
+    for options in ([], ["--forcerun", "sensitivity_run", "--slurm-array-jobs", "sensitivity_run"]):
+        before = submissions()
+        run = run_in(slurm, workdir, [*profile_command(configfile), *options, *targets], timeout=900)
+        outputs.append(run.stdout + run.stderr)
+        assert run.returncode == 0, outputs[-1][-8000:]
+        counts.append(submissions() - before)
+    return slurm, workdir, configfile, counts, outputs
+
+
+def profile_command(configfile: str) -> list[str]:
+    """profiles/slurm-noapptainer as it is (its polling too)."""
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/slurm-noapptainer",
+        "--configfile",
+        configfile,
+    ]
+
+
+def test_the_sweep_as_an_array_makes_at_most_half_the_sbatch_calls(array_sweep):
+    slurm, workdir, _, (separate, arrays_run), (first, second) = array_sweep
+    sweep_jobs = len(re.findall(r"^rule sensitivity_run:", first, re.M))
+    assert sweep_jobs == 8 and separate >= sweep_jobs, (separate, first[-3000:])
+    assert arrays_run == 1 and arrays_run <= separate / 2, (arrays_run, second[-3000:])
+    assert "Submitted array job" in second and "different shapes" not in second
+    print(f"sbatch calls: {separate} (8 points as jobs, with their preflight) -> {arrays_run} (one array)")
+
+
+def test_every_array_task_ran_its_own_point_and_records_its_task(array_sweep):
+    slurm, workdir, _, _, (_, second) = array_sweep
+    runs = {point: run for point, run in summaries(workdir).items() if point.startswith("sensitivity/")}
+    assert len(runs) == 8
+    tasks = {run["provenance"]["slurm"]["jobid_taskid"] for run in runs.values()}
+    array_ids = {task.split("_")[0] for task in tasks}
+    assert len(tasks) == 8 and len(array_ids) == 1, tasks  # eight tasks of one array
+    for point, run in runs.items():
+        assert run["run"]["point"] in point and run["results"]["world_size"] == 2
+        assert run["provenance"]["hosts"] in (["n1"], ["n2"])  # one node, both ranks on it
+
+
+def test_a_setting_that_mixes_shapes_is_refused_before_anything_is_submitted(array_sweep):
+    slurm, workdir, configfile, _, _ = array_sweep
+    before = submissions()
+    command = [
+        *profile_command(configfile),
+        "--slurm-array-jobs",
+        "all",
+        "results/runs/baseline/default/summary.json",
+    ]
+    run = run_in(slurm, workdir, command, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and "would put points of different shapes into one array" in output, output[
+        -3000:
+    ]
+    assert "scaling_run: its points have 2 different shapes" in output
+    assert submissions() == before

@@ -176,7 +176,7 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         == provenance.config_hash(summary["run"])
         == summary["provenance"]["config_hash"]
     )
-    assert (tags["stage"], tags["world_size"], tags["mlflow.parentRunId"]) == (
+    assert (tags["stage"], tags["world_size"], tags[tracking.TAG_STUDY_RUN]) == (
         "scaling",
         "1",
         record["study_run"],

@@ -216,6 +216,8 @@ def test_the_summary_has_results_and_provenance(reference):
     assert summary["provenance"]["config_hash"] == provenance.config_hash(config)
     assert summary["provenance"]["world_size"] == 1
     assert summary["provenance"]["hosts"] == [socket.gethostname()]
+    ieee = {"cudnn_conv": "ieee", "cudnn_rnn": "ieee", "cuda_matmul": "ieee"}  # fp32: no TF32 (issue 24)
+    assert summary["provenance"]["fp32_math"] == ieee and results["precision_effective"] == "fp32"
 
 
 # --- the steady-state measurement window ----------------------------------------------------------
@@ -561,8 +563,12 @@ def test_a_checkpoint_of_another_run_config_is_removed_not_resumed(runs, referen
     hashes = [provenance.config_hash({**runconfig.DEFAULTS, **run}) for run in (config, changed)]
     assert all(text in err for text in (old_name, *hashes, "lr: 0.05 -> 0.1")), err
     assert json.loads((out / "summary.json").read_text())["results"]["resumed_from_step"] is None
-    # finished: nothing left to resume; the other run config's newest is set aside (issue 23, item 8)
-    assert [p.relative_to(ckpt).parts[:2] for p in ckpt.rglob("*.pt")] == [("superseded", hashes[0][:16])]
+    # the other run config's newest is set aside (issue 23, item 8); this run's last stays, marked
+    # finished (item 5: a retry of the job rewrites the outputs from it)
+    kept = sorted(p.relative_to(ckpt).parts[:2] for p in ckpt.rglob("*.pt"))
+    assert kept == [(max(p.name for p in ckpt.glob("ckpt-*.pt")),), ("superseded", hashes[0][:16])]
+    results = json.loads((out / "summary.json").read_text())["results"]  # the run catalog shows it
+    assert results["superseded_checkpoints"] == [str(p) for p in (ckpt / "superseded").glob("*/*")]
 
 
 def test_a_finished_run_asked_for_again_measures_anew(runs):

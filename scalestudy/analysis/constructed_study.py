@@ -23,7 +23,7 @@ import pandas as pd
 from scalestudy import atomic
 from scalestudy.analysis import commmodel, modelsize, settings
 from scalestudy.plan import grid
-from scalestudy.plan.runfiles import MONITOR_COLUMNS
+from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
 STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
 
@@ -174,12 +174,12 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
             "job_num_nodes": str(nodes),
         },
     }
-    atomic.write_json(out / "summary.json", {"run": run, "results": results, "provenance": prov})
-    atomic.write_csv(out / "metrics.csv", metrics)
+    atomic.write_json(out / SUMMARY, {"run": run, "results": results, "provenance": prov})
+    atomic.write_csv(out / METRICS, metrics)
     if truth.gpu:
-        atomic.write_csv(out / "gpu_monitor.csv", monitor_frame(run, results, truth, rng))
+        atomic.write_csv(out / GPU_MONITOR, monitor_frame(run, results, truth, rng))
     else:
-        atomic.write_csv(out / "gpu_monitor.csv", pd.DataFrame(columns=list(MONITOR_COLUMNS)))
+        atomic.write_csv(out / GPU_MONITOR, pd.DataFrame(columns=list(MONITOR_COLUMNS)))
         atomic.write_json(
             out / "gpu_monitor.json", {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
         )

@@ -267,6 +267,23 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str],
     return command, env, options.dry_run
 
 
+def put_interpreter_first(environ=os.environ, workdir: str = ".") -> str:
+    """Put a folder whose `python` is this interpreter first on environ's PATH, and return it: its
+    own folder (a venv's bin/), else a wrapper script's under workdir/.snakemake/ (not a link: a
+    venv knows itself by its path). The workflow's rules call a bare `python` (rules/common.smk)."""
+    if os.path.basename(sys.executable) == "python":
+        folder = os.path.dirname(sys.executable)
+    else:
+        folder = os.path.abspath(os.path.join(workdir, ".snakemake", "scalestudy-python"))
+        os.makedirs(folder, exist_ok=True)
+        wrapper = os.path.join(folder, "python")
+        with open(wrapper, "w") as handle:
+            handle.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        os.chmod(wrapper, 0o755)
+    environ["PATH"] = os.pathsep.join([folder, *([environ["PATH"]] if environ.get("PATH") else [])])
+    return folder
+
+
 def run_record_env(attempt: int, log: str | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The attempt and the Slurm job's record for every rank's provenance (the ranks may run where
     scontrol is not); the attempt's log kept beside the rule's log (scalestudy.launch.attempt_logs)."""

@@ -26,7 +26,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.paper import results, sections
+from scalestudy.paper import discussion, results, sections
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.plan import paths
 from scalestudy.progress import setup_logging
@@ -68,7 +68,7 @@ def build(tables: dict[str, pd.DataFrame | None], context: dict[str, Any]) -> Nu
     """Every section writer's macros, from the tables given (a table not given: "not measured")."""
     numbers = Numbers()
     data = sections.Data(tables, {**CONTEXT_DEFAULTS, **context})
-    for write in (*sections.SECTIONS, *results.SECTIONS):
+    for write in (*sections.SECTIONS, *results.SECTIONS, *discussion.SECTIONS):
         write(numbers, data)
     return numbers
 

@@ -209,6 +209,13 @@ def distinct(frame: pd.DataFrame | None, column: str) -> list[str]:
 
 # results/tables/system.csv (scalestudy.preflight.system, one row per host): macro -> (columns, how one host
 # reads); "none" is what sysinfo writes where a host has no such device.
+def ddp_rows(table: pd.DataFrame) -> pd.Series:
+    """The DDP rows of a table with a parallelism column (the numbers the text quotes), else all."""
+    if "parallelism" not in table:
+        return pd.Series(True, index=table.index)
+    return table["parallelism"].fillna("ddp").isin(["ddp", ""])
+
+
 NONE = "none"
 
 

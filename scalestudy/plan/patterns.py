@@ -17,6 +17,8 @@ SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|!*\[\]():,-]+$"
 # against a real Apptainer here). Covers NCCL's list and exclusion syntax: '^docker0,lo',
 # '=mlx5_0:1,mlx5_1:1', '/tmp/nccl.%h.%p.log'.
 ENV_VALUE = r"^[A-Za-z0-9_.,:=^/%@+-]*$"
+# A rule name or a glob pattern of rule names (cluster.submit_host_rules).
+RULE_GLOB = r"^[A-Za-z0-9_*?!\[\]-]+$"
 # A unit of throughput (workload.command.sample_unit): it appears in figures, tables and LaTeX.
 UNIT_NAME = r"^[A-Za-z][A-Za-z0-9-]*$"
 
@@ -27,5 +29,6 @@ MEANINGS = {
     SLURM_CONSTRAINT: "a Slurm feature expression of letters, digits and _ . & | ! * [ ] ( ) : , -",
     ENV_VALUE: "an environment value of letters, digits and _ . , : = ^ / % @ + - (no whitespace, "
     "quotes or shell syntax)",
+    RULE_GLOB: "a rule name or glob pattern of letters, digits and _ * ? ! [ ] -",
     UNIT_NAME: "a unit name: a letter, then letters, digits and - (samples, tokens, images)",
 }

@@ -165,7 +165,7 @@ RULES: dict[str, Rule] = {
     "weight_decay": _number(minimum=0),
     "nesterov": FLAG,
     "label_smoothing": _number(minimum=0, maximum=1),
-    "precision": _choice("fp32", "fp16", "bf16"),
+    "precision": _choice("fp32", "tf32", "fp16", "bf16"),
     "bucket_cap_mb": _number(above=0),
     "comm_hook": _choice("none", "fp16", "bf16"),
     "loader": _choice("tensor", "dataloader"),

@@ -18,16 +18,18 @@ from scalestudy.tracking import (
     TAG_HISTORY,
     TAG_POINT,
     TAG_STUDY,
+    TAG_STUDY_RUN,
     flatten,
 )
 
 
-def client(tracking: dict[str, Any]):
-    """An MlflowClient of the settings' store; HTTP requests fail fast (no retries on a job's
-    critical path: a down server costs one timeout, then a warning)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(tracking.get("timeout_s", 5))))
-    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+def client(tracking: dict[str, Any], patient: bool = False):
+    """An MlflowClient of the settings' store. A training job's (default) fails fast: no retries on
+    its critical path, a down server costs one timeout, then a warning. The sync on the submit host
+    is `patient`: a few retries and a minute per request (a server just restarted answers slowly)."""
+    timeout = 60 if patient else max(1, round(tracking.get("timeout_s", 5)))
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "3" if patient else "0"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout)
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=tracking["uri"])
@@ -39,7 +41,9 @@ def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
         return found.experiment_id
     try:
         return mlflow_client.create_experiment(
-            tracking["experiment"], artifact_location=tracking.get("artifact_root") or None
+            tracking["experiment"],
+            artifact_location=tracking.get("artifact_root") or None,
+            tags={"mlflow.experimentKind": "custom_model_development"},  # the UI's training runs view
         )
     except Exception:  # another job created it in the meantime
         found = mlflow_client.get_experiment_by_name(tracking["experiment"])
@@ -75,11 +79,12 @@ def point_run(
     status: str = "SCHEDULED",
 ) -> tuple[str, bool]:
     """The run of a grid point's run config (its tags name both): (run id, created). A new one
-    starts in `status`, with the flattened run config as its params, nested under `parent`."""
+    starts in `status`, with the flattened run config as its params and the study's run `parent`
+    as a tag (not nested: the experiment page lists every point; group them by `stage`)."""
     found = find_runs(mlflow_client, experiment, tags[TAG_POINT], tags[TAG_HASH])
     if found:
         return found[-1].info.run_id, False
-    tags = dict(tags) | ({"mlflow.parentRunId": parent} if parent else {})
+    tags = dict(tags) | ({TAG_STUDY_RUN: parent} if parent else {})
     run_id = mlflow_client.create_run(experiment, tags=tags).info.run_id
     if given is not None:
         log_params(mlflow_client, run_id, given)

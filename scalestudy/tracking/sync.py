@@ -211,7 +211,7 @@ def sync_study(client, experiment: str, parent: str, files: list[Path], root: Pa
 
 def sync(tracking: dict, runs_dir: Path, study_files: list[Path], root: Path) -> dict[str, Any]:
     """Every run folder under `runs_dir` and the study's files; a record of what was added."""
-    client = store.client(tracking)
+    client = store.client(tracking, patient=True)
     experiment = store.experiment_id(client, tracking)
     parent = store.study_run(client, experiment, tracking["study"])
     runs = [
@@ -224,7 +224,7 @@ def sync(tracking: dict, runs_dir: Path, study_files: list[Path], root: Path) ->
 
 def schedule(tracking: dict, points: list[dict[str, Any]]) -> list[str]:
     """Creates a SCHEDULED run for each point ({point, run}) that has no run of its run config."""
-    client = store.client(tracking)
+    client = store.client(tracking, patient=True)
     experiment = store.experiment_id(client, tracking)
     parent = store.study_run(client, experiment, tracking["study"])
     created = []

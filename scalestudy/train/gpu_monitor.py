@@ -67,6 +67,8 @@ def uuid_key(uuid: str) -> str:
 
 def device_uuid(device) -> str | None:
     """The NVML-style UUID of a torch CUDA device; None for any other device."""
+    if str(device).split(":")[0] != "cuda":  # "cpu", torch.device("cpu"): no torch import needed
+        return None
     import torch
 
     device = torch.device(device)

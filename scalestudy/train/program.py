@@ -18,6 +18,8 @@ from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan import runconfig
 from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.progress import setup_logging
+from scalestudy.tracking import live as tracking_live
+from scalestudy.train.datafit import check_batch_fits
 from scalestudy.train.process import exit_now, keep_freed_host_memory, process_settings
 from scalestudy.train.state import StopRequest
 from scalestudy.train.trainer import Trainer
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
         device = distributed.select_device(config["device"], dist_env.local_rank)
         backend = distributed.select_backend(config["backend"], device)
         check_locations(config, args.out_dir)
+        check_batch_fits(config)  # before any process group: a batch larger than the data is bad input
     except (RunConfigError, ValueError) as error:
         log.error("%s", error)
         return EXIT_BAD_CONFIG
@@ -84,13 +87,15 @@ def _given_workload(args: argparse.Namespace) -> str | None:
 def run(trainer: Trainer, config: dict[str, Any]) -> int:
     with process_settings(config), StopRequest() as stop:
         try:
-            trainer.setup()
-            trainer.checkpointer.resume()
-            code = trainer.fit(stop)
-            if code == 0:
-                trainer.finish()
-            elif trainer.monitor:
-                trainer.monitor.stop()
+            with tracking_live.follow(trainer):  # rank 0's MLflow run, where tracking is on
+                trainer.setup()
+                trainer.checkpointer.resume()
+                code = trainer.fit(stop)
+                if code == 0:
+                    trainer.finish()
+                elif trainer.monitor:
+                    trainer.monitor.stop()
+                trainer.live.ended(code)
             return code
         except (RunConfigError, PackedDataError) as error:
             log.error("%s", error)

@@ -28,6 +28,7 @@ from scalestudy import atomic, provenance, workloads
 from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
+from scalestudy.tracking.live import NULL_RUN
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import optim, parallel, steady
 from scalestudy.train import torch_options as torchopts
@@ -73,6 +74,8 @@ class Trainer:
     steps_per_epoch: int
     total_steps: int
     built: Built  # the bare model and its facts (parameters, FLOPs)
+    # rank 0's MLflow run while program.run tracks it (scalestudy.tracking.live); off: does nothing
+    live: Any = NULL_RUN
     model: torch.nn.Module  # the bare model: evaluation, checkpoints, gradient clipping
     wrapped: parallel.Wrapped
     train_model: torch.nn.Module  # what the step calls: DDP or FSDP2, compiled or not
@@ -361,6 +364,11 @@ class Trainer:
             self.scheduler.get_last_lr()[0],
             format_seconds(eta),
         )
+        rates = {"train_loss_running": loss_sum / images, "train_acc_running": correct / images}
+        self.live.step(
+            position.global_step,
+            rates | {"samples_per_s": images_per_s, "lr": self.scheduler.get_last_lr()[0]},
+        )
 
     def end_epoch(self) -> None:
         c, epoch, history = self.config, self.state.position.epoch, self.state.history
@@ -383,6 +391,7 @@ class Trainer:
             "wall_time_s": wall,
         }
         history.metrics.append(row)
+        self.live.epoch(epoch + 1, row)
         if history.time_to_target_s is None and test_acc >= c["target_accuracy"]:
             history.time_to_target_s = wall
         log.info(

@@ -34,7 +34,14 @@ import torch
 
 from scalestudy import atomic, provenance
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.train.checkpoint.single_file import SUPERSEDED, differences, set_aside
+from scalestudy.train.checkpoint.single_file import (
+    SUPERSEDED,
+    check_fits,
+    differences,
+    finished_mark,
+    retried,
+    set_aside,
+)
 
 FORMAT = 1
 KEEP = 2
@@ -99,11 +106,18 @@ def save(directory: str | Path, step: int, model, optimizer, trainer_state: dict
 
 def load(path: str | Path, model, optimizer) -> None:
     """Every rank: the model's and optimizer's state from the checkpoint at `path`, in this run's
-    sharding (DCP reshards)."""
+    sharding (DCP reshards); CheckpointMismatch if its tensors do not fit the model."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _state_dicts(model, optimizer)
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = {
+        name[len("model.") :]: getattr(item, "size", None)
+        for name, item in metadata.items()
+        if name.startswith("model.")
+    }
+    check_fits(path, saved, state["model"])  # DTensors' shapes are the global ones, as saved
     with _one_process_is_fine():
         dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
@@ -197,7 +211,11 @@ def claim(directory: str | Path, config: dict[str, Any]) -> tuple[dict[str, Any]
             f"the global batch (per_gpu_batch = {theirs['global_batch']} / world_size), "
             f"or remove {directory} to start over"
         )
-    elif state["position"]["epoch"] >= config["epochs"] and (directory / FINISHED).is_file():
+    elif (
+        state["position"]["epoch"] >= config["epochs"]
+        and (directory / FINISHED).is_file()
+        and not retried(directory)
+    ):
         reason = f"{path.name} ends a finished run: a re-run measures anew"
     else:
         if theirs["world_size"] != config["world_size"]:
@@ -218,10 +236,13 @@ def claim(directory: str | Path, config: dict[str, Any]) -> tuple[dict[str, Any]
 
 
 def finished(directory: str | Path, keep: bool) -> None:
-    if keep:
-        atomic.write_json(Path(directory) / FINISHED, {"format": FORMAT})
-    else:
-        retire(directory)
+    """As single_file.finished: marked finished with the job's attempt; without `keep` all but the
+    newest go now, the newest when the run is asked for again."""
+    directory = Path(directory)
+    if not keep:
+        for _, path in _candidates(directory)[1:]:
+            shutil.rmtree(path, ignore_errors=True)
+    atomic.write_json(directory / FINISHED, {"format": FORMAT, **finished_mark(None, keep)})
 
 
 def retire(directory: str | Path) -> int:

@@ -86,6 +86,8 @@ class Checkpointer:
         if self.sharded:
             sharded_checkpoint.load(path, self.model, self.optimizer)
         else:
+            saved = {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+            checkpoint.check_fits(path, saved, self.model.state_dict())  # names the checkpoint
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

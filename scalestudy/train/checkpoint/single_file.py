@@ -14,7 +14,11 @@ pointed at one folder) is set aside, not deleted: the newest of each other run c
 written its run folder calls `finished`, which removes its checkpoints (or, where they are kept,
 marks them finished): so a checkpoint at the end of the last epoch without that mark is a run
 interrupted between its last checkpoint and its outputs, and resumes (to write them), while one with
-the mark is a finished run asked for again, which measures anew. Checkpoints of an earlier FORMAT
+the mark is a finished run asked for again, which measures anew, unless this job is a retry of the
+attempt that finished it (`retried`: the outputs were lost with a failed attempt, e.g. a stop
+during the final writes), which resumes it and trains no step again. So the newest checkpoint of a
+finished run stays, marked, until the run is asked for again (without keep_checkpoints, the older
+ones go at once). Checkpoints of an earlier FORMAT
 (older code, whose finished runs left their last checkpoint unmarked) are never resumed.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import random
 import re
@@ -33,10 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from scalestudy import atomic
+from scalestudy import atomic, provenance
+from scalestudy.plan.runconfig import RunConfigError
 
 FORMAT = 2  # 2: steady-state window in the history; finished runs mark or remove their checkpoints
-FINISHED = "finished.json"  # the mark of a finished run whose checkpoints are kept
+FINISHED = "finished.json"  # the mark of a finished run (config hash, keep, Snakemake attempt)
 KEEP = 2  # the newest and one previous, in case the newest turns out damaged
 SUPERSEDED = "superseded"  # another run config's newest checkpoint, set aside: superseded/<hash>/
 _NAME = re.compile(r"^ckpt-(\d{9})-([0-9a-f]{16})\.pt$")
@@ -107,7 +113,9 @@ def claim(
                 kept,
             )
             return None
-        elif position.get("epoch", 0) >= epochs and (directory / FINISHED).is_file():
+        elif (
+            position.get("epoch", 0) >= epochs and (directory / FINISHED).is_file() and not retried(directory)
+        ):
             reason = f"{path.name} ends a finished run ({epochs} of {epochs} epochs): a re-run measures anew"
         else:
             if position.get("epoch", 0) >= epochs:
@@ -121,12 +129,40 @@ def claim(
 
 
 def finished(directory: str | Path, config_hash: str, keep: bool) -> None:
-    """A run has written its run folder: its checkpoints go (retire), or with `keep` stay marked
-    finished, never to be resumed."""
-    if keep:
-        atomic.write_json(Path(directory) / FINISHED, {"config_hash": config_hash})
-    else:
-        retire(directory)
+    """A run has written its run folder: its checkpoints are marked finished, with this job's
+    Snakemake attempt (see `retried`); without `keep` all but the newest go now, and the newest
+    when the run is asked for again."""
+    directory = Path(directory)
+    if not keep:
+        for _, path, _ in _candidates(directory)[1:]:
+            path.unlink(missing_ok=True)
+    atomic.write_json(directory / FINISHED, finished_mark(config_hash, keep))
+
+
+def finished_mark(config_hash: str | None, keep: bool) -> dict[str, Any]:
+    return {"config_hash": config_hash, "keep": keep, "attempt": provenance.attempt()}
+
+
+def retried(directory: Path) -> bool:
+    """Whether this job is a retry of the one that finished the run (a later Snakemake attempt of
+    the same job): that attempt failed after writing its outputs (a stop during the final writes;
+    the workflow removed them), so its last checkpoint is resumed to write them again, training no
+    step. A run asked for again (a new workflow run: attempt 1) measures anew."""
+    try:
+        then = json.loads((directory / FINISHED).read_text()).get("attempt")
+    except (OSError, ValueError, AttributeError):
+        return False
+    now = provenance.attempt()
+    retry = isinstance(then, int) and now is not None and now > then
+    if retry:
+        log.warning(
+            "%s: the run finished in attempt %d, but this is attempt %d of its job: its outputs were "
+            "lost after they were written; resuming its last checkpoint to write them again",
+            directory,
+            then,
+            now,
+        )
+    return retry
 
 
 def retire(directory: str | Path) -> int:
@@ -142,6 +178,36 @@ def retire(directory: str | Path) -> int:
     with contextlib.suppress(OSError):  # not empty: someone else's files are kept
         directory.rmdir()
     return len(checkpoints)
+
+
+class CheckpointMismatch(RunConfigError):
+    """A checkpoint of this run config whose tensors do not fit the model (the code changed)."""
+
+
+def check_fits(path: str | Path, saved: dict[str, Any], model_state: dict[str, Any]) -> None:
+    """CheckpointMismatch naming the checkpoint and the tensors whose names or shapes (`saved`:
+    name -> shape) differ from the model's state dict."""
+    wrong = [f"{name} is not in it" for name in model_state if name not in saved]
+    wrong += [f"{name} is not in the model" for name in saved if name not in model_state]
+    wrong += [
+        f"{name} is {list(saved[name])} in it, {list(tensor.shape)} in the model"
+        for name, tensor in model_state.items()
+        if name in saved and saved[name] is not None and tuple(saved[name]) != tuple(tensor.shape)
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise CheckpointMismatch(
+            f"checkpoint {path} does not fit the model: {'; '.join(wrong[:3])}{more}. It was saved by "
+            "the same run config but another model (the code or the data's vocabulary changed): move it "
+            "away to start over"
+        )
+
+
+def superseded(directory: str | Path) -> list[str]:
+    """The other run configs' checkpoints set aside under `directory`/superseded/ (for the run
+    catalog: results' superseded_checkpoints)."""
+    folder = Path(directory) / SUPERSEDED
+    return sorted(str(path) for path in folder.glob("*/*")) if folder.is_dir() else []
 
 
 def set_aside(path: Path, folder: Path, name: str | None = None) -> Path:

@@ -33,10 +33,7 @@ import hashlib
 import json
 import logging
 import os
-import platform
-import re
 import resource
-import shutil
 import signal
 import socket
 import sys
@@ -55,13 +52,25 @@ from scalestudy.workloads.command import contract
 from scalestudy.workloads.command import progress as command_progress
 from scalestudy.workloads.command.process import ScriptProcess, stop_grace_s
 from scalestudy.workloads.command.progress import ProgressError
+from scalestudy.workloads.command.support import (  # noqa: F401 - launch_id: the tests' too
+    SUPERSEDED,
+    UNKNOWN_TO_THE_RUNNER,
+    device_name,
+    drop_cut_line,
+    empty_folder,
+    launch_id,
+    model_results,
+    rank_device,
+    rebased,
+    supersede_folder,
+)
+from scalestudy.workloads.command.support import read_json as _read_json
 
 EXIT_BAD_CONFIG = 2
 REQUIRED = ("checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
 STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
 RUN_MARK, FINISHED_MARK = "command_run.json", "finished.json"
 POLL_S = 0.2
-SUPERSEDED = "superseded"  # another run config's checkpoint_dir content: superseded/<its hash>/
 
 log = logging.getLogger("scalestudy.workloads.command")
 
@@ -173,17 +182,16 @@ class Runner:
         self.claim_checkpoint_dir()
         self.start_attempt()
         with self.forwarding_signals():
-            # the monitor first (it may import torch: seconds), so nothing delays the wait for the script
-            sampler = monitor.for_device(
-                device, self.config["monitor_interval_s"], self.t0, self.rank
-            ).start()
-            self.child = ScriptProcess(
+            self.child = ScriptProcess(  # before the monitor's thread: no thread at the fork
                 [sys.executable, str(self.script), *self.config["command"]["args"]],
                 {**os.environ, **self.child_env()},
                 stop_grace_s(),
             )
             for signum in self.signals:  # arrived before the script existed
                 self.child.signal(signum)
+            sampler = monitor.for_device(
+                device, self.config["monitor_interval_s"], self.t0, self.rank
+            ).start()
             try:
                 code = self.child.wait()
             finally:
@@ -226,8 +234,9 @@ class Runner:
     # -- the checkpoint folder --
 
     def claim_checkpoint_dir(self) -> None:
-        """Rank 0 empties checkpoint_dir if another run config or a finished run left it; every
-        other rank waits for rank 0's mark of this run config."""
+        """Rank 0 empties checkpoint_dir if a finished run left it, and sets another run config's
+        files aside (superseded/<its hash>/); every other rank waits for rank 0's mark of this run
+        config."""
         mark, finished = self.state_dir / RUN_MARK, self.state_dir / FINISHED_MARK
         if self.is_main:
             theirs = _read_json(mark).get("config_hash")
@@ -397,6 +406,7 @@ class Runner:
             "model_state_bytes_per_rank": None,
             "target_accuracy": c["target_accuracy"],
             "time_to_target_s": None,
+            "superseded_checkpoints": sorted(str(p) for p in (self.checkpoint_dir / SUPERSEDED).glob("*")),
             "device": reports[0]["device"].split(":")[0],
             "device_name": reports[0]["device_name"],
             **dict.fromkeys(UNKNOWN_TO_THE_RUNNER),
@@ -441,135 +451,6 @@ class Runner:
             },
         }
         return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
-
-
-# The trainer's results keys that only the script knows.
-UNKNOWN_TO_THE_RUNNER = (
-    "compile_s",
-    "inductor_cache_dir",
-    "ddp_options",
-    "backend",
-    "precision_effective",
-    "parameters",
-    "forward_flops_per_image",
-    "train_flops_per_image",
-    "peak_lr",
-)
-
-
-def model_results(model: dict[str, Any]) -> dict[str, Any]:
-    """What the script's "model" line says: its parameter count (the communication model's gradient
-    bytes) and training FLOPs per sample (MFU), under the trainer's keys."""
-    flops = model.get("train_flops_per_sample")
-    known = {"parameters": model.get("parameters"), "train_flops_per_image": flops}
-    if flops is not None:
-        known["forward_flops_per_image"] = flops / 3
-    return {key: value for key, value in known.items() if value is not None}
-
-
-# --- helpers ----------------------------------------------------------------------------------------
-
-
-def rank_device(choice: str, local_rank: int):
-    """The device the rank's script will use, for the GPU monitor: the trainer's choice
-    (distributed.select_device) without making it current, so this process holds no CUDA context."""
-    if choice == "cpu" or not _nvml_sees_a_gpu():
-        if choice == "cuda":
-            raise RunConfigError("run config device='cuda' but NVML sees no GPU on this node")
-        return "cpu"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
-    count = torch.cuda.device_count()
-    return torch.device("cuda", 0 if count == 1 else local_rank)
-
-
-def _nvml_sees_a_gpu() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library, no driver: no GPU
-        return False
-    try:
-        return pynvml.nvmlDeviceGetCount() > 0
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def device_name(device, monitor_report: dict[str, Any]) -> str:
-    gpus = monitor_report.get("gpus") or []
-    if gpus and gpus[0].get("name"):
-        return gpus[0]["name"]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or str(device)
-
-
-def rebased(report: dict[str, Any], shift_s: float) -> dict[str, Any]:
-    """A rank's monitor report on rank 0's clock (each rank's time_s counts from its own t0)."""
-    return {**report, "rows": [[row[0] + shift_s, *row[1:]] for row in report["rows"]]}
-
-
-def launch_id(environ, config_hash: str) -> str:
-    """One name for the ranks of one launch, different for the next: torchrun's run id, srun's
-    job and step, else the rendezvous address with the Snakemake attempt."""
-    if environ.get("TORCHELASTIC_RUN_ID"):
-        name = f"torchrun-{environ['TORCHELASTIC_RUN_ID']}"
-    elif environ.get("SLURM_JOB_ID"):
-        name = f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
-    else:
-        address = f"{environ.get('MASTER_ADDR', '')}-{environ.get('MASTER_PORT', '')}"
-        name = f"{address}-{environ.get(provenance.ATTEMPT_ENV, '')}-{config_hash}"
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-def drop_cut_line(path: Path) -> None:
-    """Remove a last line without its newline (a writer killed mid-line), so the next attempt's
-    lines start on a line of their own."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        log.warning("%s: dropping a cut last line %r", path, data[data.rfind(b"\n") + 1 :][:120])
-        with open(path, "r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
-
-
-def supersede_folder(folder: Path, their_hash: str) -> Path:
-    """Another run config's files in checkpoint_dir: moved into superseded/<its hash>/ (one kept
-    per run config; superseded/ itself stays where it is). Returns that folder."""
-    target = folder / SUPERSEDED / their_hash[:16]
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    for entry in folder.iterdir():
-        if entry.name != SUPERSEDED:
-            entry.rename(target / entry.name)
-    return target
-
-
-def empty_folder(folder: Path) -> None:
-    """Remove what `folder` holds but superseded/ (another run config's checkpoints, set aside)."""
-    if folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.name == SUPERSEDED:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink(missing_ok=True)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 # --- entry point ------------------------------------------------------------------------------------

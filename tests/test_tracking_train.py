@@ -1,0 +1,108 @@
+"""The trainer with tracking on (rank 0's live MLflow run, scalestudy.tracking.live): a job stopped
+by SIGTERM and resumed is one MLflow run, KILLED then RUNNING then FINISHED, each step once; a
+server unreachable from the start costs one warning and the run folder is the one tracking off
+writes (plus the journal); the sync afterwards adds only what the live run lacked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from scalestudy import tracking
+from tests.test_tracking import BASE, clean_environ, data_dir, make_run, train  # noqa: F401 - fixture
+
+pytest.importorskip("mlflow")
+
+from scalestudy.tracking import store, sync  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
+# summary.json results that are clocks or memory, not the training's outcome
+TIMING = re.compile(r"(_s|_per_s|per_gpu|_cv|_min|_max|_s_per_rank|memory.*|interval.*|compile.*)$")
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch):
+    for name in set(os.environ) - set(clean_environ()):
+        monkeypatch.delenv(name)
+
+
+def embedded(root: Path) -> dict:
+    return tracking.settings({"study": {"name": "t"}}, root)
+
+
+def global_step(line: str) -> int | None:
+    match = STEP_LINE.search(line)
+    return (int(match[1]) - 1) * int(match[3]) + int(match[2]) if match else None
+
+
+def test_a_job_stopped_by_sigterm_and_resumed_is_one_run_killed_running_finished(tmp_path, data_dir):  # noqa: F811
+    settings = embedded(tmp_path)
+    out, config = make_run(tmp_path, data_dir, "scaling/strong-w1_r0", max_steps_per_epoch=10)
+    env = {**clean_environ(), "OMP_NUM_THREADS": "1", **tracking.to_environ(settings)}
+    command = [sys.executable, "-m", "scalestudy.train", "--run-config-json", json.dumps(config)]
+    command += ["--out-dir", str(out)]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    log = []
+    for line in process.stderr:
+        log.append(line)
+        if global_step(line) == 7:
+            process.send_signal(signal.SIGTERM)
+            break
+    log += process.stderr.readlines()
+    assert process.wait(timeout=120) == 75, "".join(log)
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    assert run.info.status == "KILLED", "".join(log)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[tracking.TAG_HISTORY] == "RUNNING,KILLED,RUNNING,FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s")]
+    assert sorted(steps) == list(range(1, 21)), steps  # log_every_steps 1: every step, once
+    epochs = pd.read_csv(out / "metrics.csv")
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_test_acc"))
+    assert history == list(zip(epochs.epoch, epochs.test_acc, strict=True))
+    # the sync afterwards finds the same run and adds no step metric, only what live does not send
+    record = sync.sync(settings, tmp_path / "results/runs", [], tmp_path)
+    assert [r["run_id"] for r in record["runs"]] == [run.info.run_id]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s")]
+    assert sorted(steps) == list(range(1, 21))
+
+
+def test_an_unreachable_server_warns_once_and_changes_no_result(tmp_path, data_dir, monkeypatch, capfd):  # noqa: F811
+    off, config_off = make_run(tmp_path / "off", data_dir, "baseline/default")
+    assert train(off, config_off) == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = tracking.settings({"study": {"name": "t"}, "tracking": {"uri": f"http://127.0.0.1:{port}"}})
+    for name, value in tracking.to_environ(settings).items():
+        monkeypatch.setenv(name, value)
+    on, config_on = make_run(tmp_path / "on", data_dir, "baseline/default")
+    config_on["checkpoint_dir"] = config_off["checkpoint_dir"] + "-on"
+    capfd.readouterr()
+    assert train(on, config_on) == 0
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "scalestudy.tracking" in line]
+    assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0], warnings
+    assert sorted(p.name for p in on.iterdir()) == sorted(
+        [*(p.name for p in off.iterdir()), tracking.JOURNAL]
+    )
+    learning = ["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr"]
+    pd.testing.assert_frame_equal(
+        pd.read_csv(on / "metrics.csv")[learning], pd.read_csv(off / "metrics.csv")[learning]
+    )
+    results = [json.loads((folder / "summary.json").read_text())["results"] for folder in (off, on)]
+    same = {key for key in results[0] if not TIMING.search(key)}
+    assert {k: results[1][k] for k in same} == {k: results[0][k] for k in same}
