@@ -44,6 +44,7 @@ include: "rules/sensitivity.smk"
 include: "rules/aggregate.smk"
 include: "rules/plots.smk"
 include: "rules/paper.smk"
+include: "rules/track.smk"
 
 
 rule all:
@@ -52,6 +53,7 @@ rule all:
         ANALYSIS_TARGETS,
         FIGURE_TARGETS,
         PAPER_TARGETS,
+        TRACK_TARGETS,
     default_target: True
 
 

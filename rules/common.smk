@@ -247,9 +247,9 @@ def light_resources():
 
 # Rules that run where Snakemake runs whatever the config says: one read of the image, and the gate,
 # which only lists the checks that passed. The rest of the submit-host rules: cluster.submit_host_rules.
-ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate")
+ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate", "track")
 # Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).
-OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest")
+OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track")
 
 
 def submit_host_rules():

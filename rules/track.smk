@@ -7,7 +7,7 @@
 from scalestudy import tracking as _tracking
 
 TRACKING = _tracking.settings(config, os.getcwd())
-TRACK_LOGS = "results/logs/tracking"
+TRACK_LOGS = f"{paths.LOGS_DIR}/tracking"
 TRACK_TARGETS = []
 
 if TRACKING:
@@ -43,9 +43,8 @@ if TRACKING:
             tracking=lambda wildcards: TRACKING_JSON,
         log:
             f"{TRACK_LOGS}/sync.log",
-        # On the submit host, outside the image: it reaches the tracking server (compute nodes may
-        # not) and writes the embedded store with the venv's full mlflow.
-        localrule: True
+        # On the submit host (ALWAYS_ON_SUBMIT_HOST, common.smk), outside the image: it reaches the
+        # tracking server (compute nodes may not) and writes the embedded store with the venv's full mlflow.
         resources:
             **light_resources(),
         conda: SOFTWARE_ENV

@@ -2,11 +2,12 @@
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
-from scalestudy.plan import grid
+from scalestudy.plan import grid, schema
 from tests.conftest import REPO
 
 
@@ -15,8 +16,23 @@ def demo_config():
     from snakemake.utils import validate
 
     config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
-    validate(config, str(REPO / "config/schema.yaml"))  # fills in the defaults
+    validate(config, schema.PATH)  # fills in the defaults
     return config
+
+
+def test_the_schema_ships_with_the_package_and_the_repository_links_to_it():
+    import tomllib
+
+    assert Path(schema.PATH) == REPO / "scalestudy/plan/schema.yaml"
+    assert (REPO / "config/schema.yaml").resolve() == Path(schema.PATH).resolve()
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "schema.yaml" in package_data["scalestudy.plan"]
+    assert (
+        schema.defaults("cluster")["gpus_per_node"]
+        == yaml.safe_load(Path(schema.PATH).read_text())["properties"]["cluster"]["properties"][
+            "gpus_per_node"
+        ]["default"]
+    )
 
 
 def test_strong_scaling_splits_the_global_batch(demo_config):

@@ -3,14 +3,15 @@ no queue wait between points, seconds of overhead per job (issue 22; docs/slurm.
 
 - the profiles' polling: a 1 s job is seen finished within 15 s of its submission, with at most one
   status query (squeue) per 10 s;
-- job arrays (`--slurm-array-jobs`): six same-shaped jobs are ONE sbatch call, each task knows its
-  array task;
+- job arrays (`--slurm-array-jobs`): the demo's sensitivity sweep (8 same-shaped points) is 8
+  sbatch calls as separate jobs and ONE as an array, every task running its own point and recording
+  its array task; a setting that mixes shapes is refused before anything is submitted;
 - one allocation (profiles/slurm-allocation, its driver script as docs/slurm.md gives it): the demo
   study (the smaller grid of tests/test_slurm.py) is exactly one Slurm job; every training point
   ran in it as its own srun step.
 
 Sbatch calls are counted in the controller's log (`_slurm_rpc_submit_batch_job`), client calls with
-shims on PATH (tests/slurm/overhead/shim.sh). About 4 minutes on 2 cores.
+shims on PATH (tests/slurm/overhead/shim.sh). About 9 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -113,16 +113,6 @@ def test_a_short_job_is_seen_finished_within_seconds_polling_once_per_10_s(slurm
     assert polls[0] - submitted >= 9.5 and all(gap >= 9.5 for gap in gaps), (polls[0] - submitted, gaps)
 
 
-def test_same_shaped_jobs_are_one_array_and_each_task_knows_its_index(slurm_accounting, tmp_path):
-    before = submissions()
-    _, _, output = run_trivial(slurm_accounting, tmp_path, 6, "--slurm-array-jobs", "work")
-    assert len(calls(tmp_path, "sbatch")) == 1 and submissions() - before == 1, output[-3000:]
-    tasks = [(tmp_path / f"out/{i}.txt").read_text().split() for i in range(6)]
-    assert len({task[1] for task in tasks}) == 1, tasks  # one array job id
-    assert sorted(int(task[2]) for task in tasks) == list(range(1, 7)), tasks
-    assert len({task[0] for task in tasks}) == 6  # each task is its own job id
-
-
 # ----------------------------------------------------------------------------- one allocation
 
 
@@ -203,12 +193,12 @@ def sweep_targets(workdir: Path, configfile: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def array_sweep(allocation_demo, tmp_path_factory):
+def array_sweep(clusters, tmp_path_factory):  # noqa: F811
     """The demo's sensitivity sweep (8 points at world 2, one node each) twice on the same cluster:
-    as one job per point (today's way), then again (--forcerun) with --slurm-array-jobs."""
-    slurm, alloc_dir, *_ = allocation_demo
+    as one job per point (today's way, with what it needs first), then again (--forcerun) with
+    --slurm-array-jobs."""
+    slurm = clusters.get(accounting=True)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-arrays") / "scalestudy")
-    shutil.copytree(alloc_dir / "results/data", workdir / "results/data")  # no fetch/preprocess again
 
     def change(config: dict) -> None:
         config["train"].update(epochs=2, max_steps_per_epoch=6)
@@ -218,24 +208,17 @@ def array_sweep(allocation_demo, tmp_path_factory):
     targets, counts, outputs = sweep_targets(workdir, configfile), [], []
     for options in ([], ["--forcerun", "sensitivity_run", "--slurm-array-jobs", "sensitivity_run"]):
         before = submissions()
-        run = run_in(slurm, workdir, [*profile_command(configfile), *options, *targets], timeout=900)
+        run = run_in(slurm, workdir, profile_command(configfile, *options, *targets), timeout=900)
         outputs.append(run.stdout + run.stderr)
         assert run.returncode == 0, outputs[-1][-8000:]
         counts.append(submissions() - before)
     return slurm, workdir, configfile, counts, outputs
 
 
-def profile_command(configfile: str) -> list[str]:
-    """profiles/slurm-noapptainer as it is (its polling too)."""
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--profile",
-        "profiles/slurm-noapptainer",
-        "--configfile",
-        configfile,
-    ]
+def profile_command(configfile: str, *args: str) -> list[str]:
+    """profiles/slurm-noapptainer as it is (its polling too); targets before --configfile."""
+    profile = ["--profile", "profiles/slurm-noapptainer"]
+    return [sys.executable, "-m", "snakemake", *profile, *args, "--configfile", configfile]
 
 
 def test_the_sweep_as_an_array_makes_at_most_half_the_sbatch_calls(array_sweep):
@@ -262,12 +245,8 @@ def test_every_array_task_ran_its_own_point_and_records_its_task(array_sweep):
 def test_a_setting_that_mixes_shapes_is_refused_before_anything_is_submitted(array_sweep):
     slurm, workdir, configfile, _, _ = array_sweep
     before = submissions()
-    command = [
-        *profile_command(configfile),
-        "--slurm-array-jobs",
-        "all",
-        "results/runs/baseline/default/summary.json",
-    ]
+    target = "results/runs/baseline/default/summary.json"
+    command = profile_command(configfile, "--slurm-array-jobs", "all", target)
     run = run_in(slurm, workdir, command, timeout=300)
     output = run.stdout + run.stderr
     assert run.returncode != 0 and "would put points of different shapes into one array" in output, output[

@@ -242,3 +242,43 @@ def test_the_command_line_names_a_bad_setting(tmp_path):
 
     assert main(["sync", "--tracking-json", "{", "--runs-dir", str(tmp_path)]) == 2
     assert main(["schedule", "--tracking-json", '{"uri": "x"}', "--points-json", str(tmp_path / "no")]) == 2
+
+
+# --- the demo (called by tests/test_workflow.py with its demo run) -------------------------------
+
+
+def check_demo_store(workdir: Path) -> None:
+    """The demo's embedded store: one FINISHED run per run folder (found by mlflow.search_runs) with
+    its params, tags, per-step and per-epoch metrics and artifacts, the numbers summary.json's; the
+    study's run with the tables and figures."""
+    import mlflow
+
+    settings = tracking.settings({"study": {"name": "demo"}}, workdir)
+    mlflow.set_tracking_uri(settings["uri"])
+    runs = mlflow.search_runs(experiment_names=[settings["experiment"]], output_format="list")
+    by_point = {}
+    for run in runs:
+        by_point.setdefault(run.data.tags[tracking.TAG_POINT], []).append(run)
+    folders = sorted(path.parent for path in (workdir / "results/runs").glob("**/summary.json"))
+    assert sorted(tracking.point_of(folder) for folder in folders) == sorted(set(by_point) - {"study"})
+    client = store.client(settings)
+    for folder in folders:
+        (run,) = by_point[tracking.point_of(folder)]
+        summary = json.loads((folder / "summary.json").read_text())
+        assert run.info.status == "FINISHED" and run.data.tags["stage"] == summary["run"]["stage"]
+        assert run.data.tags[tracking.TAG_HASH] == summary["provenance"]["config_hash"]
+        assert run.data.params == tracking.flatten(summary["run"])
+        assert (
+            run.data.metrics.get("summary_images_per_s") == summary["results"]["images_per_s"]
+        )  # None: unfilled
+        epochs = pd.read_csv(folder / "metrics.csv")
+        history = sorted(
+            (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_test_acc")
+        )
+        assert history == list(zip(epochs.epoch, epochs.test_acc, strict=True))
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s")]
+        assert steps and len(steps) == len(set(steps))
+        artifacts = {info.path for info in client.list_artifacts(run.info.run_id)}
+        assert {"summary.json", "metrics.csv", "logs"} <= artifacts
+    (study,) = by_point["study"]
+    assert {"tables", "figures"} <= {info.path for info in client.list_artifacts(study.info.run_id)}

@@ -80,6 +80,12 @@ def test_report_has_every_figure(demo_run):
     assert not missing, f"figures not in the report: {missing}"
 
 
+def test_the_demo_fills_the_embedded_mlflow_store(demo_run):
+    from tests.test_tracking import check_demo_store
+
+    check_demo_store(demo_run)
+
+
 def test_every_run_records_its_provenance(demo_run):
     summaries = sorted((demo_run / "results/runs").rglob("summary.json"))
     assert len(summaries) >= 15

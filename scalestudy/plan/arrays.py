@@ -12,9 +12,11 @@ Measured on the test cluster with the plugin 2.8.0 and snakemake-executor-plugin
 0.6.1: a job with an `mpi` resource (every training job here, so that its shell runs once in the
 batch step and srun starts the ranks) runs the FIRST task's command in EVERY task of an array (the
 jobstep plugin checks `mpi` before the array index): the other tasks' outputs never appear. Arrays
-of training points therefore use `array_train_resources`: no `mpi` key, one task with all the
-node's CPUs, the ranks started inside that task (scalestudy.launch.launcher picks torchrun inside a
-step); this limits them to points on ONE node. Multi-node shapes stay one job per point.
+of training points therefore use `array_train_resources`: no `mpi` key, one task holding all the
+node's CPUs. The jobstep plugin runs an array task's command in the batch step, so the launcher
+still starts the ranks with srun (`--signal` reaches them), inside the task's CPUs (measured: the
+demo's 8 sensitivity points, one array, each task its own point). This limits arrays to points on
+ONE node; multi-node shapes stay one job per point.
 
 `python -m scalestudy.plan.arrays --configfile config/config.yaml` prints the rules that are safe
 and the `--slurm-array-jobs` value; `--check RULES` refuses (exit 2) a setting that would put points

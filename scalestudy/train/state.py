@@ -121,12 +121,15 @@ class Position:
 @dataclass
 class EpochProgress:
     """The current epoch's totals so far, over all ranks: saved with a mid-epoch checkpoint, so a
-    resumed epoch reports the same train loss and accuracy as an uninterrupted one."""
+    resumed epoch reports the same train loss and accuracy as an uninterrupted one. `correct` is
+    counted over `counted` samples: every step's for an accuracy workload, the log steps' for the
+    others (the LM's argmax over B x T x vocab stays out of the steps between them)."""
 
     loss_sum: float = 0.0
     correct: float = 0.0
     images: int = 0
     time_s: float = 0.0
+    counted: int = 0  # the samples `correct` was counted on
 
 
 @dataclass
@@ -175,7 +178,9 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.position = Position(**state["position"])
-        self.progress = EpochProgress(**state["epoch_progress"])
+        progress = state["epoch_progress"]
+        # a checkpoint from before `counted` counted every step's samples
+        self.progress = EpochProgress(**{"counted": progress["images"], **progress})
         self.history = History(**state["history"])
 
     def mark_resumed(self) -> None:
@@ -186,21 +191,29 @@ class RunState:
 class EpochMeter:
     """The running epoch's totals on this rank, from the carried totals of a resumed epoch (rank 0
     holds them, the others add only their own): loss sum and correct count on the device (float64:
-    the carried totals keep their bits; read at log steps only), samples, and the epoch's clock."""
+    the carried totals keep their bits; read at log steps only), samples (all, and those the correct
+    count counted), and the epoch's clock."""
 
     def __init__(self, carried: EpochProgress, device: torch.device, is_main: bool) -> None:
         start = carried if is_main else EpochProgress(time_s=carried.time_s)
         self.carried_s = carried.time_s
         self.sums = torch.tensor([start.loss_sum, start.correct], dtype=torch.float64, device=device)
-        self.samples = start.images
+        self.samples, self.counted = start.images, start.counted
         self.clock = TrainingClock()
         self._log_mark, self._log_samples = 0.0, 0
 
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, world_size: int) -> int:
-        """One step's loss (a mean) and hits; returns the step's samples on this rank."""
+    def add(
+        self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, world_size: int, hits: bool
+    ) -> int:
+        """One step's loss (a mean) and, with `hits`, its correct predictions (an argmax over the
+        logits); returns the step's samples on this rank."""
         samples = targets.numel()
-        hits = (logits.argmax(-1) == targets).sum().double()
-        self.sums += torch.stack((loss.detach().double() * samples, hits))
+        if hits:
+            correct = (logits.argmax(-1) == targets).sum().double()
+            self.sums += torch.stack((loss.detach().double() * samples, correct))
+            self.counted += samples
+        else:
+            self.sums[0] += loss.detach().double() * samples
         self.samples += samples
         self._log_samples += samples * world_size
         return samples

@@ -238,7 +238,7 @@ class Trainer:
                 self.save_mid_epoch(meter)
             if stopping:
                 return False
-        self.state.progress = self.epoch_totals(meter.sums, meter.samples)
+        self.state.progress = self.epoch_totals(meter.sums, meter.samples, meter.counted)
         self.state.progress.time_s = meter.time_s()
         return True
 
@@ -279,19 +279,21 @@ class Trainer:
 
     def count_step(self, meter: EpochMeter, y, logits, loss, timer: StepTimer) -> None:
         """After a step: the epoch's totals, the steady window, the sampled step's row, the next
-        position, and a progress line every log_every_steps steps and at the epoch's end."""
+        position, and a progress line every log_every_steps steps and at the epoch's end. Correct
+        predictions: every step for an accuracy workload, else on log steps only (they sync anyway)."""
         position, history = self.state.position, self.state.history
-        samples = meter.add(loss, logits, y, self.world_size)
+        step = position.step + 1
+        logs = _every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch
+        samples = meter.add(loss, logits, y, self.world_size, hits=logs or self.workload.metric == "accuracy")
         self.steady.step_done(samples * self.world_size)
         if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
             history.steady_window = steady_result(self.steady, self.world_size, self.state.attempt)
             self.steady_kept = True
         if timer.enabled and self.is_main:
             history.steps.append(timer.row(position.epoch + 1, position.global_step))
-        step = position.step + 1
         self.state.position = Position(position.epoch, step, position.global_step + 1)
-        if _every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch:
-            self.log_progress(meter.sums, meter.samples, meter.log_rate())
+        if logs:
+            self.log_progress(meter)
 
     def checkpoint_due(self) -> bool:
         """Every checkpoint_every_steps global steps, but not at an epoch's end (which saves anyway)."""
@@ -300,8 +302,9 @@ class Trainer:
         return periodic and position.step < self.steps_per_epoch
 
     def save_mid_epoch(self, meter: EpochMeter) -> None:
-        """A checkpoint with the epoch's totals so far, paused out of both clocks."""
-        totals = self.epoch_totals(meter.sums, meter.samples)  # reads a collective: the device has caught up
+        """A checkpoint with the epoch's totals so far (a collective, read: the device has caught up),
+        paused out of both clocks."""
+        totals = self.epoch_totals(meter.sums, meter.samples, meter.counted)
         totals.time_s = meter.time_s()
         with meter.clock.paused(), self.steady.paused():
             self.state.progress = totals
@@ -322,12 +325,13 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def epoch_totals(self, sums: torch.Tensor, images: int, time_s: float = 0.0) -> EpochProgress:
+    def epoch_totals(self, sums: torch.Tensor, images: int, counted: int) -> EpochProgress:
         """Sums over all ranks (a collective, read on the host: the device has caught up by its
-        return); the time is rank 0's."""
-        totals = torch.cat((sums.double(), torch.tensor([images], dtype=torch.float64, device=self.device)))
-        loss_sum, correct, all_images = distributed.all_reduce_sum(totals).tolist()
-        return EpochProgress(loss_sum, correct, int(all_images), time_s)
+        return); `counted`: the samples the correct count is over. The caller sets time_s."""
+        counts = torch.tensor([images, counted], dtype=torch.float64, device=self.device)
+        totals = distributed.all_reduce_sum(torch.cat((sums.double(), counts)))
+        loss_sum, correct, all_images, all_counted = totals.tolist()
+        return EpochProgress(loss_sum, correct, int(all_images), 0.0, int(all_counted))
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_autocast)
@@ -346,8 +350,9 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config["grad_clip"])
 
-    def log_progress(self, sums: torch.Tensor, images: int, images_per_s: float) -> None:
-        loss_sum, correct = sums.tolist()  # the one device sync per log interval
+    def log_progress(self, meter: EpochMeter) -> None:
+        images, counted, images_per_s = meter.samples, meter.counted, meter.log_rate()
+        loss_sum, correct = meter.sums.tolist()  # the one device sync per log interval
         state, position = self.state, self.state.position
         done = position.global_step - state.attempt_first_step
         eta = (self.total_steps - position.global_step) * (time.perf_counter() - state.attempt_t0) / done
@@ -358,13 +363,13 @@ class Trainer:
             position.step,
             self.steps_per_epoch,
             loss_sum / images,
-            correct / images,
+            correct / counted,
             images_per_s,
             self.workload.sample_unit,
             self.scheduler.get_last_lr()[0],
             format_seconds(eta),
         )
-        rates = {"train_loss_running": loss_sum / images, "train_acc_running": correct / images}
+        rates = {"train_loss_running": loss_sum / images, "train_acc_running": correct / counted}
         self.live.step(
             position.global_step,
             rates | {"samples_per_s": images_per_s, "lr": self.scheduler.get_last_lr()[0]},
@@ -378,7 +383,7 @@ class Trainer:
         row = {
             "epoch": epoch + 1,
             "train_loss": done.loss_sum / done.images,
-            "train_acc": done.correct / done.images,
+            "train_acc": done.correct / done.counted,
             "test_loss": test_loss,
             "test_acc": test_acc,
             "epoch_time_s": done.time_s,
@@ -426,7 +431,7 @@ class Trainer:
                 loss = self.loss(logits, y, reduction="sum")
                 sums += torch.stack((loss.double(), (logits.argmax(-1) == y).sum().double()))
                 images += y.numel()
-        totals = self.epoch_totals(sums, images, 0.0)
+        totals = self.epoch_totals(sums, images, images)
         self.model.train()
         return totals.loss_sum / totals.images, totals.correct / totals.images
 

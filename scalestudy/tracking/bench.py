@@ -1,0 +1,74 @@
+"""What live tracking costs a training job: `python -m scalestudy.tracking.bench [--pairs N]`.
+
+Trains the demo's baseline point (config/demo.yaml, one rank, on the packed data the demo made in
+results/data/packed) with tracking off and on (the embedded SQLite store in a temporary folder),
+in interleaved pairs (off, on, off, on, ...) so that machine load hits both alike, and prints the
+steady-state throughput (summary.json's images_per_s) and wall time of each, with the medians and
+their ratio. docs/benchmarks.md holds the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from scalestudy import tracking
+
+
+def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path) -> dict:
+    from scalestudy.plan import grid, schema
+
+    config = yaml.safe_load(config_path.read_text())
+    import snakemake.utils
+
+    snakemake.utils.validate(config, str(schema.PATH))
+    run = grid.run_config(config, grid.baseline_point(config))
+    return {**run, "data_dir": str(data_dir), "checkpoint_dir": str(checkpoint_dir)}
+
+
+def one(run: dict, out: Path, env: dict) -> tuple[float, float]:
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "scalestudy.train", "--run-config-json", json.dumps(run)]
+    subprocess.run([*command, "--out-dir", str(out)], env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    return json.loads((out / "summary.json").read_text())["results"]["images_per_s"], wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--config", type=Path, default=Path("config/demo.yaml"))
+    parser.add_argument("--data-dir", type=Path, default=Path("results/data/packed"))
+    args = parser.parse_args(argv)
+    base = {k: v for k, v in os.environ.items() if k != tracking.ENV and not k.startswith("APPTAINERENV_")}
+    results: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        settings = tracking.settings({"study": {"name": "bench"}}, root)
+        for index in range(args.pairs):
+            for mode, extra in (("off", {}), ("on", tracking.to_environ(settings))):
+                run = run_config(args.config, args.data_dir.resolve(), root / f"ckpt-{mode}-{index}")
+                results[mode].append(one(run, root / f"results/runs/{mode}/{index}", {**base, **extra}))
+                rate, wall = results[mode][-1]
+                print(f"{mode} {index}: {rate:.1f} images/s, wall {wall:.1f} s", flush=True)
+    medians = {
+        mode: [statistics.median(v[i] for v in values) for i in (0, 1)] for mode, values in results.items()
+    }
+    for mode, (rate, wall) in medians.items():
+        print(f"{mode}: median {rate:.1f} images/s, wall {wall:.1f} s")
+    ratio, extra = medians["on"][0] / medians["off"][0], medians["on"][1] - medians["off"][1]
+    print(f"on/off throughput {ratio:.4f}, wall {extra:+.1f} s per job")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
