@@ -220,6 +220,7 @@ def main() -> int:
             state["loss_count"] += 1
             if any_rank(reporter.stop_requested, device):
                 save_checkpoint(reporter.checkpoint_dir, rank, snapshot())
+                reporter.saved()  # the runner may then kill a slow exit safely
                 print(f"rank {rank}: stopped after step {state['global_step']}, saved", file=sys.stderr)
                 return EXIT_RESUMABLE
             if state["global_step"] % args.checkpoint_every == 0:

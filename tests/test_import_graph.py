@@ -186,3 +186,28 @@ def test_the_old_entry_points_still_answer_help(module):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
+
+
+def documented_modules() -> set[str]:
+    """The modules the package map of docs/architecture.md names: a folder line `scalestudy/x/`,
+    then one indented line per file of that folder."""
+    text = (REPO / "docs/architecture.md").read_text()
+    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    named, folder = set(), None
+    for line in section.splitlines():
+        if match := re.match(r"^(scalestudy/(?:\w+/)*)(?:\s|$)", line):
+            folder = match.group(1)
+        elif folder and (match := re.match(r"^  (\w+\.py)(?:\s|$)", line)):
+            named.add(folder + match.group(1))
+        elif not line.strip():
+            folder = None
+    return named
+
+
+def test_the_package_map_names_every_module_and_no_other():
+    modules = {str(path.relative_to(REPO)) for path in MODULES.values()}
+    named = documented_modules()
+    assert len(named) > 100, "the package map was not found or not parsed"
+    missing, stale = sorted(modules - named), sorted(named - modules)
+    assert not missing, f"modules missing from docs/architecture.md's package map: {missing}"
+    assert not stale, f"docs/architecture.md's package map names modules that do not exist: {stale}"
