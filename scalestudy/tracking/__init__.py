@@ -100,11 +100,14 @@ def planned_points(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def point_of(out_dir: str | os.PathLike) -> str:
-    """A run folder's point: its path below results/runs (`scaling/strong-w2_r0`), else its name."""
+    """A run folder's point: its path below results/runs (`scaling/strong-w2_r0`), else below
+    results/ (a smoke test's `smoke/train_w2`), else its name."""
     parts = Path(out_dir).resolve().parts
     for index in range(len(parts) - 2, -1, -1):
         if parts[index : index + 2] == ("results", "runs"):
             return "/".join(parts[index + 2 :])
+    if "results" in parts:
+        return "/".join(parts[len(parts) - parts[::-1].index("results") :])
     return Path(out_dir).name
 
 

@@ -1,7 +1,8 @@
 """What live tracking costs a training job: `python -m scalestudy.tracking.bench [--pairs N]`.
 
-Trains the demo's baseline point (config/demo.yaml, one rank, on the packed data the demo made in
-results/data/packed) with tracking off and on (the embedded SQLite store in a temporary folder),
+Trains the demo's baseline point for `--epochs` (config/demo.yaml, one rank, on the packed data
+the demo made in results/data/packed) with tracking off and on (the embedded SQLite store in a
+temporary folder),
 in interleaved pairs (off, on, off, on, ...) so that machine load hits both alike, and prints the
 steady-state throughput (summary.json's images_per_s) and wall time of each, with the medians and
 their ratio. docs/benchmarks.md holds the numbers.
@@ -24,7 +25,7 @@ import yaml
 from scalestudy import tracking
 
 
-def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path) -> dict:
+def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path, epochs: int) -> dict:
     from scalestudy.plan import grid, schema
 
     config = yaml.safe_load(config_path.read_text())
@@ -32,7 +33,7 @@ def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path) -> dict:
 
     snakemake.utils.validate(config, str(schema.PATH))
     run = grid.run_config(config, grid.baseline_point(config))
-    return {**run, "data_dir": str(data_dir), "checkpoint_dir": str(checkpoint_dir)}
+    return {**run, "data_dir": str(data_dir), "checkpoint_dir": str(checkpoint_dir), "epochs": epochs}
 
 
 def one(run: dict, out: Path, env: dict) -> tuple[float, float]:
@@ -46,6 +47,7 @@ def one(run: dict, out: Path, env: dict) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=1, help="the demo's window (21 steps) fits in one")
     parser.add_argument("--config", type=Path, default=Path("config/demo.yaml"))
     parser.add_argument("--data-dir", type=Path, default=Path("results/data/packed"))
     args = parser.parse_args(argv)
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = tracking.settings({"study": {"name": "bench"}}, root)
         for index in range(args.pairs):
             for mode, extra in (("off", {}), ("on", tracking.to_environ(settings))):
-                run = run_config(args.config, args.data_dir.resolve(), root / f"ckpt-{mode}-{index}")
+                checkpoints = root / f"ckpt-{mode}-{index}"
+                run = run_config(args.config, args.data_dir.resolve(), checkpoints, args.epochs)
                 results[mode].append(one(run, root / f"results/runs/{mode}/{index}", {**base, **extra}))
                 rate, wall = results[mode][-1]
                 print(f"{mode} {index}: {rate:.1f} images/s, wall {wall:.1f} s", flush=True)

@@ -219,6 +219,7 @@ def sync(tracking: dict, runs_dir: Path, study_files: list[Path], root: Path) ->
         for path in sorted(runs_dir.glob("**/summary.json"))
     ]
     study = sync_study(client, experiment, parent, study_files, root)
+    store.set_status(client, parent, "FINISHED")  # rule track runs once the study's outputs exist
     return {"experiment": tracking["experiment"], "study_run": parent, "runs": runs, "study_artifacts": study}
 
 
