@@ -70,7 +70,7 @@ CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deplo
 # first on the PATH its jobs inherit (a Slurm job's Snakemake reads this file again and does the
 # same), so that a venv's snakemake started without activating the venv (cron, an editor) runs the
 # venv's packages, not the system's. Not a params value: another venv path must not look like a
-# changed job. Under --sdm apptainer a rule with `container:` runs the image's own `python`.
+# changed job. Under --sdm apptainer each containerised job runs the image's own `python`.
 if not CONTAINERIZED:
     _launch.put_interpreter_first()
 IMAGE = cluster.container_image(config)
@@ -208,7 +208,7 @@ def array_rules(setting):
 
 
 def is_array_task(rule_name):
-    """A job of rule `rule_name` is (or runs inside) a job-array task: read when jobs are made,
+    """Jobs of the named rule are (or run inside) job-array tasks, decided when jobs are made,
     after Snakemake has its executor settings; inside the task, SLURM_ARRAY_TASK_ID says so."""
     if os.environ.get("SLURM_ARRAY_TASK_ID"):
         return True
