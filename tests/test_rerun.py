@@ -52,9 +52,7 @@ def test_a_changed_value_reruns_exactly_its_points_past_an_older_configs_checkpo
     first = _summary(demo, SENSITIVITY)
     untouched = (demo / SCALING / "summary.json").read_bytes()
     assert first["results"]["epochs"] == 1
-    assert not (demo / "results/checkpoints").exists() or not any(
-        (demo / "results/checkpoints").rglob("*.pt")
-    )
+    assert_finished_runs_keep_only_their_last_checkpoint(demo)
     # An attempt of the older run config, interrupted mid-run, left its checkpoint behind.
     old_hash = provenance.config_hash({**runconfig.DEFAULTS, **first["run"]})
     position = {"epoch": 0, "step": 10, "global_step": 10}
@@ -85,4 +83,15 @@ def test_a_deleted_summary_asked_for_again_is_measured_anew(demo):
     assert new["results"]["resumed_from_step"] is None and new["results"]["resumes"] == []
     assert new["provenance"]["timestamp"] != old["provenance"]["timestamp"]
     assert new["results"]["total_time_s"] != old["results"]["total_time_s"]
-    assert not any((demo / "results/checkpoints").rglob("*.pt"))  # finished runs leave none
+    assert_finished_runs_keep_only_their_last_checkpoint(demo)
+
+
+def assert_finished_runs_keep_only_their_last_checkpoint(demo: Path) -> None:
+    """A finished run keeps its newest checkpoint, marked finished, so that a retry of its job
+    (outputs lost in a stop during the final writes) trains no step again; nothing older."""
+    folders = {path.parent for path in (demo / "results/checkpoints").rglob("*.pt")}
+    for folder in folders:
+        if "superseded" in folder.parts:
+            continue
+        assert len(list(folder.glob("*.pt"))) == 1, sorted(folder.iterdir())
+        assert (folder / checkpoint.FINISHED).is_file(), sorted(folder.iterdir())

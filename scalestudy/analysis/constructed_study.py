@@ -22,7 +22,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis import commmodel, modelsize, settings
-from scalestudy.plan import grid
+from scalestudy.plan import grid, runfiles
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
 STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
@@ -181,7 +181,7 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
     else:
         atomic.write_csv(out / GPU_MONITOR, pd.DataFrame(columns=list(MONITOR_COLUMNS)))
         atomic.write_json(
-            out / "gpu_monitor.json", {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
+            out / runfiles.GPU_MONITOR_INFO, {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
         )
     return out
 

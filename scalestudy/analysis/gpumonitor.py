@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalestudy.analysis.tableio import read_csv, read_json
+from scalestudy.plan import runfiles
 
 REQUIRED = (
     "time_s",
@@ -51,7 +52,7 @@ def world_of(run: str) -> int:
 def measurement_window(csv_path: str | Path) -> list[tuple[float, float]] | None:
     """The window's [start, end] stretches in seconds since t0 from the summary.json beside a
     gpu_monitor.csv; [] where the run reports a window of an earlier attempt; None without one."""
-    summary = Path(csv_path).with_name("summary.json")
+    summary = Path(csv_path).with_name(runfiles.SUMMARY)
     if not summary.is_file():
         return None
     results = read_json(summary).get("results") or {}

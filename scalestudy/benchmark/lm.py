@@ -38,6 +38,7 @@ from scalestudy.benchmark.measure import median
 from scalestudy.benchmark.report import Row, format_table, records, write_csv
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
+from scalestudy.plan import runfiles
 from scalestudy.progress import setup_logging
 from scalestudy.workloads import GPT_PRESETS
 
@@ -172,7 +173,7 @@ def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[s
     code = subprocess.run(command, cwd=REPO, env=single_node_environment(), check=False).returncode
     if code != 0:
         raise RuntimeError(f"the {config['parallelism']} run failed with exit code {code} (its log above)")
-    results = json.loads((out_dir / "summary.json").read_text())["results"]
+    results = json.loads((out_dir / runfiles.SUMMARY).read_text())["results"]
     if not results["window_filled"]:
         raise RuntimeError(f"the {config['parallelism']} run did not fill its measurement window")
     return results

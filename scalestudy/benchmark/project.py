@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalestudy.plan import grid, runconfig
+from scalestudy.plan import grid, runconfig, runfiles
 
 MARKERS = {
     "model_built": re.compile(r"scalestudy\.train: model: "),
@@ -125,7 +125,7 @@ def spawn(
     if code != 0:
         tail = "".join(line for line, _ in lines[-30:])
         raise RuntimeError(f"python -m scalestudy.train exited with {code}:\n{tail}")
-    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(out_dir) / runfiles.SUMMARY).read_text())
     return TrainerRun(summary, marker_times(lines), wall)
 
 

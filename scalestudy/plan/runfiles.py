@@ -9,6 +9,9 @@ SUMMARY = "summary.json"  # written last: a run folder with it is a finished run
 METRICS = "metrics.csv"  # one row per epoch (METRICS_COLUMNS)
 STEPS = "steps.csv"  # sampled steps' phase times (STEPS_COLUMNS)
 GPU_MONITOR = "gpu_monitor.csv"  # the GPU samples (MONITOR_COLUMNS)
+GPU_MONITOR_INFO = "gpu_monitor.json"  # the monitor's summary, or why there are no samples
+PROFILE_OPS = "profile_ops.csv"  # a torch.profiler run's operator table
+PROFILE_WINDOW = "profile_window.json"  # a profile run's window (tool, steps, wall time)
 # The files every training run writes, by the name of the rule's output that declares each.
 RUN_FILES = {"summary": SUMMARY, "metrics": METRICS, "steps": STEPS, "gpu_monitor": GPU_MONITOR}
 

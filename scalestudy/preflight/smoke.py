@@ -25,7 +25,7 @@ from typing import Any
 
 from scalestudy import workloads
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.plan import grid, runconfig
+from scalestudy.plan import grid, runconfig, runfiles
 from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.smoke")
@@ -260,7 +260,7 @@ def run_step(spec: dict[str, Any], run: dict[str, Any], out_dir: str) -> dict[st
             f"the training step at world size {run['world_size']} failed (trainer exit {code}) after "
             f"{wall:.0f} s; its output is above"
         )
-    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    summary = json.loads((Path(out_dir) / runfiles.SUMMARY).read_text())
     results = summary["results"]
     return {
         "check": "step",

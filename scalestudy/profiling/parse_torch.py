@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalestudy.plan import runfiles
 from scalestudy.profiling.breakdown import Labels, RankTotals
 from scalestudy.profiling.categorize import category
 from scalestudy.profiling.schema import COMM, DATA_RANGE, MEMCPY, NAMED_RANGES, NORM_ELEMENTWISE, OTHER
@@ -116,8 +117,8 @@ def summarize(
     run_dir: Path,
     world_size: int,
     top: int,
-    ops_name: str = "profile_ops.csv",
-    window_name: str = "profile_window.json",
+    ops_name: str = runfiles.PROFILE_OPS,
+    window_name: str = runfiles.PROFILE_WINDOW,
 ) -> list[tuple[RankTotals, Labels, list[dict]]]:
     """Rank 0's totals, labels and top ops (the trainer writes the table from rank 0 only)."""
     totals, table, method = rank_summary(run_dir / ops_name, run_dir / window_name)

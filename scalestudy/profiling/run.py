@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from scalestudy.atomic import write_json
-from scalestudy.plan import grid
+from scalestudy.plan import grid, runfiles
 from scalestudy.profiling import nsys
 from scalestudy.profiling.tool import Resolution, find_binary, find_gpu, resolve
 from scalestudy.progress import setup_logging
@@ -37,7 +37,7 @@ from scalestudy.progress import setup_logging
 log = logging.getLogger("scalestudy.profiling.run")
 
 NSYS_DIR = "nsys"
-TORCH_FILES = ("profile_ops.csv", "profile_window.json")
+TORCH_FILES = (runfiles.PROFILE_OPS, runfiles.PROFILE_WINDOW)
 RECORD_FILE = "profile_tool.json"
 
 

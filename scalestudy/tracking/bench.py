@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from scalestudy import tracking
+from scalestudy.plan import runfiles
 
 
 def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path, epochs: int) -> dict:
@@ -41,7 +42,7 @@ def one(run: dict, out: Path, env: dict) -> tuple[float, float]:
     command = [sys.executable, "-m", "scalestudy.train", "--run-config-json", json.dumps(run)]
     subprocess.run([*command, "--out-dir", str(out)], env=env, check=True, capture_output=True)
     wall = time.perf_counter() - started
-    return json.loads((out / "summary.json").read_text())["results"]["images_per_s"], wall
+    return json.loads((out / runfiles.SUMMARY).read_text())["results"]["images_per_s"], wall
 
 
 def main(argv: list[str] | None = None) -> int:

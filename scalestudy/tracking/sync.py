@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import provenance
+from scalestudy.plan import runfiles
 from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, TAG_HASH, TAG_SUPERSEDED, point_of, point_tags, store
 
 log = logging.getLogger("scalestudy.tracking")
@@ -45,13 +46,13 @@ SUMMARY_METRICS = (
     "model_state_bytes_per_rank",
 )
 RUN_ARTIFACTS = (
-    "summary.json",
-    "metrics.csv",
-    "steps.csv",
-    "gpu_monitor.csv",
-    "gpu_monitor.json",
-    "profile_ops.csv",
-    "profile_window.json",
+    runfiles.SUMMARY,
+    runfiles.METRICS,
+    runfiles.STEPS,
+    runfiles.GPU_MONITOR,
+    runfiles.GPU_MONITOR_INFO,
+    runfiles.PROFILE_OPS,
+    runfiles.PROFILE_WINDOW,
     JOURNAL,
 )
 MONITOR_SKIP = {"time_s", "host", "gpu_index", "gpu_uuid", "gpu_name", "rank"}
@@ -108,15 +109,15 @@ def folder_metrics(run_dir: Path, config_hash: str) -> dict[str, dict[int, float
             step, values, _ = record["at"]
             for key, value in values.items():
                 put(key, step, value)
-    for row in read_csv(run_dir / "steps.csv"):
+    for row in read_csv(run_dir / runfiles.STEPS):
         put("step_time_s", int(row["step"]), row.get("step_s"))
-    for row in read_csv(run_dir / "metrics.csv"):
+    for row in read_csv(run_dir / runfiles.METRICS):
         for column in EPOCH_COLUMNS:
             put(f"epoch_{column}", int(row["epoch"]), row.get(column))
-    results = json.loads((run_dir / "summary.json").read_text()).get("results", {})
+    results = json.loads((run_dir / runfiles.SUMMARY).read_text()).get("results", {})
     for key in SUMMARY_METRICS:
         put(f"summary_{key}", 0, results.get(key))
-    for index, row in enumerate(read_csv(run_dir / "gpu_monitor.csv")):
+    for index, row in enumerate(read_csv(run_dir / runfiles.GPU_MONITOR)):
         for key, value in row.items():
             if key not in MONITOR_SKIP:
                 put(f"system/rank{row.get('rank', 0)}_{key}", index, value)
@@ -157,7 +158,7 @@ def rank_logs(run_dir: Path, root: Path) -> list[Path]:
 
 def sync_run(client, experiment: str, parent: str, run_dir: Path, tracking: dict, root: Path) -> dict:
     """One run folder into its MLflow run; what was added."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / runfiles.SUMMARY).read_text())
     given = summary["run"]
     config_hash = provenance.config_hash(given)
     point = point_of(run_dir)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic
+from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
 
 log = logging.getLogger("scalestudy.monitor")
@@ -416,7 +417,7 @@ def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], int
 
     reports = [report for report in reports if report is not None]
     rows = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[:3])
-    atomic.write_csv(Path(out_dir) / "gpu_monitor.csv", pd.DataFrame(rows, columns=COLUMNS))
+    atomic.write_csv(Path(out_dir) / runfiles.GPU_MONITOR, pd.DataFrame(rows, columns=COLUMNS))
     reasons = sorted({report["reason"] for report in reports if not report["available"]})
     gpus = [gpu for report in reports for gpu in report["gpus"]]
     summary = {
@@ -428,7 +429,7 @@ def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], int
         "failed_gpus": [gpu["uuid"] for gpu in gpus if gpu["failed"]],
         "nodes": _nodes(reports),
     }
-    atomic.write_json(Path(out_dir) / "gpu_monitor.json", summary)
+    atomic.write_json(Path(out_dir) / runfiles.GPU_MONITOR_INFO, summary)
 
 
 def _gpm_note(gpus: list[dict[str, Any]]) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from scalestudy import atomic
+from scalestudy.plan import runfiles
 
 TOOLS = ("nsys", "torch", "none")
 OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
@@ -130,9 +131,9 @@ class ProfileWindow:
             "world_size": self.world_size,
             "rank": self.rank,
         }
-        atomic.write_json(self.out_dir / "profile_window.json", window)
+        atomic.write_json(self.out_dir / runfiles.PROFILE_WINDOW, window)
         if self._profiler is not None:
-            atomic.write_csv(self.out_dir / "profile_ops.csv", ops_table(self._profiler.key_averages()))
+            atomic.write_csv(self.out_dir / runfiles.PROFILE_OPS, ops_table(self._profiler.key_averages()))
 
 
 def ops_table(averages):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from scalestudy import atomic, provenance, workloads
 from scalestudy.launch import rendezvous as distributed
+from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
 from scalestudy.tracking.live import NULL_RUN
@@ -464,9 +465,11 @@ class Trainer:
 
         history = self.state.history
         monitor.write_outputs(self.out_dir, reports, self.config["monitor_interval_s"])
-        atomic.write_csv(self.out_dir / "metrics.csv", pd.DataFrame(history.metrics, columns=METRICS_COLUMNS))
-        atomic.write_csv(self.out_dir / "steps.csv", pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
-        atomic.write_json(self.out_dir / "summary.json", self.results().summary(memory))
+        atomic.write_csv(
+            self.out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS)
+        )
+        atomic.write_csv(self.out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
+        atomic.write_json(self.out_dir / runfiles.SUMMARY, self.results().summary(memory))
         log.info("wrote %s", self.out_dir)
         self.checkpointer.finish()
 

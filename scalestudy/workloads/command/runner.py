@@ -43,7 +43,7 @@ from typing import Any
 
 from scalestudy import atomic, provenance
 from scalestudy.launch import rendezvous as distributed
-from scalestudy.plan import runconfig
+from scalestudy.plan import runconfig, runfiles
 from scalestudy.plan.runconfig import DEFAULTS, RULES, RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import setup_logging
@@ -419,7 +419,7 @@ class Runner:
         monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
         monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
         rows = command_progress.epoch_rows(progress, self.config)
-        atomic.write_csv(self.out_dir / "metrics.csv", pd.DataFrame(rows, columns=METRICS_COLUMNS))
+        atomic.write_csv(self.out_dir / runfiles.METRICS, pd.DataFrame(rows, columns=METRICS_COLUMNS))
         steps = command_progress.step_columns(progress)
         frame = pd.DataFrame(
             {
@@ -429,9 +429,9 @@ class Runner:
             },
             columns=STEPS_COLUMNS,
         )
-        atomic.write_csv(self.out_dir / "steps.csv", frame)
+        atomic.write_csv(self.out_dir / runfiles.STEPS, frame)
         summary = {"run": self.given, "results": results, "provenance": self.provenance(reports)}
-        atomic.write_json(self.out_dir / "summary.json", summary)
+        atomic.write_json(self.out_dir / runfiles.SUMMARY, summary)
         log.info("wrote %s", self.out_dir)
 
     def provenance(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
