@@ -49,8 +49,6 @@ NOT_RUN: dict[str, str] = {
     "python -m scalestudy.launch.allocation": SITE + " (inside salloc)",
     "mlflow server": SITE,
     "ssh": SITE + " (a tunnel from your laptop)",
-    "python -m scalestudy.tracking sync": STUDY + " (rule track runs it; tests/test_tracking.py tests sync)",
-    "snakemake --forcerun track": STUDY,
     "$EDITOR config/config.yaml": "opens an editor",
     "python -X importtime": "an interpreter option named in prose",
     "pytest -ra": "the whole test suite: scripts/test.sh runs it (CI)",
