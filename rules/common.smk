@@ -245,9 +245,6 @@ def light_resources():
     }
 
 
-# Rules that run where Snakemake runs whatever the config says: one read of the image, and the gate,
-# which only lists the checks that passed. The rest of the submit-host rules: cluster.submit_host_rules.
-ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate", "track")
 # Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).
 OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track")
 
@@ -256,7 +253,7 @@ def submit_host_rules():
     """Snakemake's localrules, from one list: the Snakefile calls this after every rule file is
     included. A name or cluster.submit_host_rules pattern that matches no rule fails loudly."""
     defined = [rule.name for rule in workflow.rules]
-    return cluster.submit_host_rules(config, defined, ALWAYS_ON_SUBMIT_HOST, OPTIONAL_RULES)
+    return cluster.submit_host_rules(config, defined, optional=OPTIONAL_RULES)
 
 
 def container_image():

@@ -44,7 +44,7 @@ if CONTAINERIZED:
             IMAGE_DIGEST,
         log:
             f"{paths.LOGS_DIR}/image_digest.log",
-        # One read of the image where Snakemake runs (common.smk, ALWAYS_ON_SUBMIT_HOST).
+        # One read of the image where Snakemake runs (cluster.ALWAYS_ON_SUBMIT_HOST).
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.launch.container_image --image {input:q} --out {output:q} > {log:q} 2>&1"

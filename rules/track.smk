@@ -43,7 +43,7 @@ if TRACKING:
             tracking=lambda wildcards: TRACKING_JSON,
         log:
             f"{TRACK_LOGS}/sync.log",
-        # On the submit host (ALWAYS_ON_SUBMIT_HOST, common.smk), outside the image: it reaches the
+        # On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: it reaches the
         # tracking server (compute nodes may not) and writes the embedded store with the venv's full mlflow.
         resources:
             **light_resources(),

@@ -142,6 +142,7 @@ def test_submit_host_rules_are_glob_patterns():
     assert cluster.on_submit_host(config, "profile_figure_breakdown")
     assert not cluster.on_submit_host(config, "preprocess")
     assert not cluster.on_submit_host(config, "scaling_run")
+    assert cluster.on_submit_host(config, "track") and cluster.on_submit_host(config, "training_gate")
     assert cluster.on_submit_host({"cluster": {"submit_host_rules": ["pre*"]}}, "preprocess")
 
 
@@ -152,7 +153,7 @@ def test_the_submit_host_rules_are_one_list_checked_against_the_rules_that_exist
     assert chosen == ["fetch", "figure_x", "paper_draft", "table_runs", "training_gate"]
     typo = {"cluster": {"submit_host_rules": ["tabel_*"]}}
     with pytest.raises(ValueError, match=r"cluster.submit_host_rules: 'tabel_\*' matches no rule"):
-        cluster.submit_host_rules(typo, rules)
+        cluster.submit_host_rules(typo, rules, [])
     with pytest.raises(ValueError, match=r"\['traning_gate'\] are no rules of the workflow"):
         cluster.submit_host_rules({"cluster": {}}, rules, always=["traning_gate"], optional=["build_image"])
 

@@ -295,13 +295,22 @@ def light_resources(config: dict, attempt: int) -> dict[str, Any]:
     return resources
 
 
+# Rules that run where Snakemake runs whatever the config says: one read of the image, the gate
+# (which only lists the checks that passed) and the MLflow replay (it reaches the tracking server).
+ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate", "track")
+
+
 def on_submit_host(config: dict, rule_name: str) -> bool:
     """Whether a rule runs on the submit host (Snakemake's localrule) rather than as a job."""
-    return any(fnmatch.fnmatchcase(rule_name, pattern) for pattern in settings(config)["submit_host_rules"])
+    patterns = settings(config)["submit_host_rules"]
+    return rule_name in ALWAYS_ON_SUBMIT_HOST or any(fnmatch.fnmatchcase(rule_name, p) for p in patterns)
 
 
 def submit_host_rules(
-    config: dict, rule_names: Iterable[str], always: Iterable[str] = (), optional: Iterable[str] = ()
+    config: dict,
+    rule_names: Iterable[str],
+    always: Iterable[str] = ALWAYS_ON_SUBMIT_HOST,
+    optional: Iterable[str] = (),
 ) -> list[str]:
     """The workflow's rules that run on the submit host (Snakemake's `localrules:`): those named by
     `always` and those cluster.submit_host_rules matches, among `rule_names` (the rules defined).
