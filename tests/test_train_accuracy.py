@@ -26,29 +26,15 @@ from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.train.state import EpochProgress, RunState
+from tests.test_lm import BASE as LM_BASE
 
-LM = {
-    "workload": "gpt",
-    "gpt": {"layers": 2, "heads": 2, "d_model": 32, "seq_len": 32, "vocab_size": None},
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 2,
-    "lr": 0.003,
-    "weight_decay": 0.1,
-    "grad_clip": 1.0,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 8,
-    "eval_max_batches": 2,
+LM = {  # test_lm's tiny LM, its log steps and window placed around each other
+    **LM_BASE,
     "checkpoint_every_steps": 0,
     "log_every_steps": 4,  # log steps: global steps 3, 7, 11, 15 (from 0)
-    "monitor_interval_s": 0.5,
     "measure_warmup_steps": 4,  # the window: steps 4, 5, 6, between two log steps
     "measure_steps": 3,
     "measure_intervals": 1,
-    "keep_checkpoints": True,
 }
 TOKENS_PER_STEP = 16 * 32
 LOG_STEPS = [3, 7, 11, 15]
