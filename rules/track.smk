@@ -1,8 +1,9 @@
 # track: the study in MLflow (scalestudy.tracking, docs/tracking.md). With `tracking.enabled`, every
 # training job's rank 0 streams its run live (the settings reach it through one environment
 # variable, never the run config), the points not yet running show as SCHEDULED (onstart), and rule
-# `track`, on the submit host, replays every run folder and the study's tables, figures and paper
-# into the store, adding only what is missing. Off: no rule, no variable, no mlflow import.
+# `track`, on the submit host, replays every run folder, the smoke tests' results (rules/smoke.smk),
+# the collective benchmark's CSVs (rules/comm.smk) and the study's tables, figures and paper into
+# the store, adding only what is missing. Off: no rule, no variable, no mlflow import.
 
 from scalestudy import tracking as _tracking
 
@@ -36,6 +37,8 @@ if TRACKING:
     rule track:
         input:
             summaries=RUN_SUMMARIES,
+            smoke=SMOKE_OUTPUTS,
+            comm=expand(rules.comm_bench.output[0], world=COMM_WORLDS),
             study=[*ANALYSIS_TARGETS, *FIGURE_TARGETS, *PAPER_TARGETS],
         output:
             f"{TRACK_LOGS}/sync.json",
@@ -50,6 +53,7 @@ if TRACKING:
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.tracking sync --tracking-json {params.tracking:q} --runs-dir results/runs"
+            " --smoke-files {input.smoke:q} --comm-files {input.comm:q}"
             " --study-files {input.study:q} --optional-files results/report.html --out {output:q} > {log:q} 2>&1"
 
     TRACK_TARGETS = [rules.track.output[0]]

@@ -1,6 +1,7 @@
 """`python -m scalestudy.tracking sync|schedule`: the study's run folders into MLflow (rule `track`).
 
-  sync      --tracking-json JSON --runs-dir results/runs [--study-files F ...] [--optional-files F ...]
+  sync      --tracking-json JSON --runs-dir results/runs [--smoke-files results/smoke/*.json]
+            [--comm-files results/comm/w*.csv] [--study-files F ...] [--optional-files F ...]
             --out RECORD.json
   schedule  --tracking-json JSON --points-json FILE   (a JSON list of {"point", "run"}: SCHEDULED runs)
 
@@ -28,6 +29,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     sync = sub.add_parser("sync", help="replay run folders and the study's files, adding what is missing")
     sync.add_argument("--runs-dir", type=Path, default=Path("results/runs"))
+    sync.add_argument("--smoke-files", nargs="*", type=Path, default=[], help="the smoke tests' results")
+    sync.add_argument(
+        "--comm-files", nargs="*", type=Path, default=[], help="the collective benchmark's CSVs"
+    )
     sync.add_argument("--study-files", nargs="*", type=Path, default=[])
     sync.add_argument(
         "--optional-files", nargs="*", type=Path, default=[], help="study files sent if present"
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as error:
         log.error("%s", error)
         return 2
-    from scalestudy.tracking import sync
+    from scalestudy.tracking import preflight_runs, sync
 
     try:
         if args.command == "schedule":
@@ -74,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%d SCHEDULED run(s) created in %s", len(created), tracking["experiment"])
             return 0
         files = [*args.study_files, *(path for path in args.optional_files if path.is_file())]
-        record = sync.sync(tracking, args.runs_dir, files, args.root)
+        record = sync.sync(tracking, args.runs_dir, files, args.root, args.smoke_files, args.comm_files)
+    except preflight_runs.BadOutput as error:
+        log.error("%s", error)
+        return 2
     except Exception as error:  # the store: unreachable, refused, ...
         log.error("MLflow at %s: %s: %s", tracking["uri"], type(error).__name__, error)
         return 1

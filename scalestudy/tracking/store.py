@@ -1,12 +1,16 @@
 """The MLflow side of tracking (imports mlflow: use only with tracking on): the client of a
 store, the study's experiment and parent run, a grid point's run found by its tags or created,
-its status with the history of its transitions, and the run-id file in the point's checkpoint
-folder that lets a retry continue the same MLflow run."""
+its status with the history of its transitions, a point's run filled from its files adding only
+what it lacks (Filling, fill: the sync's one way to write a run), and the run-id file in the point's
+checkpoint folder that lets a retry continue the same MLflow run."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from scalestudy.tracking import (
     TAG_POINT,
     TAG_STUDY,
     TAG_STUDY_RUN,
+    TAG_SUPERSEDED,
     flatten,
 )
 
@@ -128,6 +133,105 @@ def append_tag(mlflow_client, run_id: str, key: str, value: str | None) -> None:
 
 def logged_steps(mlflow_client, run_id: str, key: str) -> set[int]:
     return {metric.step for metric in mlflow_client.get_metric_history(run_id, key)}
+
+
+def metric_value(value: Any) -> float | None:
+    """A value as a metric: a finite float, else None (not logged: '', 'nan', None, text)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def put_metric(found: dict[str, dict[int, float]], key: str, step: int, value: Any) -> None:
+    """Adds (key, step) = value to `found` ({key: {step: value}}) if the value is a metric."""
+    if (value := metric_value(value)) is not None:
+        found.setdefault(key, {})[int(step)] = value
+
+
+@dataclass
+class Filling:
+    """What one point's MLflow run gets from its files; `fill` adds what the run lacks."""
+
+    tags: dict[str, str]  # point_tags(): the point and its config hash find the run
+    given: dict[str, Any] | None = None  # the params (flattened)
+    more_tags: dict[str, str] = field(default_factory=dict)
+    slurm: list[tuple[str | None, str | None]] = field(default_factory=list)  # (job id, node list)
+    metrics: dict[str, dict[int, float]] = field(default_factory=dict)  # {key: {step: value}}
+    artifacts: dict[str, list[Path]] = field(default_factory=dict)  # folder ('' = top) -> files
+
+
+def fill(mlflow_client, experiment: str, parent: str, filling: Filling) -> dict[str, Any]:
+    """The point's run of its config hash (found, else created under the study's run `parent`) gets
+    the filling's params, tags, Slurm jobs, missing (metric, step) pairs and artifacts, ends
+    FINISHED, and supersedes the point's runs of other configs; what was added."""
+    point, config_hash = filling.tags[TAG_POINT], filling.tags[TAG_HASH]
+    run_id, created = point_run(mlflow_client, experiment, filling.tags, filling.given, parent, "RUNNING")
+    if filling.given is not None:
+        log_params(mlflow_client, run_id, filling.given)
+    have = mlflow_client.get_run(run_id).data.tags
+    for key, value in {**filling.tags, **filling.more_tags}.items():
+        if have.get(key) != value:
+            mlflow_client.set_tag(run_id, key, value)
+    for job_id, nodelist in filling.slurm:
+        append_tag(mlflow_client, run_id, "slurm.job_ids", job_id)
+        append_tag(mlflow_client, run_id, "slurm.nodelists", nodelist)
+    added = log_missing_metrics(mlflow_client, run_id, filling.metrics)
+    sent = sum(
+        log_missing_artifacts(mlflow_client, run_id, files, folder or None)
+        for folder, files in filling.artifacts.items()
+    )
+    if mlflow_client.get_run(run_id).info.status != "FINISHED":
+        set_status(mlflow_client, run_id, "FINISHED")
+    superseded = mark_superseded(mlflow_client, experiment, point, config_hash, run_id)
+    return {
+        "point": point,
+        "run_id": run_id,
+        "created": created,
+        "metrics": added,
+        "artifacts": sent,
+        "superseded": superseded,
+    }
+
+
+def log_missing_metrics(mlflow_client, run_id: str, metrics: dict[str, dict[int, float]]) -> int:
+    """Logs the (key, step) pairs the run lacks; returns how many."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    missing = []
+    for key, steps in metrics.items():
+        have = logged_steps(mlflow_client, run_id, key)
+        missing += [Metric(key, value, now, step) for step, value in steps.items() if step not in have]
+    for start in range(0, len(missing), 1000):
+        mlflow_client.log_batch(run_id, metrics=missing[start : start + 1000])
+    return len(missing)
+
+
+def log_missing_artifacts(
+    mlflow_client, run_id: str, files: list[Path], artifact_path: str | None = None
+) -> int:
+    """Uploads the files the run lacks (or holds with another size); returns how many."""
+    listed = mlflow_client.list_artifacts(run_id, artifact_path)
+    have = {Path(info.path).name: info.file_size for info in listed}
+    sent = 0
+    for path in files:
+        if path.is_file() and have.get(path.name) != path.stat().st_size:
+            mlflow_client.log_artifact(run_id, str(path), artifact_path)
+            sent += 1
+    return sent
+
+
+def mark_superseded(mlflow_client, experiment: str, point: str, config_hash: str, run_id: str) -> int:
+    """Tags the point's runs of other run configs as superseded by `run_id` (never deletes them)."""
+    marked = 0
+    for run in find_runs(mlflow_client, experiment, point):
+        if run.data.tags.get(TAG_HASH) != config_hash and run.data.tags.get(TAG_SUPERSEDED) != "true":
+            mlflow_client.set_tag(run.info.run_id, TAG_SUPERSEDED, "true")
+            mlflow_client.set_tag(run.info.run_id, "scalestudy.superseded_by", run_id)
+            marked += 1
+    return marked
 
 
 def read_run_id(checkpoint_dir: str | os.PathLike, config_hash: str, uri: str) -> str | None:
