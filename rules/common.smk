@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shlex
+import shutil
 from typing import NamedTuple
 
 from snakemake.logging import logger
@@ -15,7 +16,8 @@ from snakemake.settings.types import DeploymentMethod
 from scalestudy import workloads
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as _launch
-from scalestudy.plan import arrays, cluster, grid, paths, runfiles
+from scalestudy.launch import submit_retry as _submit_retry
+from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles
 from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
@@ -73,6 +75,19 @@ CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deplo
 # changed job. Under --sdm apptainer each containerised job runs the image's own `python`.
 if not CONTAINERIZED:
     _launch.put_interpreter_first()
+# An sbatch that Slurm refuses for a submit limit (the site's MaxSubmitJobs) waits and tries again for
+# cluster.submit_retry_minutes instead of failing the job (the Slurm plugin would count it as a failed
+# attempt): a wrapper `sbatch` first on the PATH of the Snakemake that submits, wherever sbatch exists
+# (only the Slurm executor calls it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
+if workflow.is_main_process and shutil.which("sbatch"):
+    _submit_retry.put_first(
+        os.environ,
+        _submit_retry.install(
+            os.path.join(".snakemake", "scalestudy-sbatch"),
+            patience_minutes=cluster.settings(config)["submit_retry_minutes"],
+            log_path=os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log"),
+        ),
+    )
 IMAGE = cluster.container_image(config)
 IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
@@ -203,8 +218,12 @@ def world_resources(world_of):
 @functools.lru_cache(maxsize=None)
 def array_rules(setting):
     """The training rules the Slurm plugin's --slurm-array-jobs makes arrays; a setting that would put
-    points of different shapes into one array stops the run (scalestudy.plan.arrays)."""
-    return arrays.check_setting(config, setting)
+    points of different shapes into one array, or more points than --jobs, stops the run
+    (scalestudy.plan.arrays)."""
+    per_timespan = getattr(workflow.scheduling_settings.max_jobs_per_timespan, "max_jobs", None)
+    chunk = getattr(workflow.executor_settings, "array_limit", None)  # the profile's slurm-array-limit
+    chunk = int(chunk) if chunk else None
+    return arrays.check_setting(config, setting, workflow.resource_settings.nodes, per_timespan, chunk)
 
 
 def is_array_task(rule_name):
@@ -243,6 +262,37 @@ def light_resources():
         key: (lambda wc, attempt, key=key: cluster.light_resources(config, attempt)[key])
         for key in cluster.LIGHT_RESOURCE_KEYS
     }
+
+
+def groups_active():
+    """The short jobs go into groups (scalestudy.plan.groups): jobs are submitted and the profile
+    gives the `grouped` slot (`--resources grouped=0`: every job on its own)."""
+    return groups.active(not workflow.local_exec, workflow.global_resources)
+
+
+def short_job_group(rule_name):
+    """A `group:` function: the rule's group of short jobs where groups are active, else none."""
+    name = groups.group_of(rule_name)
+    return lambda wildcards: name if groups_active() else None
+
+
+def grouped_resources(rule_name, own):
+    """Resources of a member of a short-job group, its `own` ({key: callable(wc, attempt)}) where
+    groups are inactive, the group's shape (with its own wall time) where they are active."""
+    preflight = groups.group_of(rule_name) == groups.PREFLIGHT
+
+    def pick(key):
+        def value(wildcards, attempt):
+            if not groups_active():
+                return own[key](wildcards, attempt) if key in own else None
+            if preflight:
+                runtime = own["runtime"](wildcards, attempt)
+                return groups.preflight_resources(config, runtime, attempt).get(key)
+            return groups.summary_resources(config, attempt).get(key)
+
+        return value
+
+    return {key: pick(key) for key in groups.RESOURCE_KEYS}
 
 
 # Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).

@@ -15,8 +15,9 @@ if WORKLOAD.data is workloads.CIFAR10:
             out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
         log:
             f"{paths.LOGS_DIR}/preprocess.log",
+        group: short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
         resources:
-            **light_resources(),
+            **grouped_resources("preprocess", light_resources()),
         conda: SOFTWARE_ENV
         container: container_image()
         shell:
@@ -38,8 +39,9 @@ elif WORKLOAD.data is workloads.TEXT:
             seq_len=grid.gpt_seq_len(config),
         log:
             f"{paths.LOGS_DIR}/preprocess.log",
+        group: short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
         resources:
-            **light_resources(),
+            **grouped_resources("preprocess", light_resources()),
         conda: SOFTWARE_ENV
         container: container_image()
         shell:

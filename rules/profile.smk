@@ -79,8 +79,9 @@ rule profile_nsys_stats:
         directory(f"{PROFILE_DIR}/w{{world}}/nsys_stats"),
     log:
         f"{PROFILE_LOGS}/w{{world}}_nsys_stats.log",
+    group: short_job_group("profile_nsys_stats")
     resources:
-        **light_resources(),
+        **grouped_resources("profile_nsys_stats", light_resources()),
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
@@ -101,8 +102,9 @@ rule profile_summary:
         top=15,
     log:
         f"{PROFILE_LOGS}/w{{world}}_summary.log",
+    group: short_job_group("profile_summary")
     resources:
-        **light_resources(),
+        **grouped_resources("profile_summary", light_resources()),
     conda: SOFTWARE_ENV
     container: container_image()
     shell:
@@ -125,8 +127,9 @@ rule profile_combine:
         world_dirs=lambda wildcards, input: [os.path.dirname(path) for path in input.breakdown],
     log:
         f"{PROFILE_LOGS}/combine.log",
+    group: short_job_group("profile_combine")
     resources:
-        **light_resources(),
+        **grouped_resources("profile_combine", light_resources()),
     conda: SOFTWARE_ENV
     container: container_image()
     shell:

@@ -26,12 +26,18 @@ rule site_check:
     wildcard_constraints:
         site=re.escape(SITE_NAME),
     threads: SITE_WORLD
-    # A training job's resources for SITE_WORLD ranks, with the check's short wall time.
+    # One job of the preflight group on Slurm (scalestudy/plan/groups.py).
+    group: short_job_group("site_check")
+    # A training job's resources for SITE_WORLD ranks, with the check's short wall time (in the
+    # group: the group's shape, with that wall time).
     resources:
-        **{
-            key: (lambda wc, attempt, key=key: sitecheck.job_resources(config, SITE_WORLD, attempt)[key])
-            for key in cluster.TRAIN_RESOURCE_KEYS
-        },
+        **grouped_resources(
+            "site_check",
+            {
+                key: (lambda wc, attempt, key=key: sitecheck.job_resources(config, SITE_WORLD, attempt)[key])
+                for key in cluster.TRAIN_RESOURCE_KEYS
+            },
+        ),
     log:
         f"{paths.LOGS_DIR}/site/{{site}}.log",
     # No container: here: scalestudy.launch.launcher puts the image around each rank, as for training.

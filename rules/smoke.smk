@@ -33,8 +33,9 @@ if SMOKE_IO:
             epoch=lambda wc: json.dumps(_smoke.saves_per_epoch(config), sort_keys=True),
         threads: 1
         priority: 1  # before the system description and the benchmark: training waits for the smoke tests
+        group: short_job_group("smoke_io")  # the preflight group on Slurm (scalestudy/plan/groups.py)
         resources:
-            **world_resources(lambda wc: 1),
+            **grouped_resources("smoke_io", world_resources(lambda wc: 1)),
         log:
             f"{SMOKE_LOGS}/io.log",
         benchmark:
@@ -62,8 +63,9 @@ rule smoke_step:
         out_dir=lambda wc, output: output.result.removesuffix(".json"),
     threads: lambda wc: int(wc.world)
     priority: 1
+    group: short_job_group("smoke_step")
     resources:
-        **world_resources(lambda wc: int(wc.world)),
+        **grouped_resources("smoke_step", world_resources(lambda wc: int(wc.world))),
     log:
         f"{SMOKE_LOGS}/train_w{{world}}.log",
     benchmark:

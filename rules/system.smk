@@ -23,8 +23,9 @@ rule system:
         launch=launch_json(lambda wc: SYSTEM_WORLD),
         args=SYSTEM_ARGS,
     threads: 1
+    group: short_job_group("system")  # the preflight group on Slurm (scalestudy/plan/groups.py)
     resources:
-        **world_resources(lambda wc: SYSTEM_WORLD),
+        **grouped_resources("system", world_resources(lambda wc: SYSTEM_WORLD)),
     log:
         f"{SYSTEM_LOGS}/compute.log",
     benchmark:

@@ -2,10 +2,32 @@
 # README command 2 (and CI's): install everything (first run), lint, and run the whole test suite.
 # The Slurm tests bring up a throw-away Slurm cluster on this machine (root and apt needed; they
 # skip with the reason otherwise). Extra arguments go to pytest, e.g. `-m "not slurm"`.
+#
+# Without arguments the suite runs as two pytest sessions side by side: the Slurm tests (marked
+# `slurm`) spend most of their time waiting for the scheduler and its polling, so they run beside
+# the rest instead of after it. Their report follows the other's; the exit status is the worse of
+# the two. SCALESTUDY_TEST_SERIAL=1 runs one session, as with arguments.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
 ruff check .
 ruff format --check .
 snakemake --lint --profile profiles/local
-python -m pytest -ra "$@"
+if [ $# -gt 0 ] || [ "${SCALESTUDY_TEST_SERIAL:-0}" = 1 ]; then
+  exec python -m pytest -ra "$@"
+fi
+temp="$(mktemp -d)"
+trap 'rm -rf "$temp"' EXIT
+echo "test.sh: the Slurm tests run beside the others; their report follows (log: $temp/slurm.log)"
+python -m pytest -ra -m slurm -p no:cacheprovider --basetemp "$temp/slurm" >"$temp/slurm.log" 2>&1 &
+slurm=$!
+status=0
+python -m pytest -ra -m "not slurm" --basetemp "$temp/rest" || status=$?
+slurm_status=0
+wait "$slurm" || slurm_status=$?
+echo "================================ the Slurm tests (-m slurm) ================================"
+cat "$temp/slurm.log"
+# pytest exits 5 when it selects no test: not a failure of the suite
+[ "$slurm_status" -eq 5 ] && slurm_status=0
+[ "$status" -eq 5 ] && status=0
+exit $((status > slurm_status ? status : slurm_status))

@@ -73,6 +73,7 @@ COVERED: dict[str, tuple[str, str]] = {
     "bash tests/slurm/cluster.sh exec squeue": ("tests/test_slurm.py", 'str(CLUSTER_SH), "exec"]'),
     "bash tests/slurm/cluster.sh down": ("tests/test_slurm.py", 'cluster_script("down")'),
     "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
+    "python -m scalestudy.benchmark.slurm_sweep": ("tests/test_slurm_array_faults.py", "slurm_sweep.run("),
     "sbatch profiles/slurm-allocation/driver.sbatch": (
         "tests/test_slurm_scale.py",
         r"^\$ (sbatch .*profiles/slurm-allocation/driver\.sbatch)",

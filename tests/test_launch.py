@@ -170,6 +170,23 @@ def run_launch(*args: str, cwd: Path = REPO, env: dict | None = None) -> subproc
     )
 
 
+@pytest.mark.parametrize(
+    "environ, named",
+    [
+        (
+            {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "11", "SLURM_ARRAY_TASK_ID": "1"},
+            "12 (array task 11_1)",
+        ),
+        ({"SLURM_JOB_ID": "13"}, "13"),
+    ],
+)
+def test_the_attempts_first_log_line_names_its_slurm_job_and_array_task(environ, named, tmp_path, capsys):
+    """Kept per attempt (scalestudy.launch.attempt_logs): an array task's log names the task as
+    squeue/sacct/scancel take it (<array job>_<task>), since the retry may be another job."""
+    launch.run_record_env(1, str(tmp_path / "point.log"), environ)
+    assert capsys.readouterr().err.startswith(f"launch: attempt 1, Slurm job {named}, ")
+
+
 def test_main_dry_run_prints_the_quoted_command():
     result = run_launch("--dry-run", "--launch-json", json.dumps(spec(8)), "--", *TRAIN, env=IN_JOB)
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,8 @@ after the other: without accounting (sacct answers "accounting storage is disabl
 - re-runs through Slurm: a changed value carried by existing points re-runs exactly those points;
   a deleted summary.json is measured afresh;
 - a training job stopped at its time limit (2 minutes, --signal=USR1) is retried, resumes, and
-  both attempts' logs are kept;
+  both attempts' logs are kept; its MLflow run is one run, KILLED then FINISHED;
+- every point's MLflow run (the embedded store) names its Slurm job and node list;
 - the real study's GPU requests (2 nodes x 4 GPUs for world 8) are accepted by Slurm (sbatch
   --test-only against nodes with 4 fake GPUs each).
 
@@ -38,7 +39,7 @@ import pytest
 import yaml
 
 from scalestudy.launch import attempt_logs as attemptlog
-from scalestudy.plan import cluster, slurm_requests
+from scalestudy.plan import arrays, cluster, groups, slurm_requests
 from tests.conftest import REPO, copy_workflow, snakemake_env
 
 pytestmark = pytest.mark.slurm
@@ -47,7 +48,8 @@ CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
 DOCS = REPO / "docs/slurm.md"
 PROFILE = "profiles/slurm-noapptainer"
 LOCK = Path("/tmp/scalestudy-slurm.lock")  # one test session on the cluster at a time
-SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
+# (a group job's Snakemake id is a uuid, a rule job's a number)
+SUBMITTED = re.compile(r"Job \S+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
 # The documented profile polls every 30 s after 40 s: right for real jobs, slow for 30 short ones.
 FAST_POLLING = (
     "--seconds-between-status-checks", "2",
@@ -194,11 +196,23 @@ def shorter_demo(slurm: Cluster, account: str | None = None):
     return change
 
 
-def run_documented_demo(slurm: Cluster, workdir: Path, configfile: str) -> str:
-    """Every documented command of the container-less route, in order; their output."""
+def controller_submissions() -> int:
+    """sbatch calls slurmctld accepted so far (its log, SlurmctldDebug=info)."""
+    log = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm")) / "log/slurmctld.log"
+    return log.read_text(errors="replace").count("_slurm_rpc_submit_batch_job") if log.exists() else 0
+
+
+# The demo's sbatch calls, counted in slurmctld's log by the two demo fixtures: "separate" (every
+# job on its own, the way before issue 22) and "grouped" (the profiles' groups, with job arrays).
+SBATCH_CALLS: dict[str, int] = {}
+
+
+def run_documented_demo(slurm: Cluster, workdir: Path, configfile: str, *extra: str) -> str:
+    """Every documented command of the container-less route, in order (`extra` options added to
+    each); their output."""
     started, outputs = time.monotonic(), []
     for command in documented_commands():
-        run = run_in(slurm, workdir, as_documented(command, configfile), timeout=900)
+        run = run_in(slurm, workdir, as_documented(command, configfile, *extra), timeout=900)
         output = run.stdout + run.stderr
         assert run.returncode == 0, f"{shlex.join(command)} failed through Slurm:\n{output[-8000:]}"
         outputs.append(output)
@@ -209,11 +223,15 @@ def run_documented_demo(slurm: Cluster, workdir: Path, configfile: str) -> str:
 
 @pytest.fixture(scope="module")
 def demo(clusters, tmp_path_factory):
-    """The demo study (a smaller grid) through the documented commands, without accounting."""
+    """The demo study (a smaller grid) through the documented commands, without accounting, every
+    job on its own (`--resources grouped=0`: the short jobs not grouped, as before issue 22)."""
     slurm = clusters.get(accounting=False)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-demo") / "scalestudy")
     configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm))
-    return workdir, configfile, run_documented_demo(slurm, workdir, configfile)
+    before = controller_submissions()
+    output = run_documented_demo(slurm, workdir, configfile, "--resources", f"{groups.SLOT}=0")
+    SBATCH_CALLS["separate"] = controller_submissions() - before
+    return workdir, configfile, output
 
 
 def check_jobs(slurm: Cluster, workdir: Path, output: str, configfile: str) -> dict[str, Path]:
@@ -221,10 +239,18 @@ def check_jobs(slurm: Cluster, workdir: Path, output: str, configfile: str) -> d
     config = yaml.safe_load((workdir / configfile).read_text())
     jobs = submitted(output)
     as_jobs = {log.relative_to(workdir / ".snakemake/slurm_logs").parts[0] for log in jobs.values()}
-    planned = set(re.findall(r"^(?:local)?rule (\w+):", output, re.M)) - {"all"}
+    planned = set(re.findall(r"^\s*(?:local)?rule (\w+):", output, re.M)) - {"all"}  # group members indented
     local = {rule for rule in planned if cluster.on_submit_host(config, rule)}
     assert local and {"fetch"} <= local, local  # cluster.submit_host_rules
-    assert len(planned - local) > 10 and as_jobs == {f"rule_{rule}" for rule in planned - local}
+    # a group job's log folder: group_<group>_<its rules>
+    grouped = {group for group in groups.GROUPS if re.search(rf"Group job {group} ", output)}
+    members = {rule for group in grouped for rule in groups.GROUPS[group]}
+    assert {name for name in as_jobs if name.startswith("group_")} == {
+        name for name in as_jobs for group in grouped if name.startswith(f"group_{group}_")
+    }, as_jobs
+    assert len(planned - local) > 10 and {name for name in as_jobs if not name.startswith("group_")} == {
+        f"rule_{rule}" for rule in planned - local - members
+    }
     for rule in local:
         assert re.search(rf"^localrule {rule}:", output, re.M), rule
     for job_id, log in jobs.items():
@@ -295,6 +321,69 @@ def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
     ]
     log = (workdir / "results/logs/scaling/strong/w2_r0.log").read_text()
     assert "but the ranks run on" not in log, log[-3000:]  # the run config's nodes are the layout's
+
+
+def mlflow_store(workdir: Path, configfile: str):
+    """The study's embedded MLflow store (tracking is on by default): its client and experiment id."""
+    pytest.importorskip("mlflow")
+    from scalestudy import tracking
+    from scalestudy.tracking import store
+
+    settings = tracking.settings(yaml.safe_load((workdir / configfile).read_text()), workdir)
+    assert settings is not None and settings["uri"].startswith("sqlite:"), settings
+    client = store.client(settings)
+    experiment = client.get_experiment_by_name(settings["experiment"])
+    assert experiment is not None, f"no MLflow experiment {settings['experiment']} in {settings['uri']}"
+    return client, experiment.experiment_id
+
+
+def mlflow_run(client, experiment: str, point: str, summary: dict):
+    """The one MLflow run of a point's run config (found by the point and config-hash tags)."""
+    from scalestudy.tracking import store
+
+    runs = store.find_runs(client, experiment, point, summary["provenance"]["config_hash"])
+    assert len(runs) == 1, f"{point}: {len(runs)} MLflow runs of its run config"
+    return runs[0]
+
+
+def store_runs(client, experiment: str, point: str) -> list:
+    """Every MLflow run of a point, of any run config."""
+    from scalestudy.tracking import store
+
+    return store.find_runs(client, experiment, point)
+
+
+def status_history(run) -> list[str]:
+    from scalestudy.tracking import TAG_HISTORY
+
+    return run.data.tags.get(TAG_HISTORY, "").split(",")
+
+
+def test_every_points_mlflow_run_names_its_slurm_job_and_nodes(demo, slurm):
+    """The demo's embedded MLflow store: each training point's run went RUNNING on its compute node
+    (live, not only replayed by rule `track`) and FINISHED, and its tags name the Slurm job and node
+    list that summary.json's provenance and Slurm itself name."""
+    workdir, configfile, output = demo
+    client, experiment = mlflow_store(workdir, configfile)
+    runs = summaries(workdir)
+    assert len(runs) >= 4, sorted(runs)
+    for point, summary in runs.items():
+        run = mlflow_run(client, experiment, point, summary)
+        tags, recorded = run.data.tags, summary["provenance"]
+        assert run.info.status == "FINISHED", (point, run.info.status)
+        history = status_history(run)
+        assert history[-1] == "FINISHED" and "RUNNING" in history, (point, history)
+        job_id = recorded["slurm"]["job_id"]
+        assert tags.get("slurm.job_ids") == job_id == recorded["slurm_job_id"], (point, tags, job_id)
+        assert job_id in submitted(output), f"{point}: job {job_id} is not one Snakemake submitted"
+        nodelist = slurm.job(job_id)["NodeList"]
+        assert tags.get("slurm.nodelists") == nodelist == recorded["slurm"]["job_nodelist"], (point, tags)
+        assert tags.get("hosts") == ",".join(recorded["hosts"]), (point, tags)
+        assert tags.get("attempt") == "1" and tags.get("world_size") == str(summary["run"]["world_size"])
+    two_nodes = runs["scaling/strong/w2_r0"]
+    if slurm.nodes == 2:
+        run = mlflow_run(client, experiment, "scaling/strong/w2_r0", two_nodes)
+        assert run.data.tags["slurm.nodelists"] == "n[1-2]" and run.data.tags["hosts"] == "n1,n2"
 
 
 def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
@@ -369,11 +458,19 @@ def test_slurm_accepts_the_real_studys_gpu_requests(slurm, world, tmp_path):
 
 @pytest.fixture(scope="module")
 def demo_accounting(clusters, tmp_path_factory):
-    """The same documented commands on a cluster with accounting, jobs charged to an account."""
+    """The same documented commands on a cluster with accounting, jobs charged to an account, as a
+    user runs them on a big grid: the profiles' groups of short jobs, and job arrays for the rules
+    `python -m scalestudy.plan.arrays` finds safe (none in this smaller grid: its one sensitivity
+    point, and world 2 spans both nodes)."""
     slurm = clusters.get(accounting=True)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-demo-accounting") / "scalestudy")
     configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm, account=ACCOUNT))
-    return workdir, configfile, run_documented_demo(slurm, workdir, configfile)
+    config = yaml.safe_load((workdir / configfile).read_text())
+    safe = ",".join(rule for rule, why_not in arrays.array_rules(config).items() if why_not is None)
+    before = controller_submissions()
+    output = run_documented_demo(slurm, workdir, configfile, *(["--slurm-array-jobs", safe] if safe else []))
+    SBATCH_CALLS["grouped"] = controller_submissions() - before
+    return workdir, configfile, output
 
 
 def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
@@ -392,6 +489,58 @@ def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
     rows = catalog(workdir)
     assert set(rows["sacct.state"]) == {"COMPLETED"}, rows["sacct.state"]
     assert "no SLURM account" not in output and "invalid option" not in output
+
+
+# The results tables' columns that say what was learned (not how fast): loss, accuracy, steps, ranks.
+LEARNING = re.compile(
+    r"(^|\.)(world_size|epochs|steps|final_train_loss|final_test_loss|final_test_acc|best_test_acc)$"
+)
+
+
+def test_grouped_short_jobs_halve_the_sbatch_calls_and_learn_what_the_local_executor_learns(
+    demo, demo_accounting, slurm_accounting, tmp_path
+):
+    """Issue 22, the same smaller demo twice: every job on its own (`demo`, as before) and as a user
+    runs it now (`demo_accounting`: the profiles' groups of short jobs, and arrays where safe). The
+    second makes at most half the sbatch calls (slurmctld's log, and Snakemake's own count); its
+    preflight is ONE Slurm job shaped like the grid's largest training job; and its run catalog's
+    learning columns equal those of the local executor on the same config (throughput and timings
+    aside), run here for the catalog only (what its training points need)."""
+    _, _, separate_output = demo
+    workdir, configfile, output = demo_accounting
+    before, after = SBATCH_CALLS["separate"], SBATCH_CALLS["grouped"]
+    print(f"sbatch calls of the smaller demo: {before} as separate jobs, {after} grouped")
+    assert "Group job" not in separate_output and before == len(submitted(separate_output)), before
+    assert after == len(submitted(output)) and after <= before / 2, (before, after)
+    config = yaml.safe_load((workdir / configfile).read_text())
+    logs = workdir / ".snakemake/slurm_logs"
+    jobs = {job: log.relative_to(logs).parts[0] for job, log in submitted(output).items()}
+    (preflight,) = [job for job, folder in jobs.items() if folder.startswith(f"group_{groups.PREFLIGHT}_")]
+    state = slurm_accounting.job(preflight)
+    world = groups.preflight_world(config)
+    assert state["JobState"] == "COMPLETED" and state["NumTasks"] == str(world), state
+    assert state["NumNodes"] == str(cluster.layout(config, world)[0]), state
+
+    local = copy_workflow(tmp_path / "scalestudy")
+    shutil.copytree(workdir / "results/data", local / "results/data")  # no fetch/preprocess again
+    shutil.copy2(workdir / configfile, local / configfile)
+    started = time.monotonic()
+    command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "results/tables/runs.csv"]
+    run = subprocess.run(
+        [*command, "--configfile", configfile], cwd=local, env=snakemake_env(), capture_output=True,
+        text=True, timeout=1200,
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    print(f"the local executor's catalog of the same config: {time.monotonic() - started:.0f} s")
+    tables = [
+        pd.read_csv(root / "results/tables/runs.csv").set_index(["stage", "point"])
+        for root in (workdir, local)
+    ]
+    columns = [column for column in tables[0].columns if LEARNING.search(column)]
+    assert len(columns) >= 5, columns
+    cluster_run, local_run = (table[columns].sort_index() for table in tables)
+    assert list(cluster_run.index) == list(local_run.index) and len(cluster_run) >= 5, cluster_run.index
+    pd.testing.assert_frame_equal(cluster_run, local_run, check_exact=False, rtol=1e-5)
 
 
 def test_a_changed_value_reruns_exactly_the_points_that_carry_it_through_slurm(
@@ -481,9 +630,14 @@ def test_a_training_job_killed_at_its_time_limit_is_retried_resumes_and_keeps_bo
     results = summaries(demo_dir)["scaling/strong/w1_r0"]["results"]  # the same loader
     # (images_per_s is empty where the demo's short run has no steady window: the whole run's rate)
     speed = results.get("images_per_s") or results["whole_run_images_per_s"]
-    # ~7 min of training at the demo's steady-state speed: more than attempt 1's 90 s before its
-    # signal even if this job alone runs several times faster, less than the retry's 10 minutes
-    steps = steps_for(420, speed, 64)
+    # The run must still be training when attempt 1 is stopped: USR1 comes 30 to 90 s after the
+    # start (30 s before the 2-minute limit, up to 60 s early) and training starts ~5 s in, so it must
+    # outlast ~85 s. The demo's figure is a 12-step run sharing 2 cores with 4 other jobs; this job
+    # trains alone: 3.2x to 3.4x faster measured (demo 240 images/s, this job 775; demo 168, job 575)
+    # and 4.7x where a slow demo (168) meets an idle machine (~790). So 90 s x 4.7 of demo speed is
+    # the least that is safe, with no margin left at 4.7x (~125 s of training as measured: ~60 s
+    # before the stop, ~65 s in the retry). Less, and a busy demo makes a run that ends before USR1.
+    steps = steps_for(90 * 4.7, speed, 64)
 
     def change(config: dict) -> None:
         config["baseline"].update(loader="tensor")
@@ -522,9 +676,24 @@ def test_a_training_job_killed_at_its_time_limit_is_retried_resumes_and_keeps_bo
     assert f"launch: attempt 1, Slurm job {attempts[0]}," in first_log
     assert re.search(r"checkpoint", first_log, re.I) and "resumed from" not in first_log, first_log[-3000:]
     assert kept[len(attempts)].read_text() == log.read_text()
+    # MLflow (live, from the compute nodes; rule `track` has not run): ONE run, stopped KILLED by
+    # attempt 1, continued RUNNING by the retry (run id kept in the checkpoint folder), FINISHED
+    client, experiment = mlflow_store(workdir, configfile)
+    run = mlflow_run(client, experiment, "baseline/default", summary)
+    assert len(store_runs(client, experiment, "baseline/default")) == 1
+    history = [status for status in status_history(run) if status != "SCHEDULED"]
+    assert history == ["RUNNING", "KILLED"] * (len(attempts) - 1) + ["RUNNING", "FINISHED"], history
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["slurm.job_ids"] == ",".join(attempts), run.data.tags  # every attempt's job
+    assert run.data.tags["slurm.nodelists"].split(",")[-1] == slurm.job(attempts[-1])["NodeList"]
+    assert run.data.tags["attempt"] == str(len(attempts))
+    logged = [metric.step for metric in client.get_metric_history(run.info.run_id, "samples_per_s")]
+    assert len(logged) == len(set(logged)), "a step logged twice across the attempts"
+    assert min(logged) < summary["results"]["resumed_from_step"] < max(logged), (min(logged), max(logged))
     print(
         f"time-limit retry: {len(attempts)} attempts, first {first['JobState']}, resumed from step "
-        f"{summary['results']['resumed_from_step']} of {steps}"
+        f"{summary['results']['resumed_from_step']} of {steps}; the demo's {speed:.0f} images/s, this "
+        f"job's {summary['results']['whole_run_images_per_s']:.0f} (the 4.7 above)"
     )
 
 

@@ -48,6 +48,22 @@ def test_points_on_two_nodes_are_never_an_array(demo):
         arrays.array_train_resources(config, 2, 1)
 
 
+def test_an_array_rule_with_more_points_than_snakemake_hands_over_at_once_is_refused(demo):
+    """The plugin 2.8.0 never submits an array rule's jobs handed over while others still wait: a
+    sweep larger than --jobs, or than twice --max-jobs-per-timespan, would hang, so it is refused
+    with the settings it needs."""
+    assert arrays.check_setting(demo, "sensitivity_run", jobs=8, per_timespan=4) == {"sensitivity_run"}
+    with pytest.raises(arrays.ArrayError, match=r"sensitivity_run has 8 points, .*--jobs=7.* at least 8 "):
+        arrays.check_setting(demo, "sensitivity_run", jobs=7, per_timespan=100)
+    with pytest.raises(arrays.ArrayError, match=r"--max-jobs-per-timespan to at least 4/1s"):
+        arrays.check_setting(demo, "sensitivity_run", jobs=200, per_timespan=3)
+    # chunks of at most --max-jobs-per-timespan (slurm-array-limit): every hand-over is submitted
+    assert arrays.check_setting(demo, "sensitivity_run", jobs=8, per_timespan=3, chunk=3) == {
+        "sensitivity_run"
+    }
+    assert arrays.check_setting(demo, "", jobs=1, per_timespan=1) == set()  # no arrays: any limits
+
+
 def test_an_array_task_holds_its_nodes_cpus_in_one_task_without_the_mpi_key(demo):
     config = copy.deepcopy(demo)
     config["cluster"].update(cpus_per_rank=3, sbatch_extra=["--reservation=big one"])

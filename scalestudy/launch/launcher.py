@@ -295,6 +295,9 @@ def run_record_env(attempt: int, log: str | None, environ: Mapping[str, str]) ->
     if log:
         kept = attemptlog.keep(log, attempt)
         job = environ.get("SLURM_JOB_ID") or "none (not in Slurm)"
+        array_task = (environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID"))
+        if all(array_task):  # how squeue, sacct and scancel name an array task
+            job += f" (array task {'_'.join(array_task)})"
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         print(f"launch: attempt {attempt}, Slurm job {job}, {started}; also in {kept}", file=sys.stderr)
     return {provenance.ATTEMPT_ENV: str(attempt), **provenance.slurm_job_env(environ)}

@@ -90,8 +90,45 @@ def parse_setting(setting: str | None) -> set[str]:
     return {name.strip() for name in (setting or "").replace(";", ",").split(",") if name.strip()}
 
 
-def check_setting(config: dict, setting: str | None) -> set[str]:
-    """The training rules `setting` makes arrays; ArrayError names every rule it must not."""
+def check_jobs(
+    config: dict, rules: set[str], jobs: int | None, per_timespan: int | None = None, chunk: int | None = None
+) -> None:
+    """ArrayError where an array rule has more points than Snakemake hands over safely. Read from the
+    plugin 2.8.0 (run_jobs): it submits an array rule's jobs only when no other job of the rule is
+    still ready (or a full `slurm-array-limit` chunk is there); jobs handed over while
+    others still wait are never submitted, and Snakemake waits for them forever. Snakemake hands
+    over at most `jobs` (`--jobs`, the profile's `jobs:`) in flight and `per_timespan`
+    (`--max-jobs-per-timespan`, default 100/1s) at a time, so N points are safe when N <= jobs and
+    N <= 2 x per_timespan (measured: 200 points went as two arrays of 100), or, where a hand-over
+    always holds a full chunk (`chunk`: `slurm-array-limit` <= per_timespan), when N <= jobs."""
+    paced = per_timespan and not (chunk and chunk <= per_timespan)
+    limits = [limit for limit in (jobs, 2 * per_timespan if paced else None) if limit]
+    if not limits:
+        return
+    sizes = rule_world_sizes(config)
+    over = {
+        rule: sum(sizes[rule].values()) for rule in sorted(rules) if sum(sizes[rule].values()) > min(limits)
+    }
+    if over:
+        named = ", ".join(f"{rule} has {count} points" for rule, count in over.items())
+        most = max(over.values())
+        raise ArrayError(
+            f"slurm-array-jobs: {named}, more than Snakemake hands over at once (--jobs={jobs}, "
+            f"--max-jobs-per-timespan={per_timespan}/...): the plugin would leave some points unsubmitted "
+            f"and the run would hang. Raise --jobs (the profile's jobs:) to at least {most} and "
+            f"--max-jobs-per-timespan to at least {-(-most // 2)}/1s, or run those points as separate jobs."
+        )
+
+
+def check_setting(
+    config: dict,
+    setting: str | None,
+    jobs: int | None = None,
+    per_timespan: int | None = None,
+    chunk: int | None = None,
+) -> set[str]:
+    """The training rules `setting` makes arrays; ArrayError names every rule it must not, and
+    every array rule with more points than `jobs` (check_jobs)."""
     chosen = parse_setting(setting)
     verdicts = array_rules(config)
     named = set(verdicts) if "all" in chosen else chosen & set(verdicts)
@@ -104,7 +141,9 @@ def check_setting(config: dict, setting: str | None) -> set[str]:
             f"slurm-array-jobs={setting!r} would put points of different shapes into one array:\n{lines}\n"
             f"Safe for this config: {safe} (python -m scalestudy.plan.arrays --configfile ...)"
         )
-    return {rule for rule in named if verdicts[rule] is None}
+    safe = {rule for rule in named if verdicts[rule] is None}
+    check_jobs(config, safe, jobs, per_timespan, chunk)
+    return safe
 
 
 def array_train_resources(config: dict, world_size: int, attempt: int) -> dict[str, Any]:

@@ -85,6 +85,7 @@ def settings(config: dict) -> dict[str, Any]:
 def _check_numbers(cluster: dict[str, Any]) -> None:
     _check_int(cluster, "gpus_per_node", minimum=0)
     _check_int(cluster, "signal_lead_s", minimum=0)
+    _check_int(cluster, "submit_retry_minutes", minimum=0)
     for key in ("cpus_per_rank", "mem_mb_per_rank", "runtime_minutes", "max_runtime_minutes"):
         _check_int(cluster, key, minimum=1)
     for key in ("light_cpus", "light_mem_mb", "light_runtime_minutes"):

@@ -14,7 +14,8 @@
 # FAKE_GPUS_PER_NODE (a GRES "gpu" count without devices, so that GPU requests can be scheduled
 # and checked; default 4; 0 = none),
 # WITH_DBD=1 (accounting: mariadb + slurmdbd, so that sacct answers; account "studyacct" exists
-# for root; default 0: no accounting, and sacct answers "Slurm accounting storage is disabled").
+# for root; association and QOS limits are enforced, as on real sites (sacctmgr ... maxsubmitjobs);
+# default 0: no accounting, and sacct answers "Slurm accounting storage is disabled").
 #
 # `up` and `down` hold a lock (flock on $SCALESTUDY_SLURM_STATE.cluster.lock): a second bring-up
 # waits for the first, then uses the cluster it finds, and refuses (exit 1) to replace a running
@@ -97,6 +98,7 @@ write_conf() {  # $1: node count
     accounting="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
+AccountingStorageEnforce=associations,limits,qos
 JobAcctGatherType=jobacct_gather/linux"
   else
     accounting="AccountingStorageType=accounting_storage/none
