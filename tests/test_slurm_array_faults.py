@@ -47,7 +47,7 @@ SINGLE = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \
 IMAGES_PER_S = 900
 TRAIN_SECONDS = 150
 # The many-points sweep's size: 24 in CI; SCALESTUDY_SWEEP_POINTS=200 runs the issue's 200 points
-# (~17 minutes here: ~10 CPU-s a point; python -m scalestudy.benchmark.slurm_sweep is the same).
+# (21 minutes here: ~10 CPU-s a point; python -m scalestudy.benchmark.slurm_sweep is the same).
 POINTS = int(os.environ.get("SCALESTUDY_SWEEP_POINTS", "24"))
 CI_CHUNK = 10
 

@@ -3,15 +3,14 @@ no queue wait between points, seconds of overhead per job (issue 22; docs/slurm.
 
 - the profiles' polling: a 1 s job is seen finished within 15 s of its submission, with at most one
   status query (squeue) per 10 s;
-- job arrays (`--slurm-array-jobs`): the demo's sensitivity sweep (8 same-shaped points) is 8
-  sbatch calls as separate jobs and ONE as an array, every task running its own point and recording
-  its array task; a setting that mixes shapes is refused before anything is submitted;
+- job arrays (`--slurm-array-jobs`): a setting that mixes shapes is refused before anything is
+  submitted (the sweeps that run as arrays: tests/test_slurm_array_faults.py);
 - one allocation (profiles/slurm-allocation, its driver script as docs/slurm.md gives it): the demo
   study (the smaller grid of tests/test_slurm.py) is exactly one Slurm job; every training point
   ran in it as its own srun step.
 
 Sbatch calls are counted in the controller's log (`_slurm_rpc_submit_batch_job`), client calls with
-shims on PATH (tests/slurm/overhead/shim.sh). About 9 minutes on 2 cores.
+shims on PATH (tests/slurm/overhead/shim.sh). About 5 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -194,25 +193,16 @@ def sweep_targets(workdir: Path, configfile: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def array_sweep(clusters, tmp_path_factory):  # noqa: F811
-    """The demo's sensitivity sweep (8 points at world 2, one node each) twice on the same cluster:
-    as one job per point (today's way, with what it needs first), then again (--forcerun) with
-    --slurm-array-jobs."""
+    """A copy of the workflow whose config makes the demo's sensitivity sweep array-safe (8 points
+    at world 2 on one node). The sweeps that run as arrays are tests/test_slurm_array_faults.py's
+    (24 points in <= 5 sbatch calls, every task its own point; a killed task resumes)."""
     slurm = clusters.get(accounting=True)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-arrays") / "scalestudy")
 
     def change(config: dict) -> None:
-        config["train"].update(epochs=2, max_steps_per_epoch=6)
         config["cluster"]["ranks_per_node"] = 2  # world 2 on one node: an array-safe shape
 
-    configfile = write_config(workdir, "slurm-arrays.yaml", change)
-    targets, counts, outputs = sweep_targets(workdir, configfile), [], []
-    for options in ([], ["--forcerun", "sensitivity_run", "--slurm-array-jobs", "sensitivity_run"]):
-        before = submissions()
-        run = run_in(slurm, workdir, profile_command(configfile, *options, *targets), timeout=900)
-        outputs.append(run.stdout + run.stderr)
-        assert run.returncode == 0, outputs[-1][-8000:]
-        counts.append(submissions() - before)
-    return slurm, workdir, configfile, counts, outputs
+    return slurm, workdir, write_config(workdir, "slurm-arrays.yaml", change)
 
 
 def profile_command(configfile: str, *args: str) -> list[str]:
@@ -221,29 +211,8 @@ def profile_command(configfile: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", *profile, *args, "--configfile", configfile]
 
 
-def test_the_sweep_as_an_array_makes_at_most_half_the_sbatch_calls(array_sweep):
-    slurm, workdir, _, (separate, arrays_run), (first, second) = array_sweep
-    sweep_jobs = len(re.findall(r"^rule sensitivity_run:", first, re.M))
-    assert sweep_jobs == 8 and separate >= sweep_jobs, (separate, first[-3000:])
-    assert arrays_run == 1 and arrays_run <= separate / 2, (arrays_run, second[-3000:])
-    assert "Submitted array job" in second and "different shapes" not in second
-    print(f"sbatch calls: {separate} (8 points as jobs, with their preflight) -> {arrays_run} (one array)")
-
-
-def test_every_array_task_ran_its_own_point_and_records_its_task(array_sweep):
-    slurm, workdir, _, _, (_, second) = array_sweep
-    runs = {point: run for point, run in summaries(workdir).items() if point.startswith("sensitivity/")}
-    assert len(runs) == 8
-    tasks = {run["provenance"]["slurm"]["jobid_taskid"] for run in runs.values()}
-    array_ids = {task.split("_")[0] for task in tasks}
-    assert len(tasks) == 8 and len(array_ids) == 1, tasks  # eight tasks of one array
-    for point, run in runs.items():
-        assert run["run"]["point"] in point and run["results"]["world_size"] == 2
-        assert run["provenance"]["hosts"] in (["n1"], ["n2"])  # one node, both ranks on it
-
-
 def test_a_setting_that_mixes_shapes_is_refused_before_anything_is_submitted(array_sweep):
-    slurm, workdir, configfile, _, _ = array_sweep
+    slurm, workdir, configfile = array_sweep
     before = submissions()
     target = "results/runs/baseline/default/summary.json"
     command = profile_command(configfile, "--slurm-array-jobs", "all", target)
