@@ -60,3 +60,8 @@ rule all:
 # The rules that run on the submit host (Snakemake's localrules), from one list (rules/common.smk),
 # once every rule exists; the `localrules:` keyword itself takes only literal names.
 workflow.localrules(*submit_host_rules())
+
+
+onstart:
+    for hook in ONSTART_HOOKS:  # rules/common.smk
+        hook()

@@ -10,6 +10,7 @@ import shlex
 import shutil
 from typing import NamedTuple
 
+from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
@@ -224,6 +225,20 @@ def array_rules(setting):
     chunk = getattr(workflow.executor_settings, "array_limit", None)  # the profile's slurm-array-limit
     chunk = int(chunk) if chunk else None
     return arrays.check_setting(config, setting, workflow.resource_settings.nodes, per_timespan, chunk)
+
+
+def check_array_setting():
+    """Refuse a --slurm-array-jobs setting before the first job is submitted (an onstart hook): the
+    training rules' resources, which also check it, are made only after the preflight has run."""
+    try:
+        array_rules(getattr(workflow.executor_settings, "array_jobs", None))
+    except arrays.ArrayError as error:
+        raise WorkflowError(str(error)) from None
+
+
+# Run in order before the first job is scheduled (the Snakefile's one `onstart:`; not in dry runs,
+# not inside a job): checks first, then what other rule files add (rules/track.smk).
+ONSTART_HOOKS = [check_array_setting]
 
 
 def is_array_task(rule_name):

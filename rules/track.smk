@@ -16,23 +16,8 @@ if TRACKING:
     os.environ.update(_tracking.to_environ(TRACKING))
     TRACKING_JSON = json.dumps(TRACKING, sort_keys=True)
 
-    onstart:
-        # SCHEDULED runs for the grid's points (skipped by dry runs; a failure only warns: the
-        # training jobs and rule track create what is missing).
-        import subprocess
-        import sys
-        import tempfile
-
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as _points:
-            json.dump(_tracking.planned_points(config), _points)
-        _scheduled = subprocess.run(
-            [sys.executable, "-m", "scalestudy.tracking", "schedule", "--tracking-json", TRACKING_JSON,
-             "--points-json", _points.name],
-            capture_output=True, text=True,
-        )
-        os.unlink(_points.name)
-        if _scheduled.returncode != 0:
-            logger.warning(f"warning: tracking: the SCHEDULED runs were not created:\n{_scheduled.stderr[-2000:]}")
+    # SCHEDULED runs for the grid's points, before the first job (skipped by dry runs)
+    ONSTART_HOOKS.append(lambda: _tracking.schedule_planned(config, TRACKING, logger.warning))
 
     rule track:
         input:

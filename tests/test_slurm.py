@@ -497,6 +497,45 @@ LEARNING = re.compile(
 )
 
 
+# The local executor's catalog of a config, run once per session (the Slurm routes compare to it).
+LOCAL_CATALOGS: dict[str, pd.DataFrame] = {}
+
+
+def local_catalog(workdir: Path, configfile: str, scratch: Path) -> pd.DataFrame:
+    """results/tables/runs.csv of the local executor on workdir's config (its training points and
+    the catalog only, on workdir's data: no fetch/preprocess again), computed once per config."""
+    text = (workdir / configfile).read_text()
+    config = yaml.safe_load(text)
+    config["cluster"].pop("account", None)  # which Slurm account paid is no setting of the local run
+    key = json.dumps(config, sort_keys=True)
+    if key not in LOCAL_CATALOGS:
+        local = copy_workflow(scratch / "scalestudy-local")
+        shutil.copytree(workdir / "results/data", local / "results/data")
+        (local / configfile).write_text(text)
+        started = time.monotonic()
+        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--configfile"]
+        run = subprocess.run(
+            [*command, configfile, "results/tables/runs.csv"], cwd=local, env=snakemake_env(),
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+        print(f"the local executor's catalog of the same config: {time.monotonic() - started:.0f} s")
+        LOCAL_CATALOGS[key] = pd.read_csv(local / "results/tables/runs.csv")
+    return LOCAL_CATALOGS[key]
+
+
+def assert_learns_what_the_local_executor_learns(workdir: Path, configfile: str, scratch: Path) -> None:
+    """The catalog's learning columns (LEARNING) equal the local executor's on the same config."""
+    ours = pd.read_csv(workdir / "results/tables/runs.csv")
+    local = local_catalog(workdir, configfile, scratch)
+    tables = [table.set_index(["stage", "point"]) for table in (ours, local)]
+    columns = [column for column in tables[0].columns if LEARNING.search(column)]
+    assert len(columns) >= 5, columns
+    cluster_run, local_run = (table[columns].sort_index() for table in tables)
+    assert list(cluster_run.index) == list(local_run.index) and len(cluster_run) >= 5, cluster_run.index
+    pd.testing.assert_frame_equal(cluster_run, local_run, check_exact=False, rtol=1e-5)
+
+
 def test_grouped_short_jobs_halve_the_sbatch_calls_and_learn_what_the_local_executor_learns(
     demo, demo_accounting, slurm_accounting, tmp_path
 ):
@@ -521,26 +560,7 @@ def test_grouped_short_jobs_halve_the_sbatch_calls_and_learn_what_the_local_exec
     assert state["JobState"] == "COMPLETED" and state["NumTasks"] == str(world), state
     assert state["NumNodes"] == str(cluster.layout(config, world)[0]), state
 
-    local = copy_workflow(tmp_path / "scalestudy")
-    shutil.copytree(workdir / "results/data", local / "results/data")  # no fetch/preprocess again
-    shutil.copy2(workdir / configfile, local / configfile)
-    started = time.monotonic()
-    command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "results/tables/runs.csv"]
-    run = subprocess.run(
-        [*command, "--configfile", configfile], cwd=local, env=snakemake_env(), capture_output=True,
-        text=True, timeout=1200,
-    )  # fmt: skip
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
-    print(f"the local executor's catalog of the same config: {time.monotonic() - started:.0f} s")
-    tables = [
-        pd.read_csv(root / "results/tables/runs.csv").set_index(["stage", "point"])
-        for root in (workdir, local)
-    ]
-    columns = [column for column in tables[0].columns if LEARNING.search(column)]
-    assert len(columns) >= 5, columns
-    cluster_run, local_run = (table[columns].sort_index() for table in tables)
-    assert list(cluster_run.index) == list(local_run.index) and len(cluster_run) >= 5, cluster_run.index
-    pd.testing.assert_frame_equal(cluster_run, local_run, check_exact=False, rtol=1e-5)
+    assert_learns_what_the_local_executor_learns(workdir, configfile, tmp_path)
 
 
 def test_a_changed_value_reruns_exactly_the_points_that_carry_it_through_slurm(

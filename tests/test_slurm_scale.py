@@ -30,6 +30,7 @@ from scalestudy.plan import grid, runfiles
 from tests.conftest import REPO, copy_workflow, snakemake_env
 from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, shared
     Cluster,
+    assert_learns_what_the_local_executor_learns,
     clusters,
     run_in,
     shorter_demo,
@@ -149,7 +150,7 @@ def allocation_demo(clusters, tmp_path_factory):  # noqa: F811
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     state = wait_for(slurm, job_id, timeout=1200)
-    return slurm, workdir, job_id, state, submissions() - before
+    return slurm, workdir, configfile, job_id, state, submissions() - before
 
 
 def DOCS_TEXT() -> str:  # noqa: N802 - read when used (the docs may change under a running session)
@@ -157,7 +158,7 @@ def DOCS_TEXT() -> str:  # noqa: N802 - read when used (the docs may change unde
 
 
 def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocation_demo):
-    slurm, workdir, job_id, state, sbatch_calls = allocation_demo
+    slurm, workdir, _, job_id, state, sbatch_calls = allocation_demo
     driver_log = (workdir / f"slurm-driver-{job_id}.log").read_text()
     assert state["JobState"] == "COMPLETED", driver_log[-6000:]
     assert sbatch_calls == 1, sbatch_calls
@@ -178,6 +179,14 @@ def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocatio
     step_rows = {row.split("|")[0].split(".")[1] for row in sacct if "." in row.split("|")[0]}
     assert set(steps.values()) <= step_rows, (steps, sacct)
     print(f"one allocation: job {job_id}, {len(step_rows)} steps, {len(runs)} points")
+
+
+def test_in_one_allocation_the_study_learns_what_the_local_executor_learns(allocation_demo, tmp_path):
+    """The same catalog's learning columns as the local executor on the same config (throughput and
+    timings aside); the local run is shared with tests/test_slurm.py's grouped route."""
+    _, workdir, configfile, _, state, _ = allocation_demo
+    assert state["JobState"] == "COMPLETED", state
+    assert_learns_what_the_local_executor_learns(workdir, configfile, tmp_path)
 
 
 # ----------------------------------------------------------------------------- job arrays

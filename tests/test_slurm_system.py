@@ -7,9 +7,11 @@ across the nodes' network namespaces). Skipped, with the reason, where the clust
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
+from scalestudy.plan import groups
 from tests.conftest import copy_workflow
 from tests.test_slurm import clusters, shorter_demo, snakemake, submitted, write_config  # noqa: F401
 
@@ -40,15 +42,28 @@ def rows(path):
 
 
 def test_system_and_comm_bench_ran_as_slurm_jobs(checks, slurm):
+    """Each in a Slurm job of the grid's largest shape (both nodes): its own (`rule_system`,
+    `rule_comm_bench`) or, as the profiles group the short jobs, the preflight group's one job."""
     workdir, output = checks
-    jobs = submitted(output)
-    rules = {log.relative_to(workdir / ".snakemake/slurm_logs").parts[0] for log in jobs.values()}
-    assert {"rule_system", "rule_comm_bench"} <= rules  # the table_* rules run on the submit host
-    for job_id, log in jobs.items():
-        if log.relative_to(workdir / ".snakemake/slurm_logs").parts[0] in ("rule_system", "rule_comm_bench"):
-            state = slurm.job(job_id)
-            assert state["JobState"] == "COMPLETED", (job_id, log.read_text()[-2000:])
-            assert state["NumNodes"] == str(slurm.nodes)
+    folders = {
+        job: log.relative_to(workdir / ".snakemake/slurm_logs").parts[0]
+        for job, log in submitted(output).items()
+    }
+    made_by = {
+        "system": {
+            json.loads(path.read_text())["slurm"]["job_id"]
+            for path in (workdir / "results/system").glob("*.json")
+        },
+        "comm_bench": {row["provenance.slurm.job_id"] for row in rows(workdir / "results/comm/busbw.csv")},
+    }
+    for rule, jobs in made_by.items():
+        assert len(jobs) == 1 and jobs <= set(folders), (rule, jobs, folders)  # a job Snakemake submitted
+        (job_id,) = jobs
+        folder = folders[job_id]  # (the table_* rules run on the submit host)
+        assert folder == f"rule_{rule}" or folder.startswith(f"group_{groups.PREFLIGHT}"), folder
+        state = slurm.job(job_id)
+        assert state["JobState"] == "COMPLETED", state
+        assert state["NumNodes"] == str(slurm.nodes)
 
 
 def test_the_system_table_lists_every_host(checks, slurm):

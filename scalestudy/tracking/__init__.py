@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,26 @@ def planned_points(config: dict[str, Any]) -> list[dict[str, Any]]:
         {"point": f"{point.stage}/{point.name}", "run": grid.run_config(config, point)}
         for point in grid.all_points(config)
     ]
+
+
+def schedule_planned(config: dict[str, Any], tracking: dict[str, Any], warn: Callable[[str], Any]) -> None:
+    """SCHEDULED runs for the config's grid points (rules/track.smk, before the first job), made in
+    a subprocess: the Snakefile's process never imports mlflow. A failure only warns (`warn`): the
+    training jobs and rule track create what is missing."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as points:
+        json.dump(planned_points(config), points)
+    command = [sys.executable, "-m", "scalestudy.tracking", "schedule"]
+    command += ["--tracking-json", json.dumps(tracking, sort_keys=True), "--points-json", points.name]
+    try:
+        scheduled = subprocess.run(command, capture_output=True, text=True)
+    finally:
+        os.unlink(points.name)
+    if scheduled.returncode != 0:
+        warn(f"warning: tracking: the SCHEDULED runs were not created:\n{scheduled.stderr[-2000:]}")
 
 
 def point_of(out_dir: str | os.PathLike) -> str:
