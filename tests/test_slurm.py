@@ -513,9 +513,10 @@ def local_catalog(workdir: Path, configfile: str, scratch: Path) -> pd.DataFrame
         shutil.copytree(workdir / "results/data", local / "results/data")
         (local / configfile).write_text(text)
         started = time.monotonic()
-        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--configfile"]
+        target = "results/tables/runs.csv"  # before --configfile, which takes several values
+        command = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", target]
         run = subprocess.run(
-            [*command, configfile, "results/tables/runs.csv"], cwd=local, env=snakemake_env(),
+            [*command, "--configfile", configfile], cwd=local, env=snakemake_env(),
             capture_output=True, text=True, timeout=1200,
         )  # fmt: skip
         assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]

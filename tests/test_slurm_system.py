@@ -50,9 +50,9 @@ def test_system_and_comm_bench_ran_as_slurm_jobs(checks, slurm):
         for job, log in submitted(output).items()
     }
     made_by = {
-        "system": {
+        "system": {  # one record per host (n1.json, ...), beside the nodes_<kind>.json list
             json.loads(path.read_text())["slurm"]["job_id"]
-            for path in (workdir / "results/system").glob("*.json")
+            for path in (workdir / "results/system").glob("n[0-9]*.json")
         },
         "comm_bench": {row["provenance.slurm.job_id"] for row in rows(workdir / "results/comm/busbw.csv")},
     }
