@@ -361,12 +361,12 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
     rows = pd.read_csv(study / "results/comm/w2.csv")
     run, history, artifacts = one_run(client, experiment, "comm_bench/w2")
     tags = run.data.tags
-    assert (tags["world_size"], tags["nodes"], tags["placement"], tags["backend"]) == (
+    assert [tags[key] for key in ("world_size", "nodes", "placement", "backend")] == [
         "2",
         "1",
         "intra-node",
         "gloo",
-    )
+    ]
     assert tags[tracking.TAG_HASH] == rows["provenance.config_hash"][0]
     assert tags["git_commit"] == rows["provenance.git_commit"][0]
     given = collectives.settings_from_json(json.dumps(bench))  # what the rule gave, defaults filled in
@@ -387,12 +387,7 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
     record = json.loads((study / "results/smoke/io.json").read_text())
     run, history, artifacts = one_run(client, experiment, "smoke/io")
     tags = run.data.tags
-    assert (tags["stage"], tags["world_size"], tags["nodes"], tags["smoke_check"]) == (
-        "smoke",
-        "1",
-        "1",
-        "io",
-    )
+    assert [tags[key] for key in ("stage", "world_size", "nodes", "smoke_check")] == ["smoke", "1", "1", "io"]
     assert record["run_config"]["world_size"] == 2  # the grid's largest point's loader, in one rank
     assert tags[tracking.TAG_HASH] == record["provenance"]["config_hash"]
     assert (tags["slurm.job_ids"], tags["slurm.nodelists"]) == ("4242", "node[01-02]")
