@@ -291,6 +291,12 @@ def short_job_group(rule_name):
     return lambda wildcards: name if groups_active() else None
 
 
+@functools.lru_cache(maxsize=None)
+def preflight_resources_of(runtime, attempt):
+    """Cached like train_resources_of: Snakemake asks once per resource key and job."""
+    return groups.preflight_resources(config, runtime, attempt)
+
+
 def grouped_resources(rule_name, own):
     """Resources of a member of a short-job group, its `own` ({key: callable(wc, attempt)}) where
     groups are inactive, the group's shape (with its own wall time) where they are active."""
@@ -302,7 +308,7 @@ def grouped_resources(rule_name, own):
                 return own[key](wildcards, attempt) if key in own else None
             if preflight:
                 runtime = own["runtime"](wildcards, attempt)
-                return groups.preflight_resources(config, runtime, attempt).get(key)
+                return preflight_resources_of(runtime, attempt).get(key)
             return groups.summary_resources(config, attempt).get(key)
 
         return value

@@ -7,7 +7,7 @@ import json
 
 SYSTEM_DIR = paths.SYSTEM_DIR
 SYSTEM_LOGS = f"{paths.LOGS_DIR}/system"
-SYSTEM_WORLD = max(grid.run_config(config, point)["world_size"] for point in grid.all_points(config))
+SYSTEM_WORLD = grid.largest_world_size(config)
 SYSTEM_KINDS = ["compute", *(["cpu"] if cluster.settings(config)["cpu_partition"] else [])]
 SYSTEM_ARGS = ["--out-dir", SYSTEM_DIR, "--results-dir", paths.RESULTS_DIR, "--data-dir", paths.PACKED_DIR]
 

@@ -273,6 +273,11 @@ def all_points(config: dict) -> list[Point]:
     return [point for points_of in STAGES.values() for point in points_of(config)]
 
 
+def largest_world_size(config: dict) -> int:
+    """The largest world size of any grid point (the shape the preflight jobs take)."""
+    return max(point.world_size for point in all_points(config))
+
+
 def points_by_name(config: dict, stage: str) -> dict[str, Point]:
     """The grid points of `stage` by name."""
     if stage not in STAGES:

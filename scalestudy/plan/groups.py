@@ -69,7 +69,7 @@ def group_of(rule_name: str) -> str:
 def preflight_world(config: dict) -> int:
     """The preflight group's shape: the grid's largest world size (that of the system description,
     which spans every node a training job can; every other preflight member needs no more)."""
-    return max(point.world_size for point in grid.all_points(config))
+    return grid.largest_world_size(config)
 
 
 def preflight_resources(config: dict, runtime_minutes: int, attempt: int) -> dict[str, Any]:
