@@ -38,6 +38,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from scalestudy.benchmark import slurm_sweep
 from scalestudy.launch import attempt_logs as attemptlog
 from scalestudy.plan import arrays, cluster, groups, slurm_requests
 from tests.conftest import REPO, copy_workflow, snakemake_env
@@ -196,10 +197,12 @@ def shorter_demo(slurm: Cluster, account: str | None = None):
     return change
 
 
+SLURM_STATE = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm"))
+
+
 def controller_submissions() -> int:
     """sbatch calls slurmctld accepted so far (its log, SlurmctldDebug=info)."""
-    log = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm")) / "log/slurmctld.log"
-    return log.read_text(errors="replace").count("_slurm_rpc_submit_batch_job") if log.exists() else 0
+    return slurm_sweep.controller_submissions(SLURM_STATE / "log/slurmctld.log")
 
 
 # The demo's sbatch calls, counted in slurmctld's log by the two demo fixtures: "separate" (every
@@ -416,7 +419,7 @@ def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
 def test_a_second_bring_up_never_stops_the_running_cluster(slurm):
     """tests/slurm/cluster.sh takes a lock: bring-ups started together, or one of the other kind,
     leave the running slurmctld alone."""
-    pidfile = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm")) / "run/slurmctld.pid"
+    pidfile = SLURM_STATE / "run/slurmctld.pid"
     pid = pidfile.read_text()
     other = cluster_script("up-two-node", accounting=True, timeout=120)
     assert other.returncode == 1 and "not replacing" in other.stderr, other.stderr

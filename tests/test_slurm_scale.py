@@ -37,23 +37,17 @@ from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, sha
     summaries,
     write_config,
 )
+from tests.test_slurm import controller_submissions as submissions
 
 pytestmark = pytest.mark.slurm
 
 OVERHEAD = REPO / "tests/slurm/overhead"
-STATE = Path(os.environ.get("SCALESTUDY_SLURM_STATE", "/tmp/scalestudy-slurm"))
 CLIENTS = ("sbatch", "squeue", "sacct", "scontrol")
 
 
 @pytest.fixture
 def slurm_accounting(clusters):  # noqa: F811 - the module fixture imported above
     return clusters.get(accounting=True)
-
-
-def submissions() -> int:
-    """sbatch calls the controller accepted so far (its log, SlurmctldDebug=info)."""
-    log = STATE / "log/slurmctld.log"
-    return log.read_text(errors="replace").count("_slurm_rpc_submit_batch_job") if log.exists() else 0
 
 
 def shimmed(workdir: Path) -> dict[str, str]:
