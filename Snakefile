@@ -65,3 +65,13 @@ workflow.localrules(*submit_host_rules())
 onstart:
     for hook in ONSTART_HOOKS:  # rules/common.smk
         hook()
+
+
+onsuccess:
+    for hook in ONEXIT_HOOKS:  # rules/common.smk
+        hook()
+
+
+onerror:
+    for hook in ONEXIT_HOOKS:
+        hook()

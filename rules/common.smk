@@ -239,6 +239,8 @@ def check_array_setting():
 # Run in order before the first job is scheduled (the Snakefile's one `onstart:`; not in dry runs,
 # not inside a job): checks first, then what other rule files add (rules/track.smk).
 ONSTART_HOOKS = [check_array_setting]
+# Run when Snakemake ends, after success or failure (the Snakefile's `onsuccess:` and `onerror:`).
+ONEXIT_HOOKS = []
 
 
 def is_array_task(rule_name):

@@ -1,6 +1,7 @@
 # track: the study in MLflow (scalestudy.tracking, docs/tracking.md). With `tracking.enabled`, every
-# training job's rank 0 streams its run live (the settings reach it through one environment
-# variable, never the run config), the points not yet running show as SCHEDULED (onstart), and rule
+# training job's rank 0 journals its run in its run folder (the settings reach it through one
+# environment variable, never the run config), the study's follower sends the journals to MLflow
+# while the jobs run and shows the points not yet running as SCHEDULED (onstart), and rule
 # `track`, on the submit host, replays every run folder, the smoke tests' results (rules/smoke.smk),
 # the collective benchmark's CSVs (rules/comm.smk) and the study's tables, figures and paper into
 # the store, adding only what is missing. Off: no rule, no variable, no mlflow import.
@@ -16,8 +17,16 @@ if TRACKING:
     os.environ.update(_tracking.to_environ(TRACKING))
     TRACKING_JSON = json.dumps(TRACKING, sort_keys=True)
 
-    # SCHEDULED runs for the grid's points, before the first job (skipped by dry runs)
-    ONSTART_HOOKS.append(lambda: _tracking.schedule_planned(config, TRACKING, logger.warning))
+    # The study's follower (scalestudy.tracking.follow) beside this Snakemake process, from before
+    # the first job (not in dry runs) to its end: SCHEDULED runs for the grid's points, then the
+    # training jobs' journals into MLflow while they run. Rule track stops it before its replay.
+    FOLLOWER_PID = f"{TRACK_LOGS}/{_tracking.FOLLOWER_PID}"
+    ONSTART_HOOKS.append(
+        lambda: _tracking.start_follower(
+            TRACKING, TRACK_LOGS, [paths.RUNS_DIR, paths.SMOKE_DIR], _tracking.planned_points(config)
+        )
+    )
+    ONEXIT_HOOKS.append(lambda: _tracking.stop_follower(FOLLOWER_PID))
 
     rule track:
         input:
@@ -29,6 +38,7 @@ if TRACKING:
             f"{TRACK_LOGS}/sync.json",
         params:
             tracking=lambda wildcards: TRACKING_JSON,
+            follower=FOLLOWER_PID,
         log:
             f"{TRACK_LOGS}/sync.log",
         # On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: it reaches the
@@ -39,6 +49,7 @@ if TRACKING:
         shell:
             "python -m scalestudy.tracking sync --tracking-json {params.tracking:q} --runs-dir results/runs"
             " --smoke-files {input.smoke:q} --comm-files {input.comm:q}"
-            " --study-files {input.study:q} --optional-files results/report.html --out {output:q} > {log:q} 2>&1"
+            " --study-files {input.study:q} --optional-files results/report.html --stop-follower {params.follower:q}"
+            " --out {output:q} > {log:q} 2>&1"
 
     TRACK_TARGETS = [rules.track.output[0]]

@@ -504,6 +504,10 @@ def check_demo_store(workdir: Path) -> None:
     (study,) = by_point["study"]
     assert {"tables", "figures"} <= {info.path for info in client.list_artifacts(study.info.run_id)}
     check_demo_preflight_runs(workdir, by_point, client)
+    # live: the study's follower (not only rule track) replayed every training job's journal
+    followed = (workdir / "results/logs/tracking" / tracking.FOLLOWER_LOG).read_text()
+    for folder in folders:
+        assert f"{tracking.point_of(folder)}: " in followed, tracking.point_of(folder)
 
 
 def check_demo_preflight_runs(workdir: Path, by_point: dict[str, list], client) -> None:

@@ -1,13 +1,17 @@
-"""The live streamer of rank 0 (scalestudy.tracking.live) against an embedded store and an
-unreachable server, without training: a job killed and resumed is one MLflow run, its steps once
-each, KILLED -> RUNNING -> FINISHED; a failure is FAILED with its reason; a dead server is one
-warning and the journal still complete. The trainer's own hooks are tested in test_tracking_train.py."""
+"""Live tracking without training: rank 0's journal (scalestudy.tracking.live) and the study's
+follower (scalestudy.tracking.follow) that replays it into an embedded store or a server. A job
+killed and resumed is one MLflow run, its steps once each, KILLED -> RUNNING -> FINISHED; a failure
+is FAILED with its reason; a replay twice adds nothing; the follower process shows a job RUNNING
+while it runs, stops with its parent or when stopped, and an unreachable server costs it one
+warning while the journal stays complete. The trainer's own hooks: test_tracking_train.py."""
 
 from __future__ import annotations
 
 import json
-import logging
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,12 +23,13 @@ from scalestudy.tracking import live
 
 pytest.importorskip("mlflow")
 
-from scalestudy.tracking import store  # noqa: E402
+from scalestudy.tracking import follow, store  # noqa: E402
 
 GIVEN = {"world_size": 2, "per_gpu_batch": 16, "mode": "strong", "nested": {"a": 1}}
+POINT = "scaling/strong-w2_r0"
 
 
-def fake_trainer(root: Path, point: str = "scaling/strong-w2_r0", main: bool = True):
+def fake_trainer(root: Path, point: str = POINT, main: bool = True):
     return SimpleNamespace(
         is_main=main,
         given=GIVEN,
@@ -42,17 +47,32 @@ def embedded(tmp_path, monkeypatch):
     return settings
 
 
-def attempt(trainer, steps, code, epochs=()):
-    with live.follow(trainer) as run:
-        for step in steps:
-            run.step(step, {"samples_per_s": 100.0 + step, "train_loss_running": 1.0 / (step + 1)})
-        for epoch in epochs:
-            run.epoch(epoch, {"test_acc": 0.1 * epoch, "epoch_time_s": 9.0})
-        run.ended(code)
+def attempt(trainer, steps, code, epochs=(), slurm_job="100"):
+    os.environ["SLURM_JOB_ID"] = slurm_job
+    try:
+        with live.follow(trainer) as run:
+            for step in steps:
+                run.step(step, {"samples_per_s": 100.0 + step, "train_loss_running": 1.0 / (step + 1)})
+            for epoch in epochs:
+                run.epoch(epoch, {"train_loss": 0.5, "test_acc": 0.1 * epoch, "epoch_time_s": 9.0})
+            run.ended(code)
+    finally:
+        del os.environ["SLURM_JOB_ID"]
     return run
 
 
-def the_run(settings, point="scaling/strong-w2_r0"):
+def replayer(settings) -> follow.Replayer:
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    return follow.Replayer(client, experiment, store.study_run(client, experiment, "t"), settings)
+
+
+def replay(settings, trainer) -> int:
+    """What the follower does for one journal (a new Replayer: as after a follower restart)."""
+    return replayer(settings).replay(trainer.out_dir, follow.journal_records(trainer.out_dir))
+
+
+def the_run(settings, point=POINT):
     client = store.client(settings)
     runs = store.find_runs(client, store.experiment_id(client, settings), point)
     assert len(runs) == 1, [r.info.run_id for r in runs]
@@ -61,22 +81,26 @@ def the_run(settings, point="scaling/strong-w2_r0"):
 
 def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(embedded, tmp_path):
     trainer = fake_trainer(tmp_path)
-    first = attempt(trainer, range(0, 8), 75, epochs=[1])
-    assert not first.warned
+    attempt(trainer, range(0, 8), 75, epochs=[1], slurm_job="100")
+    assert replay(embedded, trainer) == 1 + 8 + 1 + 1
     client, run = the_run(embedded)
     assert run.info.status == "KILLED"
-    record = json.loads((tmp_path / "ckpt/scaling/strong-w2_r0" / tracking.RUN_ID_FILE).read_text())
+    record = json.loads((tmp_path / "ckpt" / POINT / tracking.RUN_ID_FILE).read_text())
     assert record["run_id"] == run.info.run_id and record["config_hash"] == provenance.config_hash(GIVEN)
-    # the retry re-runs steps 5..7 (its checkpoint was at 5) and goes on to 12
-    second = attempt(fake_trainer(tmp_path), range(5, 13), 0, epochs=[2])
-    assert second.run_id == run.info.run_id
+    # the retry re-runs steps 5..7 (its checkpoint was at 5) and goes on to 12; epoch 1 again too
+    attempt(fake_trainer(tmp_path), range(5, 13), 0, epochs=[1, 2], slurm_job="101")
+    assert replay(embedded, trainer) == 1 + 8 + 2 + 1  # only the second attempt's records
+    assert replay(embedded, trainer) == 0  # a replay twice adds nothing
     client, run = the_run(embedded)
     assert run.info.status == "FINISHED"
     assert run.data.tags[tracking.TAG_HISTORY] == "RUNNING,KILLED,RUNNING,FINISHED"
+    assert run.data.tags["slurm.job_ids"] == "100,101"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s")]
     assert sorted(steps) == list(range(13))
-    epochs = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch_test_acc")}
-    assert epochs == pytest.approx({1: 0.1, 2: 0.2})
+    epochs = [
+        (m.step, round(m.value, 6)) for m in client.get_metric_history(run.info.run_id, "epoch_test_acc")
+    ]
+    assert sorted(epochs) == [(1, 0.1), (2, 0.2)]  # epoch 1 once
     assert "epoch_epoch_time_s" not in run.data.metrics  # only metrics.csv's learning columns
     assert run.data.params["nested.a"] == "1" and run.data.tags["world_size"] == "2"
     journal = (trainer.out_dir / tracking.JOURNAL).read_text().splitlines()
@@ -84,15 +108,17 @@ def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(embedded, tmp_
 
 
 def test_an_exception_marks_the_run_failed_with_its_reason(embedded, tmp_path):
-    with pytest.raises(RuntimeError), live.follow(fake_trainer(tmp_path)) as run:
+    trainer = fake_trainer(tmp_path)
+    with pytest.raises(RuntimeError), live.follow(trainer) as run:
         run.step(0, {"samples_per_s": 1.0})
         raise RuntimeError("CUDA error: an illegal memory access")
+    replay(embedded, trainer)
     _, found = the_run(embedded)
     assert found.info.status == "FAILED"
     assert "illegal memory access" in found.data.tags["failure_reason"]
 
 
-def test_other_ranks_and_tracking_off_stream_nothing(embedded, tmp_path, monkeypatch):
+def test_other_ranks_and_tracking_off_journal_nothing(embedded, tmp_path, monkeypatch):
     with live.follow(fake_trainer(tmp_path, main=False)) as run:
         assert run is live.NULL_RUN
     monkeypatch.delenv(tracking.ENV)
@@ -101,7 +127,83 @@ def test_other_ranks_and_tracking_off_stream_nothing(embedded, tmp_path, monkeyp
     assert not (tmp_path / "results").exists()
 
 
-def test_an_unreachable_server_costs_one_warning_and_no_step(tmp_path, monkeypatch, caplog):
+def test_a_line_cut_by_a_killed_job_waits_for_its_end(tmp_path):
+    path = tmp_path / tracking.JOURNAL
+    path.write_text('{"kind": "step", "config_hash": "h", "at": [1, {}, 0]}\n{"kind": "st')
+    reader = follow.Follower({}, [tmp_path], None, None)
+    assert [r["at"][0] for r in reader._read(path)] == [1]
+    with open(path, "a") as handle:
+        handle.write('ep", "config_hash": "h", "at": [2, {}, 0]}\n')
+    assert [r["at"][0] for r in reader._read(path)] == [2]
+
+
+# --- the follower as a process --------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if value := predicate():
+                return value
+        except Exception:  # noqa: BLE001 - the store is being created by the follower
+            pass
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def status_of(settings, point=POINT) -> str | None:
+    client = store.client(settings)
+    runs = store.find_runs(client, store.experiment_id(client, settings), point)
+    return runs[0].info.status if runs else None
+
+
+def test_the_follower_shows_the_grid_and_a_job_live_and_drains_when_stopped(embedded, tmp_path):
+    logs = tmp_path / "results/logs/tracking"
+    points = [{"point": POINT, "run": GIVEN}, {"point": "baseline/default", "run": {"world_size": 1}}]
+    pid = tracking.start_follower(embedded, logs, [tmp_path / "results/runs"], points)
+    try:
+        assert wait_for(lambda: status_of(embedded, "baseline/default")) == "SCHEDULED"
+        assert status_of(embedded) == "SCHEDULED"
+        trainer = fake_trainer(tmp_path)
+        with live.follow(trainer) as run:  # the job runs: RUNNING, its steps arrive while it does
+            run.step(1, {"samples_per_s": 5.0})
+            assert wait_for(lambda: status_of(embedded) == "RUNNING")
+            client, found = the_run(embedded)
+            assert wait_for(lambda: store.logged_steps(client, found.info.run_id, "samples_per_s")) == {1}
+            for step in range(2, 40):
+                run.step(step, {"samples_per_s": 5.0})
+            run.ended(0)
+    finally:
+        assert tracking.stop_follower(logs / tracking.FOLLOWER_PID)  # replays what is left, then exits
+    assert not (logs / tracking.FOLLOWER_PID).exists() and not tracking._is_follower(pid)
+    client, found = the_run(embedded)
+    assert found.info.status == "FINISHED"
+    assert found.data.tags[tracking.TAG_HISTORY] == "SCHEDULED,RUNNING,FINISHED"
+    assert sorted(store.logged_steps(client, found.info.run_id, "samples_per_s")) == list(range(1, 40))
+    assert "SCHEDULED run(s) created" in (logs / tracking.FOLLOWER_LOG).read_text()
+
+
+def test_the_follower_ends_with_its_parent(embedded, tmp_path):
+    """Started by a process that then exits (as Snakemake does): it replays what is there and stops."""
+    logs, trainer = tmp_path / "logs", fake_trainer(tmp_path)
+    attempt(trainer, range(3), 0)
+    code = (
+        "import json, sys; from scalestudy import tracking;"
+        "print(tracking.start_follower(json.loads(sys.argv[1]), sys.argv[2], [sys.argv[3]]))"
+    )
+    started = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(embedded), str(logs), str(tmp_path / "results/runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(started.stdout)
+    wait_for(lambda: not tracking._is_follower(pid))
+    assert status_of(embedded) == "FINISHED" and not (logs / tracking.FOLLOWER_PID).exists()
+
+
+def test_an_unreachable_server_costs_the_follower_one_warning(tmp_path, monkeypatch):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -109,12 +211,22 @@ def test_an_unreachable_server_costs_one_warning_and_no_step(tmp_path, monkeypat
     for name, value in tracking.to_environ(settings).items():
         monkeypatch.setenv(name, value)
     trainer = fake_trainer(tmp_path)
-    started = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="scalestudy.tracking"):
-        run = attempt(trainer, range(20), 0, epochs=[1, 2])
-    assert time.perf_counter() - started < 15
-    warnings = [r for r in caplog.records if r.name == "scalestudy.tracking"]
-    assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0].getMessage(), warnings
-    assert run.warned and not run.thread.is_alive()
+    command = [sys.executable, "-m", "scalestudy.tracking", "follow", "--tracking-json", json.dumps(settings)]
+    command += ["--journals", str(tmp_path / "results/runs"), "--log", str(tmp_path / "follow.log")]
+    command += ["--points-json", str(tmp_path / "points.json")]
+    (tmp_path / "points.json").write_text(json.dumps([{"point": POINT, "run": GIVEN}]))
+    follower = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        started = time.perf_counter()
+        attempt(trainer, range(20), 0, epochs=[1, 2])
+        assert time.perf_counter() - started < 1  # the job never waits for the server
+        wait_for(lambda: "failed" in (tmp_path / "follow.log").read_text())
+        time.sleep(2 * follow.POLL_SECONDS)  # journal passes come and go: no second warning
+    finally:
+        follower.terminate()
+    _, errors = follower.communicate(timeout=60)
+    assert follower.returncode == 0
+    warnings = [line for line in errors.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0], errors
     journal = (trainer.out_dir / tracking.JOURNAL).read_text().splitlines()
-    assert len(journal) == 20 + 2  # everything is in the run folder for rule track
+    assert len(journal) == 1 + 20 + 2 + 1  # everything is in the run folder for rule track

@@ -1,8 +1,9 @@
-"""A real `mlflow server` on 127.0.0.1: a training job whose server is killed in the middle still
-finishes with a complete run folder, and rule track's sync fills MLflow afterwards with nothing
-lost and nothing twice; then the MLflow UI, in headless Chromium (Debian's chromium, installed here
-as root when missing), lists every point on the experiment page and renders a run's metric chart.
-With SCALESTUDY_SCREENSHOT_DIR set, the experiment page's screenshot is saved there
+"""A real `mlflow server` on 127.0.0.1: a training job whose server is killed in the middle (while
+the study's follower sends its journal) still finishes with a complete run folder, and the
+follower and rule track's sync fill MLflow afterwards with nothing lost and nothing twice; then
+the MLflow UI, in headless Chromium (Debian's chromium, installed here as root when missing), lists
+every point on the experiment page and renders a run's metric chart. With
+SCALESTUDY_SCREENSHOT_DIR set, the experiment page's screenshot is saved there
 (docs/figures/mlflow_ui.png)."""
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def study(tmp_path_factory, data_dir):  # noqa: F811
     settings = {**tracking.settings({"study": {"name": "served"}}, root), "uri": f"http://127.0.0.1:{port}"}
     settings["artifact_root"] = None
     server = start_server(root, port)
+    logs = root / "results/logs/tracking"
+    tracking.start_follower(settings, logs, [root / "results/runs"])  # the study's, as onstart starts it
     env = {**clean_environ(), "OMP_NUM_THREADS": "1", **tracking.to_environ(settings)}
     folders, killed_while_training = [], None
     points = [("scaling/strong-w1_r0", {"epochs": 8, "per_gpu_batch": 8, "global_batch": 8})]
@@ -117,6 +120,7 @@ def study(tmp_path_factory, data_dir):  # noqa: F811
         folders.append(out)
     assert killed_while_training, "the trainer finished before the server was killed"
     server = start_server(root, port)
+    assert tracking.stop_follower(logs / tracking.FOLLOWER_PID)  # as rule track stops it, then its sync
     record = sync.sync(settings, root / "results/runs", [], root)
     yield root, settings, folders, record, port
     stop_server(server)

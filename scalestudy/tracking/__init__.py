@@ -4,9 +4,10 @@ one run for the study.
 The run folder stays the source of truth. The study's settings (config `tracking:`) reach a
 training job through one environment variable (ENV, set by rules/track.smk), never through the run
 config, so the run configs and results/ are the same with tracking on or off. Rank 0 of a training
-job streams to MLflow from a background thread (scalestudy.tracking.live); `python -m
-scalestudy.tracking sync` (rule `track`, on the submit host) replays the run folders into MLflow
-afterwards, adding only what is missing (scalestudy.tracking.sync).
+job appends its run's records to a journal in its run folder (scalestudy.tracking.live); the
+study's follower on the submit host sends them to MLflow while the jobs run
+(scalestudy.tracking.follow), and `python -m scalestudy.tracking sync` (rule `track`) replays the
+run folders afterwards, adding only what is missing (scalestudy.tracking.sync).
 
 This module imports no third-party package (the Snakefile imports it); only the submodules that
 talk to MLflow import mlflow, and only when tracking is on.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,24 +100,74 @@ def planned_points(config: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def schedule_planned(config: dict[str, Any], tracking: dict[str, Any], warn: Callable[[str], Any]) -> None:
-    """SCHEDULED runs for the config's grid points (rules/track.smk, before the first job), made in
-    a subprocess: the Snakefile's process never imports mlflow. A failure only warns (`warn`): the
-    training jobs and rule track create what is missing."""
+FOLLOWER_PID = "follow.pid"  # in the study's tracking log folder, while a follower runs
+FOLLOWER_LOG = "follow.log"
+PLANNED_POINTS = "planned.json"
+
+
+def start_follower(
+    tracking: dict[str, Any],
+    logs_dir: str | os.PathLike,
+    roots: list[str | os.PathLike],
+    points: list[dict[str, Any]] | None = None,
+) -> int | None:
+    """Starts the study's follower (scalestudy.tracking.follow) beside this process (Snakemake's),
+    once a previous one has stopped: it makes `points` (planned_points) SCHEDULED, then replays the
+    run folders' journals under `roots` into MLflow while the jobs write them, until stop_follower
+    or this process's end. This process never imports mlflow. Its pid; None for `live: false`."""
     import subprocess
     import sys
-    import tempfile
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as points:
-        json.dump(planned_points(config), points)
-    command = [sys.executable, "-m", "scalestudy.tracking", "schedule"]
-    command += ["--tracking-json", json.dumps(tracking, sort_keys=True), "--points-json", points.name]
+    if not tracking.get("live", True):
+        return None
+    logs = Path(logs_dir).resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    stop_follower(logs / FOLLOWER_PID)
+    command = [sys.executable, "-m", "scalestudy.tracking", "follow"]
+    command += ["--tracking-json", json.dumps(tracking, sort_keys=True), "--journals", *map(str, roots)]
+    if points:
+        (logs / PLANNED_POINTS).write_text(json.dumps(points))
+        command += ["--points-json", str(logs / PLANNED_POINTS)]
+    command += ["--parent-pid", str(os.getpid())]
+    command += ["--pid-file", str(logs / FOLLOWER_PID), "--log", str(logs / FOLLOWER_LOG)]
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}  # its warnings: to our stderr
+    follower = subprocess.Popen(command, **quiet, start_new_session=True)
+    return follower.pid
+
+
+def stop_follower(pid_file: str | os.PathLike, timeout_s: float = 120) -> bool:
+    """Stops the follower that `pid_file` names, if it runs on this host: SIGTERM, which makes it
+    replay what the journals hold and exit; waited for `timeout_s`, then killed. False if none ran."""
+    import signal
+    import socket
+    import time
+
     try:
-        scheduled = subprocess.run(command, capture_output=True, text=True)
-    finally:
-        os.unlink(points.name)
-    if scheduled.returncode != 0:
-        warn(f"warning: tracking: the SCHEDULED runs were not created:\n{scheduled.stderr[-2000:]}")
+        record = json.loads(Path(pid_file).read_text())
+        pid = int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if record.get("host") != socket.gethostname() or not _is_follower(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _is_follower(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.1)
+    Path(pid_file).unlink(missing_ok=True)
+    return True
+
+
+def _is_follower(pid: int) -> bool:
+    """A live process with that pid that is a follower (not a pid reused since)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return b"scalestudy.tracking\0follow" in command and state != "Z"
 
 
 def point_of(out_dir: str | os.PathLike) -> str:

@@ -1,9 +1,11 @@
-"""`python -m scalestudy.tracking sync|schedule`: the study's run folders into MLflow (rule `track`).
+"""`python -m scalestudy.tracking sync|schedule|follow`: the study's run folders into MLflow.
 
   sync      --tracking-json JSON --runs-dir results/runs [--smoke-files results/smoke/*.json]
             [--comm-files results/comm/w*.csv] [--study-files F ...] [--optional-files F ...]
-            --out RECORD.json
+            [--stop-follower PIDFILE] --out RECORD.json                       (rule `track`)
   schedule  --tracking-json JSON --points-json FILE   (a JSON list of {"point", "run"}: SCHEDULED runs)
+  follow    --tracking-json JSON --journals DIR ... [--points-json FILE] [--parent-pid PID]
+            [--pid-file FILE] [--log FILE]     (the study's follower: scalestudy.tracking.follow)
 
 Exit 2 for bad input (the option is named), 1 when the tracking store cannot be reached.
 """
@@ -39,9 +41,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     sync.add_argument("--root", type=Path, default=Path("."), help="the study's folder (results/ is in it)")
     sync.add_argument("--out", type=Path, help="a JSON record of what was added")
+    sync.add_argument("--stop-follower", type=Path, help="the study's follower's pid file: stopped first")
     schedule = sub.add_parser("schedule", help="SCHEDULED runs for the points not yet running")
     schedule.add_argument("--points-json", type=Path, required=True)
-    for command in (sync, schedule):
+    follow = sub.add_parser("follow", help="the journals into MLflow while the study runs")
+    follow.add_argument("--journals", nargs="+", type=Path, required=True, help="folders to watch")
+    follow.add_argument("--points-json", type=Path, help="points to make SCHEDULED first")
+    follow.add_argument("--parent-pid", type=int, help="stop when this parent process is gone")
+    follow.add_argument("--pid-file", type=Path)
+    follow.add_argument("--log", type=Path)
+    for command in (sync, schedule, follow):
         command.add_argument(
             "--tracking-json", required=True, help="the settings (scalestudy.tracking.settings)"
         )
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         tracking = load_settings(args.tracking_json)
-        if args.command == "schedule":
+        if args.command in ("schedule", "follow") and args.points_json:
             try:
                 points = json.loads(args.points_json.read_text())
             except (OSError, ValueError) as error:
@@ -71,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as error:
         log.error("%s", error)
         return 2
+    if args.command == "follow":
+        from scalestudy.tracking import follow
+
+        planned = points if args.points_json else None
+        return follow.main(tracking, args.journals, planned, args.parent_pid, args.pid_file, args.log)
+    if args.command == "sync" and args.stop_follower:
+        from scalestudy.tracking import stop_follower
+
+        if stop_follower(args.stop_follower):
+            log.info("the study's follower stopped")
     from scalestudy.tracking import preflight_runs, sync
 
     try:

@@ -1,11 +1,12 @@
 """What live tracking costs a training job: `python -m scalestudy.tracking.bench [--pairs N]`.
 
 Trains the demo's baseline point for `--epochs` (config/demo.yaml, one rank, on the packed data
-the demo made in results/data/packed) with tracking off and on (the embedded SQLite store in a
-temporary folder),
-in interleaved pairs (off, on, off, on, ...) so that machine load hits both alike, and prints the
-steady-state throughput (summary.json's images_per_s) and wall time of each, with the medians and
-their ratio. docs/benchmarks.md holds the numbers.
+the demo made in results/data/packed) with tracking off and on, in interleaved pairs (off, on, off,
+on, ...) so that machine load hits both alike. On: the embedded SQLite store in a temporary folder
+and the study's follower on the same cores, started before the job, which starts once the follower
+has attached to the store (as every job of a study but the first does), and stopped once it has
+replayed the job's journal. Prints the steady-state throughput (summary.json's images_per_s) and
+wall time of each, with the medians and their ratio. docs/benchmarks.md holds the numbers.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ def one(run: dict, out: Path, env: dict) -> tuple[float, float]:
     return json.loads((out / runfiles.SUMMARY).read_text())["results"]["images_per_s"], wall
 
 
+def follower_ready(settings: dict, logs: Path, runs: Path) -> None:
+    """Starts the study's follower and waits until it has attached to the store."""
+    from scalestudy.tracking import follow
+
+    tracking.start_follower(settings, logs, [runs])
+    deadline = time.monotonic() + 120
+    log = logs / tracking.FOLLOWER_LOG
+    while not log.is_file() or follow.FOLLOWING not in log.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the follower did not start: {log}")
+        time.sleep(0.1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
@@ -61,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
             for mode, extra in (("off", {}), ("on", tracking.to_environ(settings))):
                 checkpoints = root / f"ckpt-{mode}-{index}"
                 run = run_config(args.config, args.data_dir.resolve(), checkpoints, args.epochs)
-                results[mode].append(one(run, root / f"results/runs/{mode}/{index}", {**base, **extra}))
+                out = root / f"results/runs/{mode}/{index}"
+                if extra:
+                    follower_ready(settings, root / "logs", out.parent)
+                results[mode].append(one(run, out, {**base, **extra}))
+                if extra:
+                    tracking.stop_follower(root / "logs" / tracking.FOLLOWER_PID)
                 rate, wall = results[mode][-1]
                 print(f"{mode} {index}: {rate:.1f} images/s, wall {wall:.1f} s", flush=True)
     medians = {

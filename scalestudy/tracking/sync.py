@@ -6,10 +6,12 @@ created under the study's run) gets the flattened run config as params, its tags
 size, ..., git commit, image digest, Slurm job ids and node lists, attempt), the per-step metrics of
 the journal (tracking.jsonl) and steps.csv, the per-epoch metrics of metrics.csv (step = epoch), the
 summary's steady-state figures (step 0), the GPU monitor's series as system metrics, and the run
-folder's files and rank logs as artifacts; it ends FINISHED. The smoke tests (results/smoke) and
-the collective benchmark (results/comm) are points too (scalestudy.tracking.preflight_runs). Runs of
-the same point with another config hash are tagged superseded. The study's run gets the tables,
-figures, report and paper. `schedule` creates the runs of points not yet run, SCHEDULED.
+folder's files and rank logs as artifacts; it ends FINISHED. First, every journal's records the
+study's follower did not replay are replayed (scalestudy.tracking.follow: statuses, attempts, Slurm
+jobs). The smoke tests (results/smoke) and the collective benchmark (results/comm) are points too
+(scalestudy.tracking.preflight_runs). Runs of the same point with another config hash are tagged
+superseded. The study's run gets the tables, figures, report and paper. `schedule` creates the
+runs of points not yet run, SCHEDULED.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from scalestudy import provenance
 from scalestudy.plan import runfiles
-from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, point_of, point_tags, preflight_runs, store
+from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, follow, point_of, point_tags, preflight_runs, store
 
 log = logging.getLogger("scalestudy.tracking")
 
@@ -160,6 +162,15 @@ def sync_study(client, experiment: str, parent: str, files: list[Path], root: Pa
     return sent
 
 
+def replay_journals(replayer: follow.Replayer, runs_dir: Path, smoke_files: Iterable[Path]) -> None:
+    """What the follower has not replayed of every journal (a run's status history, its
+    attempts' jobs; a failed point's too), before the run folders fill their runs."""
+    journals = sorted(runs_dir.glob(f"**/{JOURNAL}"))
+    journals += [path for path in (Path(f).with_suffix("") / JOURNAL for f in smoke_files) if path.is_file()]
+    for path in journals:
+        replayer.replay(path.parent, follow.journal_records(path.parent))
+
+
 def sync(
     tracking: dict,
     runs_dir: Path,
@@ -175,6 +186,7 @@ def sync(
     client = store.client(tracking, patient=True)
     experiment = store.experiment_id(client, tracking)
     parent = store.study_run(client, experiment, tracking["study"])
+    replay_journals(follow.Replayer(client, experiment, parent, tracking), runs_dir, smoke_files)
     runs = [
         sync_run(client, experiment, parent, path.parent, tracking, root)
         for path in sorted(runs_dir.glob("**/summary.json"))
@@ -189,12 +201,6 @@ def schedule(tracking: dict, points: list[dict[str, Any]]) -> list[str]:
     """Creates a SCHEDULED run for each point ({point, run}) that has no run of its run config."""
     client = store.client(tracking, patient=True)
     experiment = store.experiment_id(client, tracking)
-    parent = store.study_run(client, experiment, tracking["study"])
-    created = []
-    for item in points:
-        config_hash = provenance.config_hash(item["run"])
-        tags = point_tags(item["point"], config_hash, item["run"], tracking["study"])
-        run_id, new = store.point_run(client, experiment, tags, item["run"], parent, status="SCHEDULED")
-        if new:
-            created.append(item["point"])
-    return created
+    return follow.schedule_in(
+        client, experiment, store.study_run(client, experiment, tracking["study"]), tracking, points
+    )
