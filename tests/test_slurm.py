@@ -363,9 +363,10 @@ def status_history(run) -> list[str]:
 
 
 def test_every_points_mlflow_run_names_its_slurm_job_and_nodes(demo, slurm):
-    """The demo's embedded MLflow store: each training point's run went RUNNING on its compute node
-    (live, not only replayed by rule `track`) and FINISHED, and its tags name the Slurm job and node
-    list that summary.json's provenance and Slurm itself name."""
+    """The demo's embedded MLflow store: each training point's run went RUNNING when its job started
+    on a compute node (its journal's start record, sent by the study's follower on the submit host)
+    and FINISHED, and its tags name the Slurm job and node list that summary.json's provenance and
+    Slurm itself name."""
     workdir, configfile, output = demo
     client, experiment = mlflow_store(workdir, configfile)
     runs = summaries(workdir)
@@ -703,8 +704,8 @@ def test_a_training_job_killed_at_its_time_limit_is_retried_resumes_and_keeps_bo
     assert f"launch: attempt 1, Slurm job {attempts[0]}," in first_log
     assert re.search(r"checkpoint", first_log, re.I) and "resumed from" not in first_log, first_log[-3000:]
     assert kept[len(attempts)].read_text() == log.read_text()
-    # MLflow (live, from the compute nodes; rule `track` has not run): ONE run, stopped KILLED by
-    # attempt 1, continued RUNNING by the retry (run id kept in the checkpoint folder), FINISHED
+    # MLflow (live: the compute nodes' journals sent by the study's follower; rule `track` has not
+    # run): ONE run, stopped KILLED by attempt 1, continued RUNNING by the retry, FINISHED
     client, experiment = mlflow_store(workdir, configfile)
     run = mlflow_run(client, experiment, "baseline/default", summary)
     assert len(store_runs(client, experiment, "baseline/default")) == 1
