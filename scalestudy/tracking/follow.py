@@ -2,12 +2,12 @@
 
 One process per Snakemake run, on the submit host (started by the Snakefile's onstart, stopped by
 rule `track` and at Snakemake's end: scalestudy.tracking.start_follower, stop_follower), at nice 19:
-it first makes the grid's points SCHEDULED, then once a second reads what the training jobs'
-rank 0 appended to their journals (scalestudy.tracking.live) and replays it: a `start` record marks
-the point's run RUNNING (found by the run id in the point's checkpoint folder, else by its tags,
-else created) and adds the attempt's Slurm job and nodes, steps and epochs become metrics, an `end`
-record marks it FINISHED, KILLED or FAILED with the reason. Compute nodes need not reach the
-tracking server, and no training job pays for mlflow.
+it first makes the grid's points SCHEDULED, then once a second reads what the training jobs' rank 0
+appended to their journals (scalestudy.tracking.live) and replays it (a status at once, metrics
+every BATCH_SECONDS): a `start` record marks the point's run RUNNING (found by the run id in the
+point's checkpoint folder, else by its tags, else created) and adds the attempt's Slurm job and
+nodes, steps and epochs become metrics, an `end` record marks it FINISHED, KILLED or FAILED with
+the reason. Compute nodes need not reach the tracking server, and no training job pays for mlflow.
 
 Each record is replayed once: the run's tag RECORDS_TAG counts the records of its config hash
 already replayed, so the follower after a restart, and rule `track`'s sync (which replays the
@@ -35,7 +35,8 @@ from scalestudy.tracking import JOURNAL, point_of, point_tags, store
 
 log = logging.getLogger("scalestudy.tracking")
 
-POLL_SECONDS = 1.0  # how often the journals are read
+POLL_SECONDS = 1.0  # how often the journals are read; a start or an end goes out at once
+BATCH_SECONDS = 5.0  # how long steps and epochs gather before they go out (store writes cost CPU)
 RETRY_SECONDS = 30.0  # after the store failed
 RECORDS_TAG = "scalestudy.journal_records"
 STEP_KEY = "samples_per_s"  # a per-step metric every logged step has
@@ -202,6 +203,8 @@ class Follower:
     def __init__(self, tracking: dict, roots: list[Path], points: list[dict] | None, parent_pid: int | None):
         self.tracking, self.roots, self.points, self.parent_pid = tracking, roots, points, parent_pid
         self.offsets: dict[Path, int] = {}
+        self.pending: dict[Path, list[dict[str, Any]]] = {}  # read, not yet replayed
+        self.sent_at: dict[Path, float] = {}
         self.replayer: Replayer | None = None
         self.stopping, self.warned, self.retry_at, self.following = False, False, 0.0, False
 
@@ -236,12 +239,29 @@ class Follower:
             log.info("%d SCHEDULED run(s) created in %s", len(created), self.tracking["experiment"])
             self.points = None
         for path in self._journals():
-            new = self.replayer.replay(path.parent, self._read(path))
-            if new:
-                log.info("%s: %d record(s)", point_of(path.parent), new)
+            self.pending.setdefault(path, []).extend(self._read(path))
+            if self._due(path):
+                new = self.replayer.replay(path.parent, self.pending.pop(path))
+                self.sent_at[path] = time.monotonic()
+                if new:
+                    log.info("%s: %d record(s)", point_of(path.parent), new)
         if not self.following:
             self.following = True
             log.info("%s: following %s", FOLLOWING, ", ".join(map(str, self.roots)))
+
+    def _due(self, path: Path) -> bool:
+        """The journal's new records go out: a status among them, BATCH_SECONDS since the last
+        ones went, or the last pass."""
+        records = self.pending.get(path)
+        if not records:
+            return False
+        if (
+            self.stopping
+            or not self._parent_alive()
+            or any(r.get("kind") in ("start", "end") for r in records)
+        ):
+            return True
+        return time.monotonic() - self.sent_at.get(path, 0.0) >= BATCH_SECONDS
 
     def _journals(self) -> list[Path]:
         return sorted(path for root in self.roots if root.is_dir() for path in root.glob(f"**/{JOURNAL}"))
@@ -279,7 +299,11 @@ class Follower:
                 )
             else:
                 log.info("tracking: MLflow failed again (%s)", type(error).__name__)
-            self.replayer, self.offsets = None, {}  # read everything again: the run tags say what is done
+            self.replayer, self.offsets, self.pending = (
+                None,
+                {},
+                {},
+            )  # all again: the run tags say what is done
             self.retry_at = time.monotonic() + RETRY_SECONDS
 
 
