@@ -230,3 +230,13 @@ def test_an_unreachable_server_costs_the_follower_one_warning(tmp_path, monkeypa
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0], errors
     journal = (trainer.out_dir / tracking.JOURNAL).read_text().splitlines()
     assert len(journal) == 1 + 20 + 2 + 1  # everything is in the run folder for rule track
+
+
+def test_live_off_means_no_journal_and_no_follower(tmp_path, monkeypatch):
+    settings = tracking.settings({"study": {"name": "t"}, "tracking": {"live": False}}, tmp_path)
+    for name, value in tracking.to_environ(settings).items():
+        monkeypatch.setenv(name, value)
+    with live.follow(fake_trainer(tmp_path)) as run:
+        assert run is live.NULL_RUN
+    assert tracking.start_follower(settings, tmp_path / "logs", [tmp_path / "results/runs"]) is None
+    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
