@@ -240,3 +240,28 @@ def test_live_off_means_no_journal_and_no_follower(tmp_path, monkeypatch):
         assert run is live.NULL_RUN
     assert tracking.start_follower(settings, tmp_path / "logs", [tmp_path / "results/runs"]) is None
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
+
+
+def test_a_replaced_journal_is_read_anew_and_the_old_ones_unsent_steps_dropped(embedded, tmp_path):
+    """A point re-run from an empty run folder: the follower reads the new journal from its start,
+    and the old journal's steps still waiting for their batch are not sent."""
+    trainer = fake_trainer(tmp_path)
+    follower = follow.Follower(embedded, [tmp_path / "results/runs"], None, None)
+    journal = trainer.out_dir / tracking.JOURNAL
+    run = live.JournalRun({"v": 1}, trainer.out_dir, trainer.config["checkpoint_dir"])
+    for step in range(1, 4):
+        run.step(step, {"samples_per_s": 1.0})
+    follower._pass()  # the start record: sent at once, with steps 1 - 3
+    for step in range(4, 6):
+        run.step(step, {"samples_per_s": 1.0})
+    follower._pass()  # steps 4, 5 wait for their batch
+    run.close("KILLED")
+    journal.unlink()
+    live.JournalRun({"v": 2}, trainer.out_dir, trainer.config["checkpoint_dir"] + "-2")
+    follower._pass()
+    client = store.client(embedded)
+    runs = store.find_runs(client, store.experiment_id(client, embedded), POINT)
+    by_config = {r.data.tags[tracking.TAG_HASH]: r for r in runs}
+    old, new = by_config[provenance.config_hash({"v": 1})], by_config[provenance.config_hash({"v": 2})]
+    assert store.logged_steps(client, old.info.run_id, "samples_per_s") == {1, 2, 3}
+    assert new.info.status == "RUNNING"

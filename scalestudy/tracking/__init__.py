@@ -162,12 +162,13 @@ def stop_follower(pid_file: str | os.PathLike, timeout_s: float = 120) -> bool:
 
 def _is_follower(pid: int) -> bool:
     """A live process with that pid that is a follower (not a pid reused since)."""
+    from scalestudy.launch.rendezvous import process_running  # stdlib only
+
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return b"scalestudy.tracking\0follow" in command and state != "Z"
+    return b"scalestudy.tracking\0follow" in command and process_running(pid)
 
 
 def point_of(out_dir: str | os.PathLike) -> str:

@@ -33,6 +33,7 @@ from scalestudy.plan import runfiles
 
 
 def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path, epochs: int) -> dict:
+    """The demo's baseline point's run config, on `data_dir`, for `epochs`."""
     from scalestudy.plan import grid, schema
 
     config = yaml.safe_load(config_path.read_text())
@@ -49,19 +50,20 @@ def one(run: dict, out: Path, env: dict, follower: int | None = None) -> dict[st
     the share of CPU the follower took while the job trained (first to last logged step)."""
     started = time.perf_counter()
     command = [sys.executable, "-m", "scalestudy.train", "--run-config-json", json.dumps(run)]
-    job = subprocess.Popen(
-        [*command, "--out-dir", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
     samples = []  # (time, the job's CPU s, the follower's CPU s)
-    while job.poll() is None:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            samples.append(
-                (time.time(), process_cpu_s(job.pid), process_cpu_s(follower) if follower else 0.0)
-            )
-        time.sleep(0.05)
-    errors = job.stderr.read().decode(errors="replace")
-    if job.wait() != 0:
-        raise SystemExit(f"the training job failed:\n{errors[-3000:]}")
+    with tempfile.TemporaryFile() as errors:  # not a pipe: its progress log would fill one
+        job = subprocess.Popen(
+            [*command, "--out-dir", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=errors
+        )
+        while job.poll() is None:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                samples.append(
+                    (time.time(), process_cpu_s(job.pid), process_cpu_s(follower) if follower else 0.0)
+                )
+            time.sleep(0.05)
+        if job.returncode != 0:
+            errors.seek(0)
+            raise SystemExit(f"the training job failed:\n{errors.read().decode(errors='replace')[-3000:]}")
     result = {
         "rate": json.loads((out / runfiles.SUMMARY).read_text())["results"]["images_per_s"],
         "wall": time.perf_counter() - started,
@@ -113,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         settings = tracking.settings({"study": {"name": "bench"}}, root)
+        given = run_config(args.config, args.data_dir.resolve(), root, args.epochs)
         for index in range(args.pairs):
             for mode in ("off", "on"):
-                checkpoints = root / f"ckpt-{mode}-{index}"
-                run = run_config(args.config, args.data_dir.resolve(), checkpoints, args.epochs)
+                run = given | {"checkpoint_dir": str(root / f"ckpt-{mode}-{index}")}
                 out = root / f"results/runs/{mode}/{index}"
                 if mode == "off":
                     results[mode].append(one(run, out, base))

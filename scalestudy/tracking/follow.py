@@ -239,7 +239,8 @@ class Follower:
             log.info("%d SCHEDULED run(s) created in %s", len(created), self.tracking["experiment"])
             self.points = None
         for path in self._journals():
-            self.pending.setdefault(path, []).extend(self._read(path))
+            records = self._read(path)
+            self.pending.setdefault(path, []).extend(records)
             if self._due(path):
                 new = self.replayer.replay(path.parent, self.pending.pop(path))
                 self.sent_at[path] = time.monotonic()
@@ -270,8 +271,9 @@ class Follower:
         """The journal's complete lines past what was read before (from the start if it shrank)."""
         offset = self.offsets.get(path, 0)
         try:
-            if path.stat().st_size < offset:
+            if path.stat().st_size < offset:  # replaced: its records so far are another file's
                 offset = 0
+                self.pending.pop(path, None)
                 self.replayer.forget(path.parent)
             with open(path, "rb") as handle:
                 handle.seek(offset)
@@ -299,12 +301,13 @@ class Follower:
                 )
             else:
                 log.info("tracking: MLflow failed again (%s)", type(error).__name__)
-            self.replayer, self.offsets, self.pending = (
-                None,
-                {},
-                {},
-            )  # all again: the run tags say what is done
+            self._start_over()
             self.retry_at = time.monotonic() + RETRY_SECONDS
+
+    def _start_over(self) -> None:
+        """Forgets every journal and the store: the next pass reads all again (the runs' tags
+        say which records were replayed)."""
+        self.replayer, self.offsets, self.pending = None, {}, {}
 
 
 def main(
