@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,40 @@ def test_tracking_off_imports_no_mlflow():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=clean_environ()
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from scalestudy.tracking import store
+import mlflow  # imported before the start line: the processes open the store together
+settings = {"uri": sys.argv[1], "experiment": "at-once"}
+while time.time() < float(sys.argv[2]):
+    time.sleep(0.001)
+client = store.client(settings)
+print(store.experiment_id(client, settings))
+"""
+
+
+def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
+    """The follower, rule track and a user's client may open a fresh embedded store together:
+    each would create its tables (a CI run failed on MLflow's migration, "expected to match one
+    row"); store.client lets one at a time in. Without the lock 3 of 4 failed here, every time."""
+    uri = settings_for(tmp_path)["uri"]
+    start = f"{time.time() + 10:.3f}"  # after the four interpreters have imported mlflow
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT_ONCE, uri, start],
+            cwd=REPO,
+            env=clean_environ(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in processes]
+    assert [code for code, _, _ in results] == [0] * 4, [err[-2000:] for _, _, err in results]
+    assert len({out.strip() for _, out, _ in results}) == 1  # one experiment, the same for all
 
 
 # --- sync ------------------------------------------------------------------------------------------

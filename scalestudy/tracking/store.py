@@ -6,10 +6,13 @@ checkpoint folder that lets a retry continue the same MLflow run."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,30 @@ def client(tracking: dict[str, Any], patient: bool = False):
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout)
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking["uri"])
+    with schema_lock(tracking["uri"]):
+        return MlflowClient(tracking_uri=tracking["uri"])
+
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+@contextlib.contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Holds an exclusive lock beside an SQLite store while a client opens it. Opening a store
+    creates or upgrades its tables; two processes doing that at once (the follower and rule
+    `track`, or a test's client, on a fresh results/) break each other's migration ("Online
+    migration expected to match one row ..."). A server's store (http://) needs nothing."""
+    if not uri.startswith(SQLITE_PREFIX):
+        yield
+        return
+    database = Path(uri[len(SQLITE_PREFIX) :])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
