@@ -62,6 +62,12 @@ COVERED: dict[str, tuple[str, str]] = {
         '["bash", "scripts/demo.sh", "--configfile", "config/demo-gpt.yaml"]',
     ),
     "snakemake --report results/report.html": ("scripts/demo.sh", "--report results/report.html"),
+    # the whole demo, as demo.sh's first command runs it (tests/test_workflow.py); its point, the
+    # rules' python without the venv on PATH, is tests/test_faults.py's
+    ".venv/bin/snakemake --profile profiles/local": (
+        "scripts/demo.sh",
+        'snakemake --profile profiles/local "$@"\n',
+    ),
     "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
     ".venv/bin/python -m pytest -m slurm tests/test_slurm.py -v": (
         "tests/test_slurm.py",

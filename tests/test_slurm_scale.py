@@ -175,12 +175,12 @@ def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocatio
     print(f"one allocation: job {job_id}, {len(step_rows)} steps, {len(runs)} points")
 
 
-def test_in_one_allocation_the_study_learns_what_the_local_executor_learns(allocation_demo, tmp_path):
+def test_in_one_allocation_the_study_learns_what_the_local_executor_learns(allocation_demo, tmp_path_factory):
     """The same catalog's learning columns as the local executor on the same config (throughput and
     timings aside); the local run is shared with tests/test_slurm.py's grouped route."""
     _, workdir, configfile, _, state, _ = allocation_demo
     assert state["JobState"] == "COMPLETED", state
-    assert_learns_what_the_local_executor_learns(workdir, configfile, tmp_path)
+    assert_learns_what_the_local_executor_learns(workdir, configfile, tmp_path_factory.getbasetemp())
 
 
 # ----------------------------------------------------------------------------- job arrays

@@ -1,27 +1,20 @@
 """A real `mlflow server` on 127.0.0.1: a training job whose server is killed in the middle (while
 the study's follower sends its journal) still finishes with a complete run folder, and the
-follower and rule track's sync fill MLflow afterwards with nothing lost and nothing twice; then
-the MLflow UI, in headless Chromium (Debian's chromium, installed here as root when missing), lists
-every point on the experiment page and renders a run's metric chart. With
-SCALESTUDY_SCREENSHOT_DIR set, the experiment page's screenshot is saved there
-(docs/figures/mlflow_ui.png)."""
+follower and rule track's sync fill MLflow afterwards with nothing lost and nothing twice. (The
+demo against a server, and its runs in the MLflow UI in headless Chromium: tests/test_slurm.py.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from scalestudy import tracking
+from tests.mlflow_server import free_port, start_server, stop_server
 from tests.test_tracking import clean_environ, data_dir, make_run  # noqa: F401 - fixture
 
 pytest.importorskip("mlflow")
@@ -30,64 +23,6 @@ from scalestudy.tracking import store, sync  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--window-size=1600,1200",
-    "--run-all-compositor-stages-before-draw",
-    "--virtual-time-budget=60000",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_server(folder: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` on an SQLite backend in `folder`; returns once /health answers."""
-    mlflow = Path(sys.executable).parent / "mlflow"
-    command = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    command += ["--backend-store-uri", f"sqlite:///{folder}/mlflow.db"]
-    command += ["--artifacts-destination", str(folder / "artifacts")]
-    log = open(folder / f"server-{port}.log", "a")  # noqa: SIM115 - closed with the process
-    server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-        if server.poll() is not None:
-            break
-    stop_server(server)
-    raise AssertionError(
-        f"mlflow server did not start:\n{(folder / f'server-{port}.log').read_text()[-3000:]}"
-    )
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGKILL)  # the server and its workers, as a crash would
-    server.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
-        found = shutil.which("chromium")
-    if found is None:
-        pytest.skip("no chromium, and not root with apt-get to install Debian's")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -160,37 +95,3 @@ def test_the_server_killed_mid_run_loses_nothing_and_doubles_nothing(study):
         assert run.data.metrics["summary_final_test_acc"] == pytest.approx(summary["final_test_acc"])
     again = sync.sync(settings, root / "results/runs", [], root)
     assert sum(r["metrics"] + r["artifacts"] for r in again["runs"]) == 0
-
-
-def chromium_page(chromium: str, url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180)
-
-
-def rendered(chromium: str, url: str, profile: Path, *wanted: str) -> str:
-    """The page's DOM once it holds every `wanted` string (a loaded machine renders late: 3 tries)."""
-    for _ in range(3):
-        page = chromium_page(chromium, url, profile, "--dump-dom")
-        if all(text in page.stdout for text in wanted):
-            break
-    return page.stdout
-
-
-def test_the_ui_lists_every_point_and_draws_a_metric_chart(study, chromium, tmp_path):
-    root, settings, folders, _, port = study
-    client = store.client(settings)
-    experiment = store.experiment_id(client, settings)
-    page = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs"
-    points = [tracking.point_of(folder) for folder in folders]
-    listing = rendered(chromium, page, tmp_path / "profile", *points)
-    assert all(point in listing for point in points), listing[-3000:]
-    (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
-    metrics = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs/{run.info.run_id}/model-metrics"
-    # the charts come in the metrics' order, drawn as they scroll into view: the first are epoch_*
-    chart = rendered(chromium, metrics, tmp_path / "profile", "js-plotly-plot", "epoch_test_acc")
-    assert "js-plotly-plot" in chart and "epoch_test_acc" in chart, chart[-3000:]
-    shot = tmp_path / "mlflow_ui.png"
-    chromium_page(chromium, page, tmp_path / "profile", f"--screenshot={shot}")
-    assert shot.stat().st_size > 20_000
-    if os.environ.get("SCALESTUDY_SCREENSHOT_DIR"):
-        shutil.copy(shot, Path(os.environ["SCALESTUDY_SCREENSHOT_DIR"]) / "mlflow_ui.png")

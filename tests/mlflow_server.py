@@ -1,0 +1,113 @@
+"""A real `mlflow server` and the MLflow UI in headless Chromium, for the tests that need them
+(tests/test_tracking_server.py on this machine's 127.0.0.1, tests/test_slurm.py on the test
+cluster's submit host). `via` runs the server, its health check and Chromium behind a command
+prefix, e.g. `bash tests/slurm/cluster.sh exec` (the cluster's head network namespace, whose
+127.0.0.1 is not this one's)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--window-size=1600,1200",
+    "--run-all-compositor-stages-before-draw",
+    "--virtual-time-budget=60000",
+]
+HEALTH = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(folder: Path, port: int, via: Sequence[str] = ()) -> subprocess.Popen:
+    """`mlflow server` on an SQLite backend in `folder` (mlflow.db, artifacts/); returns once its
+    /health answers."""
+    mlflow = Path(sys.executable).parent / "mlflow"
+    command = [*via, str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{folder}/mlflow.db"]
+    command += ["--artifacts-destination", str(folder / "artifacts")]
+    log_path = folder / f"server-{port}.log"
+    log = open(log_path, "a")  # noqa: SIM115 - closed with the process
+    server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+    health = [*via, sys.executable, "-c", HEALTH, f"http://127.0.0.1:{port}/health"]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and server.poll() is None:
+        if subprocess.run(health, capture_output=True, timeout=60).returncode == 0:
+            return server
+        time.sleep(0.5)
+    stop_server(server)
+    raise AssertionError(f"mlflow server did not start:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its workers, as a crash would
+    server.wait(timeout=30)
+
+
+def chromium_binary() -> str:
+    """Debian's chromium, installed here when missing (as root with apt-get), else a skip."""
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("no chromium, and not root with apt-get to install Debian's")
+    return found
+
+
+def chromium_page(
+    chromium: str, url: str, profile: Path, *args: str, via: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    command = [*via, chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180)
+
+
+def rendered(chromium: str, url: str, profile: Path, *wanted: str, via: Sequence[str] = ()) -> str:
+    """The page's DOM once it holds every `wanted` string (a loaded machine renders late: 3 tries)."""
+    for _ in range(3):
+        page = chromium_page(chromium, url, profile, "--dump-dom", via=via)
+        if all(text in page.stdout for text in wanted):
+            break
+    return page.stdout
+
+
+def check_ui(
+    chromium: str, port: int, experiment: str, points: list[str], run_id: str, scratch: Path,
+    via: Sequence[str] = (),
+) -> Path:  # fmt: skip
+    """The experiment page lists every point and the run's metric chart renders; the experiment
+    page's screenshot (copied to $SCALESTUDY_SCREENSHOT_DIR/mlflow_ui.png when that is set)."""
+    base = f"http://127.0.0.1:{port}/#/experiments/{experiment}"
+    listing = rendered(chromium, f"{base}/runs", scratch / "profile", *points, via=via)
+    missing = [point for point in points if point not in listing]
+    assert not missing, f"the experiment page lacks {missing}:\n{listing[-3000:]}"
+    # the charts come in the metrics' order, drawn as they scroll into view: the first are epoch_*
+    metrics = f"{base}/runs/{run_id}/model-metrics"
+    chart = rendered(chromium, metrics, scratch / "profile", "js-plotly-plot", "epoch_test_acc", via=via)
+    assert "js-plotly-plot" in chart and "epoch_test_acc" in chart, chart[-3000:]
+    shot = scratch / "mlflow_ui.png"
+    chromium_page(chromium, f"{base}/runs", scratch / "profile", f"--screenshot={shot}", via=via)
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("SCALESTUDY_SCREENSHOT_DIR"):
+        shutil.copy(shot, Path(os.environ["SCALESTUDY_SCREENSHOT_DIR"]) / "mlflow_ui.png")
+    return shot
