@@ -5,8 +5,9 @@
 #
 # Without arguments the suite runs as two pytest sessions side by side: the Slurm tests (marked
 # `slurm`) spend most of their time waiting for the scheduler and its polling, so they run beside
-# the rest instead of after it. Their report follows the other's; the exit status is the worse of
-# the two. SCALESTUDY_TEST_SERIAL=1 runs one session, as with arguments.
+# the rest instead of after it, with the tests marked `beside_slurm` (so that both end about
+# together). Their report follows the other's; the exit status is the worse of the two.
+# SCALESTUDY_TEST_SERIAL=1 runs one session, as with arguments.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
@@ -19,13 +20,14 @@ fi
 temp="$(mktemp -d)"
 trap 'rm -rf "$temp"' EXIT
 echo "test.sh: the Slurm tests run beside the others; their report follows (log: $temp/slurm.log)"
-python -m pytest -ra --durations=15 -m slurm -p no:cacheprovider --basetemp "$temp/slurm" >"$temp/slurm.log" 2>&1 &
+python -m pytest -ra --durations=15 -m "slurm or beside_slurm" -p no:cacheprovider --basetemp "$temp/slurm" \
+  >"$temp/slurm.log" 2>&1 &
 slurm=$!
 status=0
-python -m pytest -ra --durations=15 -m "not slurm" --basetemp "$temp/rest" || status=$?
+python -m pytest -ra --durations=15 -m "not slurm and not beside_slurm" --basetemp "$temp/rest" || status=$?
 slurm_status=0
 wait "$slurm" || slurm_status=$?
-echo "================================ the Slurm tests (-m slurm) ================================"
+echo "======================= the Slurm tests (-m \"slurm or beside_slurm\") ======================="
 cat "$temp/slurm.log"
 # pytest exits 5 when it selects no test: not a failure of the suite
 [ "$slurm_status" -eq 5 ] && slurm_status=0

@@ -11,7 +11,9 @@ after the other: without accounting (sacct answers "accounting storage is disabl
 - re-runs through Slurm: a changed value carried by existing points re-runs exactly those points;
   a deleted summary.json is measured afresh;
 - (training jobs and array tasks stopped at their time limits: tests/test_slurm_array_faults.py)
-- every point's MLflow run (the embedded store) names its Slurm job and node list;
+- the demo without accounting is tracked by a real `mlflow server` on the submit host: every
+  point's run names its Slurm job and node list, and the UI (headless Chromium) lists every point;
+- its `system` describes both nodes and its collective benchmark spans them;
 - the real study's GPU requests (2 nodes x 4 GPUs for world 8) are accepted by Slurm (sbatch
   --test-only against nodes with 4 fake GPUs each).
 
@@ -21,6 +23,7 @@ brought down.
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import hashlib
 import json
@@ -345,6 +348,67 @@ def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
     ]
     log = (workdir / "results/logs/scaling/strong/w2_r0.log").read_text()
     assert "but the ranks run on" not in log, log[-3000:]  # the run config's nodes are the layout's
+
+
+# The system description and the collective benchmark of the demo: with one rank per node, the
+# grid's two-rank jobs span both nodes, so `system` describes both hosts (one srun task per node)
+# and `comm_bench` measures inter-node collectives (gloo across the nodes' network namespaces).
+
+
+def rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_system_and_comm_bench_ran_as_slurm_jobs(demo, slurm):
+    """Each in a Slurm job of the grid's largest shape (both nodes): its own (`rule_system`,
+    `rule_comm_bench`) or, as the profiles group the short jobs, the preflight group's one job."""
+    workdir, _, output = demo
+    folders = {
+        job: log.relative_to(workdir / ".snakemake/slurm_logs").parts[0]
+        for job, log in submitted(output).items()
+    }
+    made_by = {
+        "system": {  # one record per host (n1.json, ...), beside the nodes_<kind>.json list
+            json.loads(path.read_text())["slurm"]["job_id"]
+            for path in (workdir / "results/system").glob("n[0-9]*.json")
+        },
+        "comm_bench": {row["provenance.slurm.job_id"] for row in rows(workdir / "results/comm/busbw.csv")},
+    }
+    for rule, jobs in made_by.items():
+        assert len(jobs) == 1 and jobs <= set(folders), (rule, jobs, folders)  # a job Snakemake submitted
+        (job_id,) = jobs
+        folder = folders[job_id]  # (the table_* rules run on the submit host)
+        assert folder == f"rule_{rule}" or folder.startswith(f"group_{groups.PREFLIGHT}"), folder
+        state = slurm.job(job_id)
+        assert state["JobState"] == "COMPLETED", state
+        assert state["NumNodes"] == str(slurm.nodes)
+
+
+def test_the_system_table_lists_every_host(demo, slurm):
+    workdir, _, _ = demo
+    table = rows(workdir / "results/tables/system.csv")
+    expected = ["n1", "n2"][: slurm.nodes]
+    assert sorted(row["host"] for row in table) == expected
+    for row in table:
+        assert row["kind"] == "compute" and row["gpu_model"] == "none"  # CPU nodes: said, not guessed
+        assert row["slurm"].startswith("slurm") and int(row["logical_cpus"]) >= 1
+        assert (workdir / "results/system" / f"{row['host']}.json").is_file()
+
+
+def test_comm_bench_spans_the_nodes(demo, slurm):
+    workdir, _, _ = demo
+    bench = rows(workdir / "results/comm/busbw.csv")
+    assert {row["collective"] for row in bench} == {"all_reduce", "all_gather", "reduce_scatter"}
+    placement = "inter-node" if slurm.nodes == 2 else "intra-node"
+    for row in bench:
+        assert row["world_size"] == "2" and row["backend"] == "gloo" and row["placement"] == placement
+        assert row["hosts"] == " ".join(["n1", "n2"][: slurm.nodes])
+        assert float(row["time_s"]) > 0 and row["provenance.slurm.job_id"]
+    fit = rows(workdir / "results/tables/comm_bench_fit.csv")
+    assert {row["placement"] for row in fit} == {placement} and all(
+        float(r["bandwidth_gb_s"]) > 0 for r in fit
+    )
 
 
 def mlflow_store(workdir: Path, configfile: str):

@@ -160,11 +160,13 @@ def test_tracking_off_imports_no_mlflow():
 
 
 OPEN_AT_ONCE = """
-import sys, time
+import pathlib, sys, time
 from scalestudy.tracking import store
-import mlflow  # imported before the start line: the processes open the store together
+import mlflow  # imported before the start: the processes open the store together
 settings = {"uri": sys.argv[1], "experiment": "at-once"}
-while time.time() < float(sys.argv[2]):
+folder = pathlib.Path(sys.argv[2])
+(folder / f"ready-{sys.argv[3]}").touch()
+while not (folder / "go").exists():
     time.sleep(0.001)
 client = store.client(settings)
 print(store.experiment_id(client, settings))
@@ -176,18 +178,21 @@ def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
     each would create its tables (a CI run failed on MLflow's migration, "expected to match one
     row"); store.client lets one at a time in. Without the lock 3 of 4 failed here, every time."""
     uri = settings_for(tmp_path)["uri"]
-    start = f"{time.time() + 10:.3f}"  # after the four interpreters have imported mlflow
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", OPEN_AT_ONCE, uri, start],
+            [sys.executable, "-c", OPEN_AT_ONCE, uri, str(tmp_path), str(index)],
             cwd=REPO,
             env=clean_environ(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(4)
+        for index in range(4)
     ]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "go").touch()  # all four have imported mlflow: they open the store at once
     results = [(p.wait(timeout=120), *p.communicate()) for p in processes]
     assert [code for code, _, _ in results] == [0] * 4, [err[-2000:] for _, _, err in results]
     assert len({out.strip() for _, out, _ in results}) == 1  # one experiment, the same for all

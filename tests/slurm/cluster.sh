@@ -68,9 +68,9 @@ install_packages() {
   command -v apt-get >/dev/null || cannot "no apt-get to install slurm-wlm and munge"
   say "installing $packages"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >"$STATE/apt.log" 2>&1 || cannot "apt-get update failed (see $STATE/apt.log)"
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >"$STATE/apt.log" 2>&1 || cannot "apt-get update failed (see $STATE/apt.log)"
   # shellcheck disable=SC2086  # a list of package names
-  apt-get install -y -qq --no-install-recommends $packages \
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $packages \
     >>"$STATE/apt.log" 2>&1 || cannot "apt-get install failed (see $STATE/apt.log)"
 }
 
