@@ -47,7 +47,7 @@ NOT_RUN: dict[str, str] = {
     "srun": SITE,
     "salloc": SITE,
     "python -m scalestudy.launch.allocation": SITE + " (inside salloc)",
-    "mlflow server": SITE,
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server": SITE,
     "ssh": SITE + " (a tunnel from your laptop)",
     "$EDITOR config/config.yaml": "opens an editor",
     "python -X importtime": "an interpreter option named in prose",

@@ -6,6 +6,7 @@ demo against a server, and its runs in the MLflow UI in headless Chromium: tests
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from scalestudy import tracking
 from tests.mlflow_server import free_port, start_server, stop_server
 from tests.test_tracking import clean_environ, data_dir, make_run  # noqa: F401 - fixture
+from tests.test_tracking_train import global_step
 
 pytest.importorskip("mlflow")
 
@@ -62,8 +64,13 @@ def study(tmp_path_factory, data_dir):  # noqa: F811
 
 
 def kill_once_streaming(client, settings, point, server, trainer) -> bool:
-    """Waits until the point's run holds a step metric, kills the server; True if the trainer was
-    still training then."""
+    """Holds the trainer (SIGSTOP) once it has logged a few steps, waits until the point's run holds
+    a step metric (the follower sends steps every few seconds: a short run could end first), kills
+    the server, lets the trainer go on (SIGCONT); True if the trainer was still training then."""
+    for line in iter(trainer.stderr.readline, ""):
+        if (global_step(line) or 0) >= 3:
+            trainer.send_signal(signal.SIGSTOP)
+            break
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and trainer.poll() is None:
         try:
@@ -75,6 +82,7 @@ def kill_once_streaming(client, settings, point, server, trainer) -> bool:
         time.sleep(0.2)
     training = trainer.poll() is None
     stop_server(server)
+    trainer.send_signal(signal.SIGCONT)
     return training
 
 
