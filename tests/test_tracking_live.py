@@ -184,6 +184,22 @@ def test_the_follower_shows_the_grid_and_a_job_live_and_drains_when_stopped(embe
     assert "SCHEDULED run(s) created" in (logs / tracking.FOLLOWER_LOG).read_text()
 
 
+def test_a_follower_stopped_before_any_journal_appeared_never_opens_the_store(embedded, tmp_path):
+    """A short Snakemake run that trains nothing (a table, a fetch): its follower is stopped within
+    follow.ATTACH_AFTER_SECONDS with no journal under its roots, and exits at once without importing
+    mlflow or creating a run (the points become SCHEDULED in a run that trains)."""
+    logs = tmp_path / "results/logs/tracking"
+    points = [{"point": POINT, "run": GIVEN}]
+    pid = tracking.start_follower(embedded, logs, [tmp_path / "results/runs"], points)
+    wait_for(lambda: (logs / tracking.FOLLOWER_PID).is_file())
+    time.sleep(1.5 * follow.POLL_SECONDS)  # it has looked for journals at least once
+    started = time.monotonic()
+    assert tracking.stop_follower(logs / tracking.FOLLOWER_PID)
+    assert time.monotonic() - started < 2 and not tracking._is_follower(pid)
+    assert not (tmp_path / tracking.EMBEDDED_DB).exists()  # the store was never opened
+    assert "nothing to send" in (logs / tracking.FOLLOWER_LOG).read_text()
+
+
 def test_the_follower_ends_with_its_parent(embedded, tmp_path):
     """Started by a process that then exits (as Snakemake does): it replays what is there and stops."""
     logs, trainer = tmp_path / "logs", fake_trainer(tmp_path)

@@ -2,12 +2,14 @@
 
 One process per Snakemake run, on the submit host (started by the Snakefile's onstart, stopped by
 rule `track` and at Snakemake's end: scalestudy.tracking.start_follower, stop_follower), at nice 19:
-it first makes the grid's points SCHEDULED, then once a second reads what the training jobs' rank 0
-appended to their journals (scalestudy.tracking.live) and replays it (a status at once, metrics
-every BATCH_SECONDS): a `start` record marks the point's run RUNNING (found by the run id in the
-point's checkpoint folder, else by its tags, else created) and adds the attempt's Slurm job and
-nodes, steps and epochs become metrics, an `end` record marks it FINISHED, KILLED or FAILED with
-the reason. Compute nodes need not reach the tracking server, and no training job pays for mlflow.
+it first makes the grid's points SCHEDULED (once a journal appears, or ATTACH_AFTER_SECONDS after
+its start: a short run that trains nothing never imports mlflow), then once a second reads what
+the training jobs' rank 0 appended to their journals (scalestudy.tracking.live) and replays it (a
+status at once, metrics every BATCH_SECONDS): a `start` record marks the point's run RUNNING
+(found by the run id in the point's checkpoint folder, else by its tags, else created) and adds the
+attempt's Slurm job and nodes, steps and epochs become metrics, an `end` record marks it FINISHED,
+KILLED or FAILED with the reason. Compute nodes need not reach the tracking server, and no training
+job pays for mlflow.
 
 Each record is replayed once: the run's tag RECORDS_TAG counts the records of its config hash
 already replayed, so the follower after a restart, and rule `track`'s sync (which replays the
@@ -36,6 +38,10 @@ from scalestudy.tracking import JOURNAL, point_of, point_tags, store
 log = logging.getLogger("scalestudy.tracking")
 
 POLL_SECONDS = 1.0  # how often the journals are read; a start or an end goes out at once
+# The first attach (importing mlflow, opening the store, the SCHEDULED runs) waits this long unless a
+# journal appears first: a short Snakemake run that trains nothing (a table, a fetch) ends without
+# paying for it.
+ATTACH_AFTER_SECONDS = 10.0
 BATCH_SECONDS = 5.0  # how long steps and epochs gather before they go out (store writes cost CPU)
 RETRY_SECONDS = 30.0  # after the store failed
 RECORDS_TAG = "scalestudy.journal_records"
@@ -210,9 +216,15 @@ class Follower:
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._stop)
+        started = time.monotonic()
         while True:
             last = self.stopping or not self._parent_alive()
-            if last or time.monotonic() >= self.retry_at:
+            waiting = self.replayer is None and time.monotonic() - started < ATTACH_AFTER_SECONDS
+            if waiting and not self._journals():
+                if last:
+                    log.info("tracking: stopped before any journal appeared: nothing to send")
+                    return
+            elif last or time.monotonic() >= self.retry_at:
                 self._guard(self._pass)
             if last:
                 return
