@@ -218,6 +218,43 @@ def test_reference_trainer_really_trains(packed, one_thread):
 # --- the project trainer, as a job runs it ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["demo.yaml", "config.yaml", "demo-gpt.yaml"])
+def test_the_benchmark_reads_a_study_config_as_snakemake_does_without_importing_it(name):
+    """A GPU node runs the benchmark without Snakemake (the first H100 run failed on its import)."""
+    import subprocess
+    import sys
+
+    import yaml
+    from snakemake.utils import validate
+
+    from scalestudy.plan import schema
+
+    path = studyconfig.REPO / "config" / name
+    expected = yaml.safe_load(path.read_text())
+    validate(expected, schema.PATH)
+    assert studyconfig.load_config(path) == expected
+    probe = "import sys; from scalestudy.benchmark import studyconfig; "
+    probe += f"studyconfig.load_config({str(path)!r}); "
+    probe += "print(sorted(m for m in sys.modules if m.startswith('snakemake')))"
+    result = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_reference_row_says_how_its_fp32_ran_on_a_gpu():
+    """torch's defaults run cuDNN convolutions in TF32: on an H100 that made the reference 2x the
+    project's IEEE fp32 (docs/benchmarks.md), so its row must not read as plain fp32 there."""
+    from scalestudy.train import process
+
+    assert suite.reference_math(torch.device("cpu")) == "fp32"
+    assert suite.reference_math(torch.device("cuda")) == "fp32, torch's defaults (cuDNN convolutions in tf32)"
+    before = process.fp32_math()
+    process.set_fp32_math("ieee")  # what the project trainer's fp32 sets
+    try:
+        assert suite.reference_math(torch.device("cuda")).endswith("(cuDNN convolutions in ieee)")
+    finally:
+        process.set_fp32_math(before["cudnn_conv"], before["cudnn_rnn"], before["cuda_matmul"])
+
+
 def test_run_config_is_the_project_setting_with_the_benchmark_on_top(demo_config, tmp_path):
     run = project.run_config(demo_config, tmp_path / "d", tmp_path / "c", per_gpu_batch=48, width=4)
     assert (run["per_gpu_batch"], run["global_batch"], run["world_size"]) == (48, 48, 1)

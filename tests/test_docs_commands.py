@@ -39,6 +39,7 @@ NOT_RUN: dict[str, str] = {
     ".venv/bin/python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda": GPU,
+    "bash scripts/gpu_check.sh": GPU + " (tests/test_gpu.py skips there; the benchmarks need CUDA)",
     "nsys": GPU,
     "apptainer": APPTAINER,
     "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,

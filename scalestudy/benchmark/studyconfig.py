@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from scalestudy.plan import schema
+from scalestudy.analysis.settings import study_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "config" / "demo.yaml"
@@ -14,8 +12,5 @@ STUDY_CONFIG = REPO / "config" / "config.yaml"
 
 
 def load_config(configfile: str | Path = DEMO_CONFIG) -> dict:
-    from snakemake.utils import validate
-
-    config = yaml.safe_load(Path(configfile).read_text())
-    validate(config, schema.PATH)
-    return config
+    """Validated with its defaults filled in by jsonschema alone: a GPU node needs no Snakemake."""
+    return study_config(configfile)

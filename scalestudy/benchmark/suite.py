@@ -20,6 +20,7 @@ from scalestudy.benchmark.measure import interleave, timed_rate
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row
 from scalestudy.plan.runconfig import RULES
+from scalestudy.train.process import fp32_math
 from scalestudy.workloads.resnet_cifar import model
 
 REFERENCE = "reference trainer"
@@ -129,13 +130,22 @@ def training_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> l
         settings[variant.name] = _describe(run)
     runs[REFERENCE]()  # warm-up; the project runs warm up in their own first epoch
     samples = interleave(runs, s.repeats, warmup=0)
-    reference_settings = f"fp32, {DATALOADER} ({s.workers} workers), {s.steps} steps per sample"
+    loader_settings = f"{DATALOADER} ({s.workers} workers), {s.steps} steps per sample"
+    reference_settings = f"{reference_math(s.device)}, {loader_settings}"
     rows = [Row("training", REFERENCE, "img/s", tuple(samples[REFERENCE]), reference_settings, None, flops)]
     rows += [
         Row("training", name, "img/s", tuple(samples[name]), settings[name], REFERENCE, flops)
         for name in settings
     ]
     return rows
+
+
+def reference_math(device: torch.device) -> str:
+    """How the reference's fp32 runs: with torch's defaults, which on a GPU run cuDNN's convolutions
+    in TF32 (measured on an H100: 2x the project trainer's IEEE fp32, docs/benchmarks.md)."""
+    if device.type != "cuda":
+        return "fp32"
+    return f"fp32, torch's defaults (cuDNN convolutions in {fp32_math()['cudnn_conv']})"
 
 
 def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> list[Row]:
