@@ -302,6 +302,11 @@ def test_fsdp2_runs_get_expandable_segments_unless_the_environment_says_otherwis
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
 
 
+def test_the_allocator_settings_go_through_torchs_current_setter_not_the_deprecated_one():
+    """The deprecated one warned in every FSDP2 run on the H100 (FutureWarning, torch 2.11)."""
+    assert process.allocator_settings_setter() is torch._C._accelerator_setAllocatorSettings
+
+
 # --- 4. no synchronising (sampled) step inside the profile window --------------------------------
 
 

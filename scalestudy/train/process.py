@@ -121,7 +121,14 @@ def use_expandable_segments() -> None:
         return
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = FSDP_ALLOC_CONF
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.memory._set_allocator_settings(FSDP_ALLOC_CONF)
+        allocator_settings_setter()(FSDP_ALLOC_CONF)
+
+
+def allocator_settings_setter():
+    """torch's setter of the caching allocator's settings: torch.cuda.memory._set_allocator_settings
+    warns (FutureWarning, seen on torch 2.11 on an H100; 2.14 too) and names this one instead."""
+    current = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    return current or torch.cuda.memory._set_allocator_settings
 
 
 def check_deterministic(model: torch.nn.Module, config: dict[str, Any], device: torch.device) -> None:
