@@ -8,6 +8,7 @@
 #   tests/slurm/cluster.sh status        prints "up <nodes> accounting|no-accounting" or "down"
 #                                        (exit 0 only when up)
 #   tests/slurm/cluster.sh down          stops what `up` started (by recorded PIDs), removes the namespaces
+#   tests/slurm/cluster.sh install       only the packages (`up` installs them too; WITH_DBD=1: accounting's)
 #
 # Environment: SCALESTUDY_SLURM_STATE (state/log folder, default /tmp/scalestudy-slurm),
 # CPUS_PER_NODE (advertised CPUs per node, may exceed the real cores; default 4),
@@ -318,5 +319,6 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   exec) shift; client "$@" ;;
-  *) echo "usage: $0 up|up-two-node|down|status|exec CMD..." >&2; exit 2 ;;
+  install) lock; mkdir -p "$STATE"; install_packages ;;
+  *) echo "usage: $0 up|up-two-node|down|status|exec CMD...|install" >&2; exit 2 ;;
 esac
