@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+CHROMIUM_INSTALL = Path(__file__).resolve().parent / "chromium" / "install.sh"
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -70,16 +71,9 @@ def chromium_binary() -> str:
     """Debian's chromium, installed here when missing (as root with apt-get), else a skip."""
     found = shutil.which("chromium")
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        # another test session may be installing (TeX, Slurm): wait for dpkg's lock, not fail
-        install = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "chromium"]
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        done = subprocess.run(install, capture_output=True, text=True, timeout=1200, env=env)
-        if done.returncode != 0:  # a fresh machine's package lists may be empty
-            update = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-q"]
-            subprocess.run(update, capture_output=True, timeout=1200, env=env)
-            done = subprocess.run(install, capture_output=True, text=True, timeout=1200, env=env)
+        done = subprocess.run(["sh", str(CHROMIUM_INSTALL)], capture_output=True, text=True, timeout=2400)
         found = shutil.which("chromium")
-        assert found, f"apt-get install chromium failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        assert found, f"{CHROMIUM_INSTALL} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     if found is None:
         pytest.skip("no chromium, and not root with apt-get to install Debian's")
     return found

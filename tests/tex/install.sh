@@ -14,5 +14,5 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     exit 2
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
+apt-get -o DPkg::Lock::Timeout=600 update -q
 apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $PACKAGES
