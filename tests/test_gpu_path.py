@@ -302,9 +302,20 @@ def test_fsdp2_runs_get_expandable_segments_unless_the_environment_says_otherwis
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
 
 
-def test_the_allocator_settings_go_through_torchs_current_setter_not_the_deprecated_one():
-    """The deprecated one warned in every FSDP2 run on the H100 (FutureWarning, torch 2.11)."""
-    assert process.allocator_settings_setter() is torch._C._accelerator_setAllocatorSettings
+def test_the_allocator_settings_go_through_torchs_current_setter_not_the_deprecated_one(monkeypatch):
+    """Where CUDA has started, the settings are set at once too; the deprecated setter warned in
+    every FSDP2 run on the H100 (FutureWarning, torch 2.11)."""
+    import warnings
+
+    calls = []
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", calls.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        process.use_expandable_segments()
+    assert calls == [process.FSDP_ALLOC_CONF]
 
 
 # --- 4. no synchronising (sampled) step inside the profile window --------------------------------

@@ -121,14 +121,9 @@ def use_expandable_segments() -> None:
         return
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = FSDP_ALLOC_CONF
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        allocator_settings_setter()(FSDP_ALLOC_CONF)
-
-
-def allocator_settings_setter():
-    """torch's setter of the caching allocator's settings: torch.cuda.memory._set_allocator_settings
-    warns (FutureWarning, seen on torch 2.11 on an H100; 2.14 too) and names this one instead."""
-    current = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    return current or torch.cuda.memory._set_allocator_settings
+        # what torch.cuda.memory._set_allocator_settings calls, without its FutureWarning (torch
+        # 2.11 on an H100 printed it in every FSDP2 run; 2.14 deprecates it too)
+        torch._C._accelerator_setAllocatorSettings(FSDP_ALLOC_CONF)
 
 
 def check_deterministic(model: torch.nn.Module, config: dict[str, Any], device: torch.device) -> None:
