@@ -221,6 +221,15 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         "1",
         record["study_run"],
     )
+    # nested under the study's run; the UI link opens the training runs, not the GenAI overview
+    assert tags["mlflow.parentRunId"] == record["study_run"]
+    nested = client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{record['study_run']}'"
+    )
+    assert [child.info.run_id for child in nested] == [run.info.run_id]
+    assert (
+        record["ui"] == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    )
     assert run.data.params["per_gpu_batch"] == "16" and run.data.params["data_dir"] == config["data_dir"]
     for key in ("images_per_s", "final_test_acc", "peak_memory_bytes"):
         assert run.data.metrics[f"summary_{key}"] == pytest.approx(summary["results"][key], rel=1e-12)

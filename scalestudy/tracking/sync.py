@@ -194,7 +194,13 @@ def sync(
     runs += [store.fill(client, experiment, parent, filling) for filling in preflight]
     study = sync_study(client, experiment, parent, study_files, root)
     store.set_status(client, parent, "FINISHED")  # rule track runs once the study's outputs exist
-    return {"experiment": tracking["experiment"], "study_run": parent, "runs": runs, "study_artifacts": study}
+    return {
+        "experiment": tracking["experiment"],
+        "study_run": parent,
+        "runs": runs,
+        "study_artifacts": study,
+        "ui": store.runs_page(tracking["uri"], experiment),
+    }
 
 
 def schedule(tracking: dict, points: list[dict[str, Any]]) -> list[str]:
