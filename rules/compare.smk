@@ -1,0 +1,55 @@
+# compare: this study against another (compare.against: its results/ folder or its crate), point by point,
+# after aggregation (scalestudy/compare): results/tables/comparison.csv and results/figures/comparison.png
+# in the report, results/compare/summary.json and comparison.md; the paper's comparison section reads
+# the table. Ratios are this study / the other. On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST):
+# the other study may sit anywhere the submit host sees, not only where the image is bound.
+
+from pathlib import Path
+
+COMPARE = config["compare"]
+COMPARE_TARGETS = []
+COMPARE_LOGS = f"{paths.LOGS_DIR}/compare"
+
+
+def compared_study_file(against):
+    """The file of the other study whose change re-runs the comparison: its zip, its crate's metadata
+    or its run catalog (a missing study is compare's error, naming it)."""
+    path = Path(against)
+    candidates = [path / "ro-crate-metadata.json", path / "tables/runs.csv", path / "results/tables/runs.csv"]
+    if path.is_file():
+        return [str(path)]
+    return [str(c) for c in candidates if c.is_file()][:1]
+
+
+if COMPARE["against"]:
+
+    rule compare:
+        input:
+            runs=rules.table_runs.output.runs,
+            other=compared_study_file(COMPARE["against"]),
+        output:
+            table=table_report("comparison.csv", "Comparison"),
+            summary=f"{paths.COMPARE_DIR}/summary.json",
+            markdown=f"{paths.COMPARE_DIR}/comparison.md",
+            png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison"),
+            pdf=f"{paths.PAPER_FIGURES_DIR}/comparison.pdf",
+        params:
+            against=COMPARE["against"],
+            # the other study's name: compare.label, else its folder's (scalestudy.compare.study)
+            label_a=lambda wildcards: ["--label-a", COMPARE["label"]] if COMPARE["label"] else [],
+            label_b=config["study"]["name"],
+            axis=lambda wildcards: ["--axis", *COMPARE["axis"]] if COMPARE["axis"] else [],
+            here=paths.RESULTS_DIR,
+            analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
+        log:
+            f"{COMPARE_LOGS}/compare.log",
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        shell:
+            "python -m scalestudy.compare {params.against:q} {params.here:q} {params.label_a:q}"
+            " --label-b {params.label_b:q} {params.axis:q} --analysis-json {params.analysis:q}"
+            " --table {output.table:q} --summary {output.summary:q} --markdown {output.markdown:q}"
+            " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+    COMPARE_TARGETS = [*rules.compare.output]
