@@ -135,6 +135,10 @@ def study_jobs(
     records: Mapping[str, dict], targets: Iterable[str], rule_patterns: Mapping[str, Mapping[str, Any]]
 ) -> list[Job]:
     """The jobs that made `targets`, and transitively their inputs, ordered by start time."""
+    # one job's records share its hash and end time (each output's start time is its own)
+    outputs_of: dict[tuple, list[str]] = {}
+    for path, record in records.items():
+        outputs_of.setdefault(_job_key(record), []).append(path)
     seen: set[str] = set()
     pending = [str(t) for t in targets]
     groups: dict[tuple, list[str]] = {}
@@ -146,12 +150,17 @@ def study_jobs(
         record = records.get(path)
         if record is None:
             continue  # a source file (the config, the Snakefile) or one made outside Snakemake
-        # one job's records share its hash and end time (each output's start time is its own)
-        key = (record.get("rule"), record.get("job_hash"), record.get("endtime"))
-        groups.setdefault(key, []).append(path)
-        pending.extend(record.get("input") or [])
+        key = _job_key(record)
+        if key not in groups:
+            groups[key] = outputs_of[key]
+            for output in outputs_of[key]:
+                pending.extend(records[output].get("input") or [])
     jobs = [_job(sorted(outputs), records, rule_patterns) for outputs in groups.values()]
     return sorted(jobs, key=lambda job: (job.start or 0.0, job.key))
+
+
+def _job_key(record: dict) -> tuple:
+    return (record.get("rule"), record.get("job_hash"), record.get("endtime"))
 
 
 def _job(
