@@ -6,9 +6,13 @@
 
 from pathlib import Path
 
+from scalestudy import compare as _compare
+
 COMPARE = config["compare"]
 COMPARE_TARGETS = []
 COMPARE_LOGS = f"{paths.LOGS_DIR}/compare"
+# the other study's name where compare.label is not set: its folder's (scalestudy.compare.study)
+COMPARE_LABEL = _compare.default_label(Path(COMPARE["against"])) if COMPARE["against"] else None
 
 
 def compared_study_file(against):

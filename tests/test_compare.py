@@ -10,10 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from scalestudy import compare
 from scalestudy.analysis import aggregate, settings, stats
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.compare import __main__ as compare_cli
-from scalestudy.compare import points, study
+from scalestudy.compare import points
 
 REPO = Path(__file__).resolve().parents[1]
 SCALED = ("strong/w2_r", "weak/w1_r")  # the points whose throughput the copy scales by 0.8
@@ -175,6 +176,27 @@ def test_the_ratio_interval_is_welchs_on_the_logarithms():
 
 
 def test_default_labels_name_the_study_not_its_results_folder(tmp_path):
-    assert study.default_label(tmp_path / "site-b" / "results") == "site-b"
-    assert study.default_label(tmp_path / "site-b" / "results" / "crate.zip") == "site-b"
-    assert study.default_label(tmp_path / "h100-run") == "h100-run"
+    assert compare.default_label(tmp_path / "site-b" / "results") == "site-b"
+    assert compare.default_label(tmp_path / "site-b" / "results" / "crate.zip") == "site-b"
+    assert compare.default_label(tmp_path / "h100-run") == "h100-run"
+
+
+def test_the_papers_comparison_macros(reference, tmp_path):
+    from scalestudy.paper import numbers
+
+    def slow(runs):
+        runs.loc[runs["point"].str.startswith(SCALED), "images_per_s"] *= 0.8
+        return runs
+
+    slower = edited_copy(reference, tmp_path / "slow", slow)
+    table = run_compare(reference, slower)
+    macros = numbers.build({"comparison": table}, {"compared_with": "site A"}).macros
+    values = {name: macro.value for name, macro in macros.items() if name.startswith("Compar")}
+    assert values["ComparedWith"] == "site A" and values["ComparisonSlower"] == "2"
+    assert values["ComparisonSame"] == "2" and values["ComparisonNotTested"] == "11"
+    assert values["ComparisonOnlyHere"] == values["ComparisonOnlyThere"] == "0"
+    assert values["ComparisonEnergy"] == "not measured"
+    absent = {name: m.value for name, m in numbers.build({}, {}).macros.items() if name.startswith("Compar")}
+    assert absent["ComparedWith"].startswith("no other study")
+    assert absent["ComparisonSlower"] == "not measured"
+    assert set(absent) == set(values)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from scalestudy.analysis import metrics
 from scalestudy.analysis.tableio import read_csv
+from scalestudy.compare import default_label
 from scalestudy.crate import check
 from scalestudy.plan import paths
 
@@ -80,15 +81,6 @@ def load(path: str | os.PathLike, settings: dict, label: str | None = None) -> S
         csv = runs_csv(folder)
         runs = metrics.run_metrics(read_csv(csv), settings, str(csv))
     return Study(label or default_label(Path(path)), str(path), runs)
-
-
-def default_label(path: Path) -> str:
-    """The folder's name, or its parent's where it is a results/ folder or a crate."""
-    path = path.resolve()
-    path = path.with_suffix("") if path.suffix == ".zip" else path
-    while path.name in (paths.RESULTS_DIR, "crate") and path.parent.name:
-        path = path.parent
-    return path.name
 
 
 def clean(value):
