@@ -15,22 +15,12 @@ COMPARE_LOGS = f"{paths.LOGS_DIR}/compare"
 COMPARE_LABEL = _compare.default_label(Path(COMPARE["against"])) if COMPARE["against"] else None
 
 
-def compared_study_file(against):
-    """The file of the other study whose change re-runs the comparison: its zip, its crate's metadata
-    or its run catalog (a missing study is compare's error, naming it)."""
-    path = Path(against)
-    candidates = [path / "ro-crate-metadata.json", path / "tables/runs.csv", path / "results/tables/runs.csv"]
-    if path.is_file():
-        return [str(path)]
-    return [str(c) for c in candidates if c.is_file()][:1]
-
-
 if COMPARE["against"]:
 
     rule compare:
         input:
             runs=rules.table_runs.output.runs,
-            other=compared_study_file(COMPARE["against"]),
+            other=_compare.study_file(COMPARE["against"]),
         output:
             table=table_report("comparison.csv", "Comparison"),
             summary=f"{paths.COMPARE_DIR}/summary.json",
@@ -38,12 +28,12 @@ if COMPARE["against"]:
             png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison"),
             pdf=f"{paths.PAPER_FIGURES_DIR}/comparison.pdf",
         params:
-            against=COMPARE["against"],
+            against=lambda wildcards: COMPARE["against"],  # a function: never formatted
             # the other study's name: compare.label, else its folder's (scalestudy.compare.study)
             label_a=lambda wildcards: ["--label-a", COMPARE["label"]] if COMPARE["label"] else [],
             label_b=config["study"]["name"],
             axis=lambda wildcards: ["--axis", *COMPARE["axis"]] if COMPARE["axis"] else [],
-            here=paths.RESULTS_DIR,
+            here=lambda wildcards, input: str(Path(input.runs).parent.parent),  # results/
             analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
         log:
             f"{COMPARE_LOGS}/compare.log",

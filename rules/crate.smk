@@ -5,23 +5,12 @@
 
 import glob
 
+import scalestudy.crate as _crate
+
 CRATE = config["crate"]
 CRATE_TARGETS = []
 # The workflow's own files, carried in the crate (the main workflow, its rules, its pins).
 CRATE_SOURCES = sorted(["Snakefile", *glob.glob("rules/*.smk"), "envs/requirements.txt", "envs/scalestudy.yaml"])
-
-
-def crate_rules_json(wildcards):
-    """Every rule's output regexes (the job's wildcards from its outputs), benchmark pattern and file."""
-    specs = {
-        each.name: {
-            "output": [item.regex().pattern for item in each.output],
-            "benchmark": str(each.benchmark) if each.benchmark else None,
-            "snakefile": os.path.relpath(each.snakefile, workflow.basedir) if each.snakefile else None,
-        }
-        for each in workflow.rules
-    }
-    return json.dumps(specs, sort_keys=True)
 
 
 CRATE_STUDY = json.dumps(
@@ -55,7 +44,7 @@ if CRATE["enabled"]:
             folder=directory(paths.CRATE_DIR),
             zip=f"{paths.CRATE_DIR}.zip",
         params:
-            rules=crate_rules_json,
+            rules=lambda wildcards: _crate.rule_specs(workflow.rules, workflow.basedir),
             # functions: never formatted for wildcards (a config value may hold braces)
             config=lambda wildcards: CRATE_CONFIG,
             study=lambda wildcards: CRATE_STUDY,

@@ -280,3 +280,30 @@ def test_schema_violation_fails_before_any_job_naming_the_key(workflow_copy, key
     message = result.stdout + result.stderr
     assert expected in message and section in message, message[-3000:]
     assert not (workflow_copy / "results").exists(), "a job ran despite the invalid config"
+
+
+def test_compare_against_another_study_runs_inside_the_workflow(demo_run, tmp_path):
+    """compare.against: the comparison after aggregation, into the report's table and figure, the
+    paper's section and the crate. Run last: it leaves the demo's paper and crate with a comparison."""
+    import pandas as pd
+
+    other = tmp_path / "site-b"
+    other.mkdir()
+    shutil.copy2(demo_run / "results/crate.zip", other / "crate.zip")
+
+    def against_site_b(config):
+        config["compare"] = {"against": str(other / "crate.zip"), "label": "site B"}
+
+    plan = _plan_with(demo_run, "compare", against_site_b)
+    paper = {"paper_numbers", "paper_draft"} | ({"paper_pdf"} if shutil.which("latexmk") else set())
+    assert set(plan) - {"all"} == {"compare", "crate", "track"} | paper, plan
+    run_snakemake(demo_run, "--configfile", str(demo_run / "config/demo-compare.yaml"))
+    comparison = pd.read_csv(demo_run / "results/tables/comparison.csv")
+    assert len(comparison) == 15 and comparison["throughput_ratio"].eq(1.0).all()
+    assert (demo_run / "results/figures/comparison.png").stat().st_size > 0
+    numbers = (demo_run / "results/paper/numbers.tex").read_text()
+    assert "\\newcommand{\\ComparedWith}{site B}" in numbers
+    assert "\\newcommand{\\ComparisonMatched}{15}" in numbers
+    assert "Comparison with another study" in (demo_run / "results/paper/paper.tex").read_text()
+    crate = json.loads((demo_run / "results/crate/ro-crate-metadata.json").read_text())
+    assert any(entity["@id"] == "#job-compare" for entity in crate["@graph"])
