@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -135,6 +136,7 @@ def study_jobs(
     records: Mapping[str, dict], targets: Iterable[str], rule_patterns: Mapping[str, Mapping[str, Any]]
 ) -> list[Job]:
     """The jobs that made `targets`, and transitively their inputs, ordered by start time."""
+    _holds_attempt_logs.cache_clear()
     # one job's records share its hash and end time (each output's start time is its own)
     outputs_of: dict[tuple, list[str]] = {}
     for path, record in records.items():
@@ -230,8 +232,22 @@ def read_benchmark(path: str | None) -> dict[str, float]:
 
 
 def _kept_attempts(logs: Iterable[str]) -> int | None:
-    kept = [max(attempt_logs.attempt_logs(path), default=0) for path in logs]
+    """The highest attempt whose log was kept; listed only in folders that hold any attempt log (one
+    listing per folder: a grid's thousand logs share a folder)."""
+    kept = [
+        max(attempt_logs.attempt_logs(path), default=0)
+        for path in logs
+        if _holds_attempt_logs(os.path.dirname(path) or ".")
+    ]
     return max(kept, default=0) or None
+
+
+@functools.cache
+def _holds_attempt_logs(folder: str) -> bool:
+    try:
+        return any(".attempt" in name for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 def _read_json(path: str) -> dict | None:
