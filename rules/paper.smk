@@ -41,7 +41,7 @@ PAPER_CONTEXT = {
     "sample_unit": WORKLOAD.sample_unit,
     "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
     "sensitivity_axes": SENSITIVITY_AXES,
-    "compared_with": COMPARE["label"] or (COMPARE["against"] and COMPARE_LABEL) or "",
+    "compared_with": COMPARE["label"] or COMPARE_LABEL or "",
 }
 PAPER_FIGURES = sorted(
     {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}
