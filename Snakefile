@@ -50,8 +50,10 @@ include: "rules/profile.smk"
 include: "rules/sensitivity.smk"
 include: "rules/aggregate.smk"
 include: "rules/plots.smk"
+include: "rules/compare.smk"
 include: "rules/paper.smk"
 include: "rules/track.smk"
+include: "rules/crate.smk"
 
 
 rule all:
@@ -61,6 +63,8 @@ rule all:
         FIGURE_TARGETS,
         PAPER_TARGETS,
         TRACK_TARGETS,
+        COMPARE_TARGETS,
+        CRATE_TARGETS,
     default_target: True
 
 

@@ -356,7 +356,7 @@ def grouped_resources(rule_name, own):
 
 
 # Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).
-OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track")
+OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track", "crate", "compare")
 
 
 def submit_host_rules():
