@@ -40,6 +40,7 @@ PAPER_CONTEXT = {
     "sample_unit": WORKLOAD.sample_unit,
     "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
     "sensitivity_axes": SENSITIVITY_AXES,
+    "min_window_samples": config["analysis"]["monitor"]["min_window_samples"],
 }
 PAPER_FIGURES = sorted(
     {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}

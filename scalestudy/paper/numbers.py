@@ -61,6 +61,7 @@ CONTEXT_DEFAULTS = {
     "sample_unit": "images",
     "parallelism": ["ddp"],
     "sensitivity_axes": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+    "min_window_samples": 10,  # analysis.monitor.min_window_samples
 }
 
 
