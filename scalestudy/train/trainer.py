@@ -212,6 +212,8 @@ class Trainer:
             c["measure_intervals"],
             synchronize=self.synchronize,
             t0=self.t0,
+            min_seconds=c["measure_seconds"],
+            agree=lambda seconds: steady.mean_over_ranks(seconds, self.control_group),
         )
         self.steady.start(self.state.position.global_step)
         self.steady_kept = False
