@@ -213,7 +213,8 @@ def mark_contention(runs: pd.DataFrame, min_samples: int) -> pd.DataFrame:
     runs = runs.copy()
     runs["contended"] = contention.contended(runs)
     evidence = runs["contention"] if "contention" in runs else pd.Series("", index=runs.index)
-    runs["contention"] = evidence.fillna("").astype(str).where(runs["contended"], "")
+    text = evidence.map(lambda value: "" if pd.isna(value) else str(value))  # all-empty reads as float
+    runs["contention"] = text.where(runs["contended"], "")
     if "monitor_window_samples" not in runs:
         runs["monitor_window_samples"] = math.nan
     runs["monitor_window_short"] = contention.window_short(runs, min_samples)

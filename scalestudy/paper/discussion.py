@@ -223,7 +223,8 @@ def contention(numbers: Numbers, data: Data) -> None:
         f"{int(short.sum())} of {int(sampled.sum())}",
         f"runs.csv monitor_window_samples < {floor} (of the runs with GPU samples)",
     )
-    warned = runs.get("host_load_warning", pd.Series(dtype=object)).fillna("").astype(str).str.len() > 0
+    warnings = runs.get("host_load_warning", pd.Series(dtype=object))
+    warned = warnings.map(lambda text: not pd.isna(text) and str(text) != "")
     numbers.add("HostLoadWarnings", str(int(warned.sum())), "runs.csv host_load_warning not empty")
 
 

@@ -87,8 +87,12 @@ def device_name(device, monitor_report: dict[str, Any]) -> str:
 def rebased(report: dict[str, Any], shift_s: float) -> dict[str, Any]:
     """A rank's monitor report on rank 0's clock (each rank's time_s counts from its own t0), the
     sightings of foreign processes on its GPUs included."""
-    gpus = [{**gpu, "processes": _rebased_processes(gpu.get("processes"), shift_s)} for gpu in report["gpus"]]
-    return {**report, "gpus": gpus, "rows": [[row[0] + shift_s, *row[1:]] for row in report["rows"]]}
+    rows = [[row[0] + shift_s, *row[1:]] for row in report["rows"]]
+    gpus = [
+        {**gpu, "processes": _rebased_processes(gpu.get("processes"), shift_s)}
+        for gpu in report.get("gpus", [])
+    ]
+    return {**report, "rows": rows} | ({"gpus": gpus} if "gpus" in report else {})
 
 
 def _rebased_processes(processes: dict[str, Any] | None, shift_s: float) -> dict[str, Any] | None:
