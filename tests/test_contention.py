@@ -274,6 +274,8 @@ def test_without_a_process_list_nothing_is_claimed_and_nothing_is_checked():
     verdict = contention.judge(samples, _info([]), None)
     assert verdict["contended"] is False and verdict["contention_checked"] is False
     assert verdict["monitor_window_samples"] == 10  # the window's samples still count
+    blind = contention.judge(_samples(lambda t: 0, processes=lambda t: 0), _info([]), None)
+    assert blind["contention_checked"] is False  # not even the job's own process listed: a hidden view
     cpu = contention.judge(pd.DataFrame(columns=list(MONITOR_COLUMNS)), {}, None)
     assert cpu == contention.not_judged() and cpu["monitor_window_samples"] is None
 

@@ -11,8 +11,9 @@ scalestudy.analysis.aggregate to runs.csv (for a summary written before these ke
 - `contended`: a foreign process was on one of the job's GPUs in a sample inside the window;
 - `contention`: the evidence per GPU, e.g. "GPU-0a1b... on gpu01: 2 foreign processes (pids 123,
   456; 3100 MB) in 14 of 40 window samples"; empty when not contended;
-- `contention_checked`: NVML listed the GPU's processes in at least one window sample (false: the
-  NVML has no process query, no GPU was sampled, or no sample is inside the window);
+- `contention_checked`: NVML listed processes on the GPU (at least the job's own) in a window
+  sample (false: the NVML has no process query, lists none while the job runs, as it may inside a
+  container that hides other PID namespaces, no GPU was sampled, or no sample is in the window);
 - `monitor_window_samples`: the GPU monitor's samples inside the window, per GPU, the minimum (empty
   without GPU samples); the analysis compares it with analysis.monitor.min_window_samples
   (`monitor_window_short`, scalestudy.analysis.metrics);
@@ -76,9 +77,8 @@ def judge(samples: pd.DataFrame, info: dict, window: list[tuple[float, float]] |
     counts = inside.groupby(["host", "gpu_uuid"]).size().reindex(gpus, fill_value=0)
     verdict["monitor_window_samples"] = int(counts.min())
     if "processes" in inside:
-        verdict["contention_checked"] = bool(
-            pd.to_numeric(inside["processes"], errors="coerce").notna().any()
-        )
+        listed = pd.to_numeric(inside["processes"], errors="coerce")
+        verdict["contention_checked"] = bool((listed > 0).any())  # an empty list while training is blind
     evidence = [
         _gpu_evidence(host, uuid, rows, _gpu_report(info, host, uuid), window)
         for (host, uuid), rows in inside.groupby(["host", "gpu_uuid"], sort=True)
