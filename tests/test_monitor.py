@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -519,6 +520,11 @@ def test_a_foreign_process_is_counted_with_its_memory_and_the_jobs_own_is_not():
 
 def test_the_jobs_other_ranks_and_their_children_are_its_own(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # outside this process's tree (setsid -f: reparented), as another job's process is
+    outsider = subprocess.Popen(
+        ["setsid", "-f", "sh", "-c", "echo $$; exec sleep 30"], stdout=subprocess.PIPE
+    )
+    outsider_pid = int(outsider.stdout.readline())
     try:
         ranks = [
             {"host": "gpu01", "pid": ME, "gpu_uuid": UUIDS[0][4:]},  # torch's form of the UUID
@@ -527,14 +533,18 @@ def test_the_jobs_other_ranks_and_their_children_are_its_own(tmp_path):
         ]
         job = monitor.job_on_host(ranks, "gpu01")
         assert job.pids == {ME, STRANGER + 5} and job.expected_on(UUIDS[0]) == 1
-        running = {0: [(ME, 10), (STRANGER + 5, 10), (child.pid, 10), (OTHER, 10)]}
-        rows = _rows(_watched(ProcessNvml(), [(0.0, running)], job))
+        running = {0: [(ME, 10), (STRANGER + 5, 10), (child.pid, 10), (OTHER, 10), (outsider_pid, 10)]}
+        report = _watched(ProcessNvml(), [(0.0, running)], job)
+        rows = _rows(report)
         # a rank of this job with a context on this GPU and a child of a rank (a compile worker) are
-        # the job's; the same pid on another host is a stranger here
-        assert (rows.processes[0], rows.foreign_processes[0]) == (4, 1)
+        # the job's; the same pid on another host is a stranger here, as is a process of another tree
+        assert (rows.processes[0], rows.foreign_processes[0]) == (5, 2)
+        assert {s["pid"] for s in report["gpus"][0]["processes"]["foreign"]} == {OTHER, outsider_pid}
     finally:
         child.kill()
         child.wait()
+        os.kill(outsider_pid, signal.SIGKILL)
+        outsider.wait()
 
 
 def test_the_mps_server_is_not_foreign_and_mps_clients_are(tmp_path):
