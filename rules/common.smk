@@ -20,7 +20,7 @@ from scalestudy.launch import attempt_logs
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
-from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names
+from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names, windowtime
 from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
@@ -52,16 +52,19 @@ PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
 SENSITIVITY_AXES = grid.sensitivity_axes(config)
 
 
-def warn_unfilled_windows(shown=5):
-    """Grid points too short for train.measure's window: their throughput would be marked, not used."""
-    problems = grid.window_problems(config)
+def warn_grid_points(problems, shown=5):
+    """One warning per problem line of a grid point (the first `shown`, then how many more)."""
     for problem in problems[:shown]:
         logger.warning(f"warning: {problem}")
     if len(problems) > shown:
         logger.warning(f"warning: ... and {len(problems) - shown} more grid points like these")
 
 
-warn_unfilled_windows()
+# Grid points too short for train.measure's window: their throughput would be marked, not used.
+warn_grid_points(grid.window_problems(config))
+# Windows that would hold fewer GPU monitor samples than analysis.monitor.min_window_samples at the
+# smoke test's step time (once it ran on a GPU): their GPU would be judged on a handful of samples.
+warn_grid_points(windowtime.short_window_problems(config))
 
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 

@@ -42,6 +42,7 @@ PAPER_CONTEXT = {
     "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
     "sensitivity_axes": SENSITIVITY_AXES,
     "compared_with": COMPARE["label"] or COMPARE_LABEL or "",
+    "min_window_samples": config["analysis"]["monitor"]["min_window_samples"],
 }
 PAPER_FIGURES = sorted(
     {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}

@@ -318,6 +318,18 @@ def test_a_trainer_run_without_a_filled_window_gives_no_rate():
         _ = project.TrainerRun({"results": {**unfilled, "images_per_s": None}}).images_per_s
 
 
+def test_a_trainer_run_that_shared_its_gpu_gives_no_rate():
+    shared = {
+        "window_filled": True,
+        "images_per_s": 9864.0,
+        "contended": True,
+        "contention": "GPU-a: 8 foreign",
+    }
+    with pytest.raises(RuntimeError, match="GPU was shared while the trainer measured: GPU-a: 8 foreign"):
+        _ = project.TrainerRun({"results": shared}).images_per_s
+    assert project.TrainerRun({"results": {**shared, "contended": False}}).images_per_s == 9864.0
+
+
 def test_import_probe_times_the_import_inside_the_whole_process():
     imported, process = suite.import_seconds()
     assert 0 < imported < process

@@ -264,6 +264,29 @@ def test_sync_twice_adds_nothing_and_a_new_config_supersedes(finished, tmp_path)
     assert old.data.tags["scalestudy.superseded_by"] == third["runs"][0]["run_id"]
 
 
+def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
+    """A run whose GPU held a foreign process while it measured (a constructed run folder, judged
+    from its monitor files as the trainer judges them): tags contended and the evidence."""
+    import numpy as np
+
+    from scalestudy.analysis import constructed_study as synthetic
+    from scalestudy.plan import grid
+    from tests.test_contention import STRONG_2, small_study
+
+    config = small_study()
+    point = next(p for p in grid.scaling_points(config) if p.run_dir == STRONG_2)
+    truth = synthetic.Truth(foreign=(synthetic.Foreign(STRONG_2, pid=31337),))
+    out = synthetic.write_run(tmp_path, config, point, truth, np.random.default_rng(0))
+    settings = settings_for(tmp_path)
+    sync.sync(settings, tmp_path / "results/runs", [], tmp_path)
+    client = store.client(settings)
+    (run,) = store.find_runs(client, store.experiment_id(client, settings), "scaling/strong/w2_r0")
+    results = json.loads((out / "summary.json").read_text())["results"]
+    assert run.data.tags["contended"] == "True"
+    assert run.data.tags["contention"] == results["contention"] and "pids 31337" in results["contention"]
+    assert run.data.tags["monitor_window_samples"] == str(results["monitor_window_samples"])
+
+
 def test_scheduled_points_become_the_runs_the_sync_finishes(finished, tmp_path):
     root, out, _ = finished
     study = tmp_path / "study"

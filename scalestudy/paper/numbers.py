@@ -63,6 +63,7 @@ CONTEXT_DEFAULTS = {
     "parallelism": ["ddp"],
     "sensitivity_axes": ["precision", "per_gpu_batch", "bucket_cap_mb"],
     "compared_with": "",  # compare.label (or the other study's folder) where compare.against is set
+    "min_window_samples": 10,  # analysis.monitor.min_window_samples
 }
 
 
