@@ -264,7 +264,7 @@ def test_lint_is_clean(workflow_copy):
 @pytest.mark.parametrize(
     ("key_path", "bad_value", "expected"),
     [
-        (("sensitivity", "precision"), ["fp8"], "fp8"),
+        (("sensitivity", "precision"), ["fp8"], "'precision' was unexpected"),
         (("scaling", "world_sizes"), [0, 2], "world_sizes"),
         (("train", "epochs"), "many", "epochs"),
     ],

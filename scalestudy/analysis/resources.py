@@ -233,7 +233,7 @@ def estimate(
     ]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     table = table.astype({"world_size": "Int64", "nodes": "Int64", "runs": "Int64", "epochs": "Int64"})
-    parallelism = pd.Series([row.get("parallelism", "") for row in rows], index=table.index)
+    parallelism = pd.Series([row.get("parallelism") or "" for row in rows], index=table.index)
     if parallelism[parallelism != ""].nunique() > 1:
         table.insert(table.columns.get_loc("mode") + 1, "parallelism", parallelism)
     return table

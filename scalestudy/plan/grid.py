@@ -20,51 +20,9 @@ from scalestudy import workloads
 from scalestudy.plan import cluster, runconfig
 from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DIR, RUNS_DIR
 
-# Keys copied from config["train"] into every run config.
-TRAIN_KEYS = (
-    "epochs",
-    "max_steps_per_epoch",
-    "eval_max_batches",
-    "lr",
-    "base_batch",
-    "lr_scaling",
-    "warmup_epochs",
-    "momentum",
-    "nesterov",
-    "weight_decay",
-    "label_smoothing",
-    "precision",
-    "bucket_cap_mb",
-    "comm_hook",
-    "loader",
-    "num_workers",
-    "device",
-    "backend",
-    "seed",
-    "deterministic",
-    "checkpoint_every_steps",
-    "target_accuracy",
-    "step_timing_every",
-    "log_every_steps",
-    "pg_timeout_s",
-    "monitor_interval_s",
-)
-# Keys copied from config["train"] too, but written only where they differ from the trainer's default.
-OPTIONAL_TRAIN_KEYS = ("parallelism", "reshard_after_forward", "optimizer", "grad_clip")
 # Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a
 # study that does not use them keeps its run configs byte for byte, so none of its results is re-run.
-OMITTED_AT_DEFAULT: dict[str, Any] = {
-    key: runconfig.DEFAULTS[key]
-    for key in ("workload", "parallelism", "reshard_after_forward", "optimizer", "grad_clip")
-    + ("gpt", "command")
-}
-# config["train"]["measure"] -> the run config's keys (the steady-state window, scalestudy.train.steady)
-MEASURE_KEYS = {
-    "warmup_steps": "measure_warmup_steps",
-    "steps": "measure_steps",
-    "intervals": "measure_intervals",
-    "seconds": "measure_seconds",  # absent unless set: other studies' run configs stay as they were
-}
+OMITTED_AT_DEFAULT = ("workload", *runconfig.OPTIONAL_TRAIN_KEYS, "gpt", "command")
 # model.gpt keys whose null means "the preset's" (scalestudy.workloads.gpt.model.config_from): left
 # out of the run config so that the preset fills them. A null vocab_size stays: the tokenizer's.
 GPT_PRESET_KEYS = ("layers", "heads", "d_model", "seq_len")
@@ -243,7 +201,7 @@ def scaling_points(config: dict) -> list[Point]:
     return [
         scaling_point(config, mode, world, repeat, parallelism)
         for mode in scaling["modes"]
-        for parallelism in scaling.get("parallelism", ["ddp"])
+        for parallelism in scaling["parallelism"]
         for world in scaling["world_sizes"]
         for repeat in range(scaling["repeats"])
     ]
@@ -300,15 +258,16 @@ def point_by_name(config: dict, stage: str, name: str, points: dict[str, Point] 
 def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/architecture.md)."""
     workload = workloads.of_config(config)
-    run: dict[str, Any] = {key: config["train"][key] for key in TRAIN_KEYS}
+    run: dict[str, Any] = {key: config["train"][key] for key in runconfig.TRAIN_KEYS}
     run.update({key: _model_value(config, key) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
-    run.update(
-        {run_key: measure[key] for key, run_key in MEASURE_KEYS.items() if measure.get(key) is not None}
-    )
+    measured = runconfig.MEASURE_KEYS.items()
+    run.update({run_key: measure[key] for key, run_key in measured if measure.get(key) is not None})
     if run.get("compile"):
         run["inductor_cache_dir"] = INDUCTOR_CACHE_DIR
-    run.update({key: config["train"].get(key, OMITTED_AT_DEFAULT[key]) for key in OPTIONAL_TRAIN_KEYS})
+    run.update(
+        {key: config["train"].get(key, runconfig.DEFAULTS[key]) for key in runconfig.OPTIONAL_TRAIN_KEYS}
+    )
     run["workload"] = workload.name
     if workload.name == "command":
         run["command"] = dict((config.get("workload") or {}).get("command") or {})
@@ -326,8 +285,8 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
         profile=None,
     )
     run.update(dict(point.overrides))
-    for key, default in OMITTED_AT_DEFAULT.items():
-        if key in run and _same(run[key], default):
+    for key in OMITTED_AT_DEFAULT:
+        if key in run and _same(run[key], runconfig.DEFAULTS[key]):
             del run[key]
     return run
 
@@ -381,7 +340,7 @@ def window_problems(config: dict) -> list[str]:
         per_epoch = samples // run["world_size"] // run["per_gpu_batch"]
         if run.get("max_steps_per_epoch") is not None:
             per_epoch = min(per_epoch, run["max_steps_per_epoch"])
-        needed = run.get("measure_warmup_steps", 0) + run.get("measure_steps", 0)
+        needed = run["measure_warmup_steps"] + run["measure_steps"]
         total = per_epoch * run["epochs"]
         if total < needed:
             problems.append(

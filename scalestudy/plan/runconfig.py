@@ -9,71 +9,114 @@ EXIT_BAD_CONFIG). RULES holds each key's type and range; JSON's true/false never
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scalestudy import workloads
+from scalestudy.plan import schema
 
 log = logging.getLogger("scalestudy.train")
 
 REQUIRED = ("data_dir", "checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
-DEFAULTS: dict[str, Any] = {
+
+# The run-config keys that are study settings, and where the study config holds each: their defaults
+# are the schema's (scalestudy/plan/schema.yaml, the one home of every default), whoever starts the
+# trainer (Snakemake, `python -m scalestudy.train`, the benchmark). The grid copies them from the config.
+TRAIN_KEYS = (  # config["train"][key]
+    "epochs",
+    "max_steps_per_epoch",
+    "eval_max_batches",
+    "lr",
+    "base_batch",
+    "lr_scaling",
+    "warmup_epochs",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "label_smoothing",
+    "precision",
+    "bucket_cap_mb",
+    "comm_hook",
+    "loader",
+    "num_workers",
+    "device",
+    "backend",
+    "seed",
+    "deterministic",
+    "checkpoint_every_steps",
+    "target_accuracy",
+    "step_timing_every",
+    "log_every_steps",
+    "pg_timeout_s",
+    "monitor_interval_s",
+)
+# config["train"][key] too, written into a run config only where it differs from its default
+OPTIONAL_TRAIN_KEYS = ("parallelism", "reshard_after_forward", "optimizer", "grad_clip")
+# config["train"]["measure"][key] -> the run config's key (the steady-state window, scalestudy.train.steady)
+MEASURE_KEYS = {
+    "warmup_steps": "measure_warmup_steps",
+    "steps": "measure_steps",
+    "intervals": "measure_intervals",
+    "seconds": "measure_seconds",  # absent unless set: other studies' run configs stay as they were
+}
+MODEL_KEYS = ("width", "channels_last", "compile")  # config["model"][key] (the ResNet's)
+STUDY_KEYS: dict[str, tuple[str, ...]] = {
+    **{key: ("train", key) for key in (*TRAIN_KEYS, *OPTIONAL_TRAIN_KEYS) if key not in REQUIRED},
+    **{run_key: ("train", "measure", key) for key, run_key in MEASURE_KEYS.items()},
+    **{key: ("model", key) for key in MODEL_KEYS},
+}
+# The run config's own keys, which no study setting gives: labels the trainer records, its own choices.
+OWN_DEFAULTS: dict[str, Any] = {
     "stage": None,  # stage, point, mode, repeat, nodes: recorded, not used
     "point": None,
     "mode": None,
     "repeat": 0,
     "nodes": 1,
-    "max_steps_per_epoch": None,
-    "eval_max_batches": None,
-    "lr": 0.1,
-    "base_batch": 128,
-    "lr_scaling": "linear",
-    "warmup_epochs": 0,
-    "momentum": 0.9,
-    "weight_decay": 0.0005,
-    "nesterov": True,
-    "label_smoothing": 0.0,
-    "precision": "fp32",
-    "bucket_cap_mb": 25,
-    "comm_hook": "none",
-    "loader": "tensor",
-    "num_workers": 2,
-    "device": "auto",
-    "backend": "auto",
-    "width": 64,
     "norm": "batch",  # not in the grid's run config (yet): "frozen" serves the equivalence test
-    "channels_last": False,
-    "compile": False,
-    "seed": 0,
-    "deterministic": False,
-    "checkpoint_every_steps": 200,
-    "target_accuracy": 0.9,
-    "step_timing_every": 10,
-    "log_every_steps": 20,
-    "pg_timeout_s": 600,
-    "monitor_interval_s": 0.1,
     "profile": None,
-    # the steady-state window (scalestudy.train.steady): steps after warm-up steps, split into intervals
-    "measure_warmup_steps": 50,
-    "measure_steps": 200,
-    "measure_intervals": 4,
-    "measure_seconds": None,  # the window lasts at least this long (null: measure_steps alone)
     "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
     "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
-    # what is trained, and how (scalestudy.workloads; the grid writes these only where they differ)
-    "workload": workloads.DEFAULT,
-    "parallelism": "ddp",
-    "reshard_after_forward": True,  # FSDP2's choice
-    "optimizer": None,  # null: the workload's (sgd for resnet18-cifar10, adamw for gpt)
-    "grad_clip": None,  # max gradient norm; null: no clipping
+    "workload": workloads.DEFAULT,  # what is trained (scalestudy.workloads)
     "gpt": None,  # the gpt workload's model (scalestudy.workloads.gpt.model.config_from)
     "command": None,  # the command workload's script, args and sample_unit
 }
+
+
+def schema_default(path: tuple[str, ...]) -> Any:
+    """The default schema.yaml gives the study setting at `path` ("train", "measure", "steps")."""
+    node = schema.load()
+    for part in path:
+        node = node["properties"][part]
+    return node.get("default")
+
+
+class _Defaults(Mapping):
+    """DEFAULTS: every key the trainer fills when a run config leaves it out, the study settings'
+    from the schema (read on first use: the Snakefile imports this module before any config exists)."""
+
+    @functools.cached_property
+    def _values(self) -> dict[str, Any]:
+        return {**OWN_DEFAULTS, **{key: schema_default(path) for key, path in STUDY_KEYS.items()}}
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._values[key])
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+DEFAULTS: Mapping[str, Any] = _Defaults()
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def evidence(tool: str, out_dir: Path, world_size: int) -> dict:
 def resolve_for(run: dict, spec: dict, nsys_binary: str) -> Resolution:
     return resolve(
         run["profile"]["tool"],
-        run.get("device", "auto"),
+        run["device"],
         nsys_probe=lambda: find_binary(nsys_binary, spec.get("image")),
         gpu_probe=find_gpu,
     )

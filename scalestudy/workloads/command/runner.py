@@ -398,7 +398,7 @@ class Runner:
             **command_progress.step_results(progress, c, self.t0),
             "workload": "command",
             "sample_unit": c["command"]["sample_unit"],
-            "parallelism": c.get("parallelism", "ddp"),
+            "parallelism": c["parallelism"],
             "metric": "none",
             "final_test_perplexity": None,
             "peak_memory_bytes": max(peaks),
