@@ -153,6 +153,7 @@ class Trainer:
             "host": socket.gethostname(),
             "device": str(self.device),
             "device_name": device_name(self.device),
+            "gpu_uuid": monitor.device_uuid(self.device),  # the GPU this rank ran on (None: CPU)
             "time": time.time(),
         }
 
