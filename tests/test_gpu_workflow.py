@@ -217,7 +217,8 @@ def test_two_one_gpu_points_run_at_once_on_disjoint_gpus(tmp_path):
         gpufake.write_state(tmp_path / "nvml.json", 2), tmp_path / "locks", snakemake_env()
     )
     points = [f"results/runs/scaling/strong/w1_r{repeat}/summary.json" for repeat in (0, 1)]
-    result = snakemake(workdir, env, *points, "--configfile", "config/gpu.yaml")
+    # 2 cores whatever this machine has: a 1-GPU job's threads are then 1 (2 cores x 1/2 GPUs)
+    result = snakemake(workdir, env, *points, "--cores", "2", "--configfile", "config/gpu.yaml")
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     jobs, names = spans(record), gpufake.uuids(2)
     assert set(jobs) == {"smoke/w1", "scaling/strong/w1_r0", "scaling/strong/w1_r1"}
@@ -232,6 +233,7 @@ def test_two_one_gpu_points_run_at_once_on_disjoint_gpus(tmp_path):
         "uuids": first["uuids"],
         "cuda_visible_devices": first["indices"][0],
     }
+    assert [rank["gpu_uuid"] for rank in summary["provenance"]["ranks"]] == [None]  # the rank ran on the CPU
     log = (workdir / "results/logs/scaling/strong/w1_r0.log").read_text()
     assert f"launch: this job holds {first['uuids'][0]} (NVML {first['indices'][0]}) (local-lock" in log
 
