@@ -3,6 +3,7 @@
 #   the real study:         snakemake --profile profiles/slurm --configfile config/config.yaml
 #   report:                 snakemake --report results/report.html [same options]
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from scalestudy import provenance
@@ -19,7 +20,13 @@ if not workflow.overwrite_configfiles:
 
 
 # The schema ships with the package (scalestudy/plan/schema.yaml; config/schema.yaml links to it).
-validate(config, schema.PATH)
+try:
+    validate(config, schema.PATH)
+except WorkflowError as error:  # one line naming the key, not the whole schema
+    message = configcheck.schema_error_message(error, workflow.overwrite_configfiles)
+    if message is None:
+        raise
+    raise WorkflowError(message) from None
 configcheck.check(config)  # what JSON Schema lets through (2.0 as an integer, ...)
 provenance.export_git_state(workflow.basedir)
 
@@ -43,8 +50,10 @@ include: "rules/profile.smk"
 include: "rules/sensitivity.smk"
 include: "rules/aggregate.smk"
 include: "rules/plots.smk"
+include: "rules/compare.smk"
 include: "rules/paper.smk"
 include: "rules/track.smk"
+include: "rules/crate.smk"
 
 
 rule all:
@@ -54,6 +63,8 @@ rule all:
         FIGURE_TARGETS,
         PAPER_TARGETS,
         TRACK_TARGETS,
+        COMPARE_TARGETS,
+        CRATE_TARGETS,
     default_target: True
 
 

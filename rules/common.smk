@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import time
 from typing import NamedTuple
 
 from snakemake.exceptions import WorkflowError
@@ -15,11 +16,12 @@ from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
 from scalestudy import workloads
+from scalestudy.launch import attempt_logs
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import gpus as _gpus
 from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
-from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles
+from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names, windowtime
 from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
@@ -51,16 +53,19 @@ PLOT_UNIT = "rank" if config["train"]["device"] == "cpu" else "GPU"
 SENSITIVITY_AXES = grid.sensitivity_axes(config)
 
 
-def warn_unfilled_windows(shown=5):
-    """Grid points too short for train.measure's window: their throughput would be marked, not used."""
-    problems = grid.window_problems(config)
+def warn_grid_points(problems, shown=5):
+    """One warning per problem line of a grid point (the first `shown`, then how many more)."""
     for problem in problems[:shown]:
         logger.warning(f"warning: {problem}")
     if len(problems) > shown:
         logger.warning(f"warning: ... and {len(problems) - shown} more grid points like these")
 
 
-warn_unfilled_windows()
+# Grid points too short for train.measure's window: their throughput would be marked, not used.
+warn_grid_points(grid.window_problems(config))
+# Windows that would hold fewer GPU monitor samples than analysis.monitor.min_window_samples at the
+# smoke test's step time (once it ran on a GPU): their GPU would be judged on a handful of samples.
+warn_grid_points(windowtime.short_window_problems(config))
 
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 
@@ -81,13 +86,15 @@ if not CONTAINERIZED:
 # cluster.submit_retry_minutes instead of failing the job (the Slurm plugin would count it as a failed
 # attempt): a wrapper `sbatch` first on the PATH of the Snakemake that submits, wherever sbatch exists
 # (only the Slurm executor calls it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
+SBATCH_LOG = os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log")  # the wrapper's waits and refusals
+RUN_STARTED = time.time()
 if workflow.is_main_process and shutil.which("sbatch"):
     _submit_retry.put_first(
         os.environ,
         _submit_retry.install(
             os.path.join(".snakemake", "scalestudy-sbatch"),
             patience_minutes=cluster.settings(config)["submit_retry_minutes"],
-            log_path=os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log"),
+            log_path=SBATCH_LOG,
         ),
     )
 IMAGE = cluster.container_image(config)
@@ -307,11 +314,44 @@ def check_array_setting():
         raise WorkflowError(str(error)) from None
 
 
+def check_slurm_names():
+    """Under a cluster executor, before anything is submitted: the partition, account and QOS the
+    config names, against the cluster's own sinfo/sacctmgr (scalestudy.plan.slurm_names)."""
+    if workflow.local_exec:
+        return
+    findings = slurm_names.check(config)
+    for warning in findings.warnings:
+        logger.warning(f"warning: {warning}")
+    if findings.errors:
+        raise WorkflowError(
+            "the cluster does not know names the config gives (nothing was submitted):\n  "
+            + "\n  ".join(findings.errors)
+        )
+
+
+def set_aside_earlier_logs():
+    """Under a cluster executor: the logs an earlier run left for the jobs about to run, renamed
+    (scalestudy.launch.attempt_logs.set_aside), so a job sbatch refuses shows no earlier run's log."""
+    if workflow.local_exec:
+        return
+    for job in workflow.dag.needrun_jobs():
+        for log in job.log:
+            attempt_logs.set_aside(log)
+
+
+def report_sbatch_refusals():
+    """The submissions sbatch refused during this run, with sbatch's own message (Snakemake reports a
+    refused group job as "message: None")."""
+    refusals = _submit_retry.refusals_since(SBATCH_LOG, RUN_STARTED)
+    if refusals:
+        logger.error("sbatch refused these submissions of this run:\n  " + "\n  ".join(refusals))
+
+
 # Run in order before the first job is scheduled (the Snakefile's one `onstart:`; not in dry runs,
 # not inside a job): checks first, then what other rule files add (rules/track.smk).
-ONSTART_HOOKS = [check_array_setting]
+ONSTART_HOOKS = [check_array_setting, check_slurm_names, set_aside_earlier_logs]
 # Run when Snakemake ends, after success or failure (the Snakefile's `onsuccess:` and `onerror:`).
-ONEXIT_HOOKS = []
+ONEXIT_HOOKS = [report_sbatch_refusals]
 
 
 def is_array_task(rule_name):
@@ -391,7 +431,7 @@ def grouped_resources(rule_name, own):
 
 
 # Rules a config may leave out (no data to fetch or pack, no loader smoke test, a prebuilt or no image).
-OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track")
+OPTIONAL_RULES = ("fetch", "preprocess", "smoke_io", "build_image", "image_digest", "track", "crate", "compare")
 
 
 def submit_host_rules():

@@ -29,6 +29,7 @@ PAPER_DATA = {
     "profile_overlap": rules.profile_combine.output.overlap,
     "system": rules.table_system.output[0],
     "comm_bench_fit": rules.table_comm_bench.output.fit,
+    **({"comparison": rules.compare.output.table} if COMPARE["against"] else {}),
 }
 # What the paper says that no table records (a params value: changing one re-writes only the paper).
 PAPER_CONTEXT = {
@@ -40,6 +41,8 @@ PAPER_CONTEXT = {
     "sample_unit": WORKLOAD.sample_unit,
     "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
     "sensitivity_axes": SENSITIVITY_AXES,
+    "compared_with": COMPARE["label"] or COMPARE_LABEL or "",
+    "min_window_samples": config["analysis"]["monitor"]["min_window_samples"],
 }
 PAPER_FIGURES = sorted(
     {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}

@@ -62,11 +62,28 @@ def git_state(repo: str | os.PathLike | None = None) -> dict[str, Any]:
         }
     repo = Path(repo or Path(__file__).resolve().parent.parent)
     try:
+        if not tracks_workflow(repo):
+            return {"git_commit": "unknown", "git_dirty": None}
         commit = _git(repo, "rev-parse", "HEAD")
-        dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.CalledProcessError):
+        dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no", "--", "."))
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return {"git_commit": "unknown", "git_dirty": None}
     return {"git_commit": commit, "git_dirty": dirty}
+
+
+# The workflow's own files, relative to its folder: a commit is the workflow's only where git tracks
+# them. A copy of the project exported into another repository that ignores it (or never added it)
+# sits in that repository's work tree, and `git rev-parse HEAD` would name the other project's commit.
+WORKFLOW_FILES = ("Snakefile", "scalestudy/provenance.py")
+
+
+def tracks_workflow(repo: str | os.PathLike) -> bool:
+    """Whether the git repository around `repo` tracks the workflow's own files that exist there."""
+    present = [name for name in WORKFLOW_FILES if (Path(repo) / name).exists()]
+    if not present:
+        return False
+    tracked = _git(Path(repo), "ls-files", "--", *present).splitlines()
+    return len(tracked) == len(present)
 
 
 def _git(repo: Path, *args: str) -> str:

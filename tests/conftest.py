@@ -63,6 +63,14 @@ def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 
 
 
 @pytest.fixture
+def demo_config() -> dict:
+    """config/demo.yaml with every schema default filled in, as the Snakefile reads it (a fresh copy)."""
+    from scalestudy.analysis.settings import study_config
+
+    return study_config(REPO / "config/demo.yaml")
+
+
+@pytest.fixture
 def workflow_copy(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path / "workflow")
 

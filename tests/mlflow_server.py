@@ -96,21 +96,26 @@ def rendered(chromium: str, url: str, profile: Path, *wanted: str, via: Sequence
 
 
 def check_ui(
-    chromium: str, port: int, experiment: str, points: list[str], run_id: str, scratch: Path,
+    chromium: str, port: int, experiment: str, study_run: str, runs: int, run_id: str, scratch: Path,
     via: Sequence[str] = (),
 ) -> Path:  # fmt: skip
-    """The experiment page lists every point and the run's metric chart renders; the experiment
-    page's screenshot (copied to $SCALESTUDY_SCREENSHOT_DIR/mlflow_ui.png when that is set)."""
+    """The page the study links to (scalestudy.tracking.store.runs_page: the model-training view, not
+    MLflow 3's GenAI overview) lists the study's run with its `runs` runs nested under it, and a
+    point's metric chart renders; the runs page's screenshot (copied to
+    $SCALESTUDY_SCREENSHOT_DIR/mlflow_ui.png when that is set)."""
+    from scalestudy.tracking import store
+
+    page = store.runs_page(f"http://127.0.0.1:{port}", experiment)
     base = f"http://127.0.0.1:{port}/#/experiments/{experiment}"
-    listing = rendered(chromium, f"{base}/runs", scratch / "profile", *points, via=via)
-    missing = [point for point in points if point not in listing]
-    assert not missing, f"the experiment page lacks {missing}:\n{listing[-3000:]}"
+    listing = rendered(chromium, page, scratch / "profile", study_run, f"{runs} matching runs", via=via)
+    assert study_run in listing and f"{runs} matching runs" in listing, listing[-3000:]
+    assert "Token Usage" not in listing  # not the GenAI overview (traces, tokens)
     # the charts come in the metrics' order, drawn as they scroll into view: the first are epoch_*
     metrics = f"{base}/runs/{run_id}/model-metrics"
     chart = rendered(chromium, metrics, scratch / "profile", "js-plotly-plot", "epoch_test_acc", via=via)
     assert "js-plotly-plot" in chart and "epoch_test_acc" in chart, chart[-3000:]
     shot = scratch / "mlflow_ui.png"
-    chromium_page(chromium, f"{base}/runs", scratch / "profile", f"--screenshot={shot}", via=via)
+    chromium_page(chromium, page, scratch / "profile", f"--screenshot={shot}", via=via)
     assert shot.stat().st_size > 20_000
     if os.environ.get("SCALESTUDY_SCREENSHOT_DIR"):
         shutil.copy(shot, Path(os.environ["SCALESTUDY_SCREENSHOT_DIR"]) / "mlflow_ui.png")

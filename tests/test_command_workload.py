@@ -429,6 +429,15 @@ def test_the_ranks_of_one_launch_share_a_report_folder_name_and_the_next_launch_
 def test_a_ranks_monitor_rows_are_moved_onto_rank_0s_clock():
     report = {"rank": 1, "rows": [[0.5, "host", 0], [1.5, "host", 0]]}
     assert [row[0] for row in command.rebased(report, 2.0)["rows"]] == [2.5, 3.5]
+    # so are the sightings of a foreign process on its GPU (the window is on rank 0's clock)
+    span = {"pid": 9, "first_s": 0.5, "last_s": 1.5, "samples": 2}
+    report["gpus"] = [
+        {"uuid": "GPU-a", "processes": {"foreign": [span]}},
+        {"uuid": "GPU-b", "processes": None},
+    ]
+    gpus = command.rebased(report, 2.0)["gpus"]
+    assert gpus[0]["processes"]["foreign"] == [{**span, "first_s": 2.5, "last_s": 3.5}]
+    assert gpus[1]["processes"] is None
 
 
 def test_a_bad_line_on_another_rank_fails_the_run_through_rank_0(tmp_path, fake):

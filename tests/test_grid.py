@@ -11,15 +11,6 @@ from scalestudy.plan import grid, schema
 from tests.conftest import REPO
 
 
-@pytest.fixture
-def demo_config():
-    from snakemake.utils import validate
-
-    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
-    validate(config, schema.PATH)  # fills in the defaults
-    return config
-
-
 def test_the_schema_ships_with_the_package_and_the_repository_links_to_it():
     import tomllib
 

@@ -449,6 +449,22 @@ def test_snakemake_stops_on_a_float_world_size_naming_the_key(workdir, key, valu
     assert "MissingInputException" not in output and "Building DAG" not in output
 
 
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        (lambda config: config.pop("train"), "train: a required section or key is missing"),
+        (lambda config: config["train"].update(lr="fast"), "train.lr: 'fast' is not of type 'number'"),
+    ],
+)
+def test_a_config_the_schema_refuses_is_named_in_one_line_not_the_whole_schema(workdir, change, line):
+    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+    change(config)
+    result = run_workflow(workdir, config, "-n")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and f"hostile.yaml): {line}" in output, output[-3000:]
+    assert "Failed validating" not in output and len(output.splitlines()) < 20, output[-3000:]
+
+
 def shell_commands(output: str) -> list[list[str]]:
     """The words of every `Shell command:` a dry run prints (single-line commands only)."""
     return [

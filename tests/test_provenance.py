@@ -33,3 +33,81 @@ def test_progress_line_has_rate_and_eta():
     bar.done = 500
     line = bar.line(now=bar._t0 + 5)
     assert "500.0 B/1000.0 B (50%)" in line and "ETA 0:05" in line and "100.0 B/s" in line
+
+
+def _git(cwd, *args):
+    import subprocess
+
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, **env},
+    ).stdout.strip()
+
+
+def _export_project(folder):
+    """The workflow's own files, as an exported copy (no .git of its own) holds them."""
+    (folder / "scalestudy").mkdir(parents=True)
+    (folder / "Snakefile").write_text("# the workflow\n")
+    (folder / "scalestudy" / "provenance.py").write_text("# provenance\n")
+    return folder
+
+
+def test_an_exported_copy_inside_an_unrelated_repository_records_no_commit(tmp_path, monkeypatch):
+    """Run from a copy of the project inside another repository that ignores it, the study used to record
+    that repository's commit as its own (dirty): it records none."""
+    monkeypatch.delenv(provenance.GIT_COMMIT_ENV, raising=False)
+    monkeypatch.delenv(provenance.GIT_DIRTY_ENV, raising=False)
+    outer = tmp_path / "other-project"
+    outer.mkdir()
+    _git(outer, "init", "-q")
+    (outer / ".gitignore").write_text("scalestudy-export/\n")
+    (outer / "notes.txt").write_text("another project\n")
+    _git(outer, "add", ".")
+    _git(outer, "commit", "-q", "-m", "other")
+    (outer / "notes.txt").write_text("changed\n")  # the other project is dirty too
+    other_commit = _git(outer, "rev-parse", "HEAD")
+    export = _export_project(outer / "scalestudy-export")
+
+    state = provenance.git_state(export)
+    assert state == {"git_commit": "unknown", "git_dirty": None}
+    assert other_commit not in str(state)
+    provenance.export_git_state(export)
+    assert provenance.git_state()["git_commit"] == "unknown"
+
+
+def test_a_repository_that_tracks_the_workflow_names_its_commit_and_dirty_state(tmp_path, monkeypatch):
+    monkeypatch.delenv(provenance.GIT_COMMIT_ENV, raising=False)
+    project = _export_project(tmp_path / "project")
+    _git(project, "init", "-q")
+    _git(project, "add", ".")
+    _git(project, "commit", "-q", "-m", "workflow")
+    commit = _git(project, "rev-parse", "HEAD")
+    assert provenance.git_state(project) == {"git_commit": commit, "git_dirty": False}
+    (project / "Snakefile").write_text("# changed\n")
+    assert provenance.git_state(project) == {"git_commit": commit, "git_dirty": True}
+
+
+def test_a_workflow_in_a_subfolder_of_the_repository_that_tracks_it_names_the_commit(tmp_path, monkeypatch):
+    """A monorepo: the workflow is one folder of a repository that tracks it: its commit is the
+    workflow's, and only the workflow's folder decides whether it is dirty."""
+    monkeypatch.delenv(provenance.GIT_COMMIT_ENV, raising=False)
+    repo = tmp_path / "monorepo"
+    workflow = _export_project(repo / "studies" / "scaling")
+    (repo / "elsewhere.txt").write_text("x\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "all")
+    (repo / "elsewhere.txt").write_text("changed\n")
+    assert provenance.git_state(workflow) == {
+        "git_commit": _git(repo, "rev-parse", "HEAD"),
+        "git_dirty": False,
+    }

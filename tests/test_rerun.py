@@ -9,12 +9,16 @@ scaling point, which does not) and the gates before them is shared by the module
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from scalestudy import provenance
+from scalestudy import atomic, provenance
+from scalestudy.analysis import aggregate
 from scalestudy.plan import runconfig
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.conftest import REPO, copy_workflow, run_snakemake
@@ -95,3 +99,28 @@ def assert_finished_runs_keep_only_their_last_checkpoint(demo: Path) -> None:
             continue
         assert len(list(folder.glob("*.pt"))) == 1, sorted(folder.iterdir())
         assert (folder / checkpoint.FINISHED).is_file(), sorted(folder.iterdir())
+
+
+def test_re_measuring_the_contended_points_re_runs_exactly_them(demo, monkeypatch):
+    """runs.csv marks the scaling point contended: the documented command's targets make Snakemake
+    plan that point's training job again, and only it; with none contended, nothing."""
+    config = _write_config(demo, "first.yaml", 1)
+    assert job_stats(run_snakemake(demo, "-n", *TARGETS, "--configfile", config).stdout) == {}
+    monkeypatch.chdir(demo)  # runs.csv's run_dir as the workflow writes it: relative to the workdir
+    catalog = aggregate.build_catalog(TARGETS)
+    catalog["contended"] = catalog["run_dir"] == SCALING
+    atomic.write_csv(demo / "results/tables/runs.csv", catalog)
+    printed = subprocess.run(
+        [sys.executable, "-m", "scalestudy.analysis.contention", "targets"],
+        cwd=demo,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert printed == [f"{SCALING}/summary.json"]
+    plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", config, "--forcerun", *printed)
+    assert job_stats(plan.stdout) == {"scaling_run": 1}, plan.stdout[-3000:]
+    atomic.write_csv(demo / "results/tables/runs.csv", catalog.assign(contended=False))
+    plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", config, "--forcerun")  # $(...) empty
+    assert job_stats(plan.stdout) == {}, plan.stdout[-3000:]

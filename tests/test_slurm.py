@@ -512,9 +512,18 @@ def test_the_mlflow_ui_lists_every_point_of_the_demo_and_draws_a_metric_chart(
     runs = summaries(workdir)
     points = sorted(runs)
     run = mlflow_run(client, experiment, "scaling/strong/w2_r0", runs["scaling/strong/w2_r0"])
+    everything = client.search_runs([experiment], max_results=1000)
+    (study,) = [found for found in everything if found.data.tags.get("stage") == "study"]
+    nested = {
+        found.data.tags.get("scalestudy.point")
+        for found in everything
+        if found.data.tags.get("mlflow.parentRunId") == study.info.run_id
+    }
+    assert set(points) <= nested, sorted(set(points) - nested)  # every point under the study's run
     mlflow_server.check_ui(
-        chromium, MLFLOW_PORT, experiment, points, run.info.run_id, tmp_path, via=slurm.client
-    )
+        chromium, MLFLOW_PORT, experiment, study.data.tags["mlflow.runName"], len(everything),
+        run.info.run_id, tmp_path, via=slurm.client,
+    )  # fmt: skip
 
 
 def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
@@ -737,30 +746,78 @@ def test_a_deleted_summary_is_measured_afresh_through_slurm(demo_accounting, slu
     assert new["results"]["total_time_s"] != old["results"]["total_time_s"]
 
 
-def test_an_sbatch_failure_is_reported_with_the_earlier_runs_log_named_as_such(
-    demo_accounting, slurm_accounting
-):
-    """An invalid partition: sbatch fails before the job exists. Snakemake prints the declared log
-    of the job, which is the earlier run's: its first line names that run's attempt and Slurm job."""
-    workdir, configfile, _ = demo_accounting
-    slurm = slurm_accounting
-    log = workdir / "results/logs/baseline/default.log"
-    first_line = log.read_text().splitlines()[0]
-    assert re.match(r"launch: attempt 1, Slurm job \d+, ", first_line), first_line
+def bad_config(workdir: Path, slurm: Cluster, name: str, **cluster) -> str:
+    """The accounting demo's config with `cluster` settings changed (and the point it would run first
+    changed too), as a new config file of workdir."""
 
     def change(config: dict) -> None:
         shorter_demo(slurm, account=ACCOUNT)(config)
-        config["cluster"]["partition"] = "no-such-partition"
-        config["site_check"] = {"enabled": False}  # it would be the first job refused
-        config["baseline"]["per_gpu_batch"] += 8  # the baseline point changes, nothing before it
+        config["cluster"].update(cluster)
+        config["smoke"]["train_steps"] += 1  # the preflight group runs again: the first job submitted
 
-    badconfig = write_config(workdir, "slurm-badpartition.yaml", change)
-    target = "results/runs/baseline/default/summary.json"
-    run = snakemake(slurm, workdir, badconfig, target, "--retries", "0", timeout=300)
+    return write_config(workdir, name, change)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"partition": "nosuchpart"}, "cluster.partition: 'nosuchpart' is not a partition of this cluster; "
+         "its partitions (sinfo): debug"),
+        ({"account": "nosuchacct"}, "cluster.account: 'nosuchacct' is not an account of user 'root' on this "
+         f"cluster; the user's accounts (sacctmgr show association): root, {ACCOUNT}"),
+        ({"qos": "nosuchqos"}, "cluster.qos: 'nosuchqos' is not a QOS of this cluster"),
+    ],
+)  # fmt: skip
+def test_a_name_the_cluster_does_not_know_stops_the_run_in_seconds_with_nothing_submitted(
+    demo_accounting, slurm_accounting, setting, message
+):
+    """docs/slurm.md followed with a partition, account or QOS the cluster does not have: the run stops
+    before its first submission, naming the setting and what the cluster has (sinfo, sacctmgr)."""
+    workdir, _, _ = demo_accounting
+    badconfig = bad_config(workdir, slurm_accounting, f"slurm-bad-{next(iter(setting))}.yaml", **setting)
+    before, started = controller_submissions(), time.monotonic()
+    run = snakemake(slurm_accounting, workdir, badconfig, timeout=300)
     output = run.stdout + run.stderr
-    assert run.returncode != 0 and "invalid partition" in output.lower(), output[-4000:]
-    assert len(re.findall(r"SLURM sbatch failed", output)) == 1, output[-4000:]  # --retries 0: once
-    assert "rule baseline_run:" in output and first_line in output  # the earlier run's log, named
+    assert run.returncode != 0 and message in output, output[-4000:]
+    assert "nothing was submitted" in output and controller_submissions() == before
+    assert time.monotonic() - started < 60
+
+
+def test_without_accounting_an_account_is_taken_with_a_warning_that_it_cannot_be_checked(demo, slurm):
+    """The preview command (docs/slurm.md) runs the same check as the workflow: on a cluster without
+    accounting Slurm accepts any account, which is a warning saying so, not an error."""
+    workdir, _, _ = demo
+    badconfig = bad_config(workdir, slurm, "slurm-acct.yaml", account="nosuchacct", partition="debug")
+    preview = slurm.run(
+        sys.executable, "-m", "scalestudy.plan.slurm_requests", "--configfile", badconfig,
+        cwd=workdir, env=snakemake_env(), timeout=120,
+    )  # fmt: skip
+    assert preview.returncode == 0, preview.stdout[-2000:] + preview.stderr[-2000:]
+    assert "warning: cluster.account 'nosuchacct' cannot be checked: this cluster keeps no accounting" in (
+        preview.stdout
+    )
+    assert "error:" not in preview.stdout
+
+
+def test_an_sbatch_refusal_inside_a_group_shows_sbatchs_message_and_no_earlier_runs_log(
+    demo_accounting, slurm_accounting
+):
+    """Memory above what a node has: sbatch refuses the preflight group. Snakemake says "message: None"
+    for a group; the workflow prints sbatch's own message when it ends, and the earlier run's logs of
+    the refused jobs are set aside (never shown as this run's)."""
+    workdir, _, _ = demo_accounting
+    earlier = workdir / "results/logs/smoke/train_w2.log"
+    earlier_text = earlier.read_text()
+    assert earlier_text.strip(), "the demo left no smoke log"
+    badconfig = bad_config(workdir, slurm_accounting, "slurm-bigmem.yaml", mem_mb_per_rank=50_000_000)
+    run = snakemake(slurm_accounting, workdir, badconfig, "--retries", "0", timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-4000:]
+    refusal = output.split("sbatch refused these submissions of this run:", 1)
+    assert len(refusal) == 2, output[-4000:]
+    assert "rule_preflight" in refusal[1] and "Memory specification can not be satisfied" in refusal[1]
+    assert earlier_text.splitlines()[0] not in output
+    assert (workdir / "results/logs/smoke/train_w2.earlier.log").read_text() == earlier_text
 
 
 def test_nothing_is_left_running(clusters):

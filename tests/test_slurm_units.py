@@ -116,15 +116,6 @@ def test_the_launcher_keeps_the_attempts_log_and_passes_the_attempt_to_the_ranks
         launch.prepare([*argv[:5], "0", *argv[6:]], {"PATH": os.environ["PATH"]})
 
 
-@pytest.fixture
-def demo_config():
-    from snakemake.utils import validate
-
-    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
-    validate(config, str(REPO / "config/schema.yaml"))
-    return config
-
-
 @pytest.mark.parametrize(("ranks_per_node", "world", "nodes"), [(2, 2, 1), (1, 2, 2), (1, 1, 1), (2, 4, 2)])
 def test_the_run_config_names_the_nodes_slurm_gets_on_cpu_nodes(demo_config, ranks_per_node, world, nodes):
     """gpus_per_node 0 (CPU nodes): the layout comes from ranks_per_node (the trainer warned

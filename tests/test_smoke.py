@@ -9,17 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from scalestudy.analysis import acceptance, settings
+from scalestudy.analysis import acceptance
 from scalestudy.plan import runconfig
 from scalestudy.preflight import smoke
-from tests.conftest import REPO, run_snakemake
+from tests.conftest import run_snakemake
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def demo_config():
-    return settings.study_config(REPO / "config/demo.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scalestudy.train.steady import SteadyWindow, interval_sizes
+from scalestudy.train.steady import SteadyWindow, interval_sizes, window_of_steps
 
 IMAGES = 64  # images per step, all ranks
 
@@ -178,3 +178,147 @@ def test_the_run_config_carries_the_window_and_the_inductor_cache():
     demo = _study("demo.yaml")
     run = grid.run_config(demo, grid.sensitivity_points(demo)[0])
     assert (run["measure_warmup_steps"], run["measure_steps"]) == (5, 16) and "inductor_cache_dir" not in run
+
+
+# --- a window in seconds (train.measure.seconds) ------------------------------------------------------
+
+
+def seconds_window(clock: FakeClock, warmup: int, steps: int, intervals: int, seconds: float, agree=None):
+    kwargs = {"agree": agree} if agree else {}
+    return SteadyWindow(
+        warmup,
+        steps,
+        intervals,
+        synchronize=clock.sync,
+        clock=clock,
+        wall=clock,
+        t0=clock.now,
+        min_seconds=seconds,
+        **kwargs,
+    )
+
+
+def test_a_window_in_seconds_lasts_at_least_that_long_in_whole_steps():
+    clock = FakeClock()
+    agreed = []
+    w = seconds_window(clock, 2, 4, 2, 10.0, agree=lambda s: agreed.append(s) or s)
+    w.start(global_step=100)
+    train(w, clock, 40, epoch_steps=10**6)
+    r = w.result(world_size=1)
+    # the first window (4 steps, 4 s) is too short: 10 s x 1.05 at 1 step/s = 11 steps, measured anew
+    assert agreed == [4.0, 11.0] and r["measure_probes"] == 1 and r["measure_seconds"] == 10.0
+    assert r["window_filled"] and (r["measure_steps"], r["measured_steps"]) == (11, 11)
+    assert r["measured_s"] == pytest.approx(11.0) and r["measured_s"] >= 10.0
+    assert r["measure_start_step"] == 100 + 2 + 4  # after the warm-up and the discarded window
+    assert r["measure_start_s"] == pytest.approx(6.0) and r["measure_end_s"] == pytest.approx(17.0)
+    assert r["measure_segments_s"] == [[6.0, 17.0]]
+    assert len(r["interval_images_per_s"]) == 2  # [6, 5] steps: still the configured intervals
+
+
+def test_a_window_long_enough_in_steps_is_not_measured_again():
+    clock = FakeClock()
+    w = seconds_window(clock, 2, 4, 2, 3.0)
+    w.start(global_step=0)
+    train(w, clock, 10, epoch_steps=10**6)
+    r = w.result(world_size=1)
+    assert r["window_filled"] and r["measure_probes"] == 0 and r["measured_steps"] == 4
+
+
+def test_steps_that_got_faster_are_measured_again_until_the_window_is_long_enough():
+    clock = FakeClock()
+    w = seconds_window(clock, 1, 4, 1, 10.0)
+    w.start(global_step=0)
+    train(w, clock, 60, step_s=lambda i: 1.0 if i < 5 else 0.5, epoch_steps=10**6)
+    r = w.result(world_size=1)
+    # 4 steps of 1 s -> 11 steps planned, at 0.5 s only 5.5 s -> 21 steps (10.5 s)
+    assert r["measure_probes"] == 2 and r["measure_steps"] == 21 and r["measured_s"] == pytest.approx(10.5)
+    assert r["measure_start_step"] == 1 + 4 + 11
+
+
+def test_ranks_with_different_clocks_agree_on_the_steps_and_end_together():
+    """Each rank's window hands its seconds to `agree` (the trainer: the mean over ranks by an
+    all-reduce); with the agreed value every rank plans the same steps, whatever its own clock said."""
+    results = []
+    for step_s in (1.0, 1.2):
+        clock = FakeClock()
+        # the all-reduce's mean: the same steps at 1.1 s, the mean step time of the two ranks
+        w = seconds_window(clock, 2, 4, 2, 10.0, agree=lambda s, own=step_s: s / own * 1.1)
+        w.start(global_step=0)
+        ended = None
+        for i in range(40):
+            clock.now += step_s
+            w.step_done(IMAGES)
+            if w.filled and ended is None:
+                ended = i
+        results.append((w.result(1)["measure_steps"], ended))
+    assert results[0] == results[1] == (10, 2 + 4 + 10 - 1)  # ceil(10 x 1.05 x 4 / 4.4) = 10 steps
+    clock = FakeClock()
+    alone = seconds_window(clock, 2, 4, 2, 10.0)  # without agreeing, the slow rank would plan its own
+    alone.start(global_step=0)
+    train(alone, clock, 40, step_s=lambda i: 1.2, epoch_steps=10**6)
+    assert alone.result(1)["measure_steps"] == 9  # ceil(10 x 1.05 x 4 / 4.8): the ranks would part
+
+
+def test_the_window_in_seconds_of_reported_steps():
+    """The command workload replays its script's steps through the same window."""
+    r = window_of_steps([1.0] * 30, [IMAGES] * 30, 2, 4, 2, 1, min_seconds=10.0)
+    assert r["window_filled"] and r["measure_probes"] == 1 and r["measured_steps"] == 11
+
+
+def test_a_window_of_no_seconds_is_refused():
+    with pytest.raises(ValueError, match="seconds must be positive"):
+        SteadyWindow(5, 10, 2, min_seconds=0)
+
+
+# --- windows too short for the GPU monitor, from the smoke test (scalestudy.plan.windowtime) -----------
+
+
+def _smoke(folder, world: int, per_gpu_batch: int, step_s: float, steps=None, device="cuda") -> None:
+    """A smoke test's record (its whole-run step time, first step included) and its timed steps."""
+    import json
+
+    record = {
+        "world_size": world,
+        "device": device,
+        "step_time_s": step_s,
+        "run_config": {"per_gpu_batch": per_gpu_batch},
+    }
+    (folder / f"train_w{world}.json").write_text(json.dumps(record))
+    if steps is not None:
+        (folder / f"train_w{world}").mkdir()
+        rows = "".join(f"1,{i},,,,,{s}\n" for i, s in enumerate(steps))
+        (folder / f"train_w{world}" / "steps.csv").write_text(
+            "epoch,step,data_s,forward_s,backward_allreduce_s,optimizer_s,step_s\n" + rows
+        )
+
+
+def test_windows_too_short_for_the_gpu_monitor_are_named_from_the_smoke_tests_step_time(tmp_path):
+    from scalestudy.plan import windowtime
+
+    config = _study("config.yaml")
+    assert windowtime.short_window_problems(config, tmp_path) == []  # no smoke test yet: no estimate
+    # one GPU, the strong point's batch of 1024: the first step compiles (2 s), then 3 ms per step
+    _smoke(tmp_path, 1, 1024, 0.5, steps=[2.0, 0.003, 0.003, 0.004])
+    _smoke(tmp_path, 16, 64, 0.5)  # no timed steps: its record's step time, 0.5 s (long windows)
+    assert windowtime.smoke_step_times(tmp_path) == {1: (0.003, 1024), 16: (0.5, 64)}
+    problems = windowtime.short_window_problems(config, tmp_path)
+    strong_1 = next(p for p in problems if p.startswith("results/runs/scaling/strong/w1_r0:"))
+    # 200 steps x 3 ms = 0.6 s: 6 samples at 0.1 s, fewer than 10
+    assert "about 0.6 s" in strong_1 and "6 GPU monitor samples at 0.1 s" in strong_1
+    assert "min_window_samples=10; set train.measure.seconds to at least 1" in strong_1
+    assert not any(p.startswith("results/runs/scaling/strong/w16_r0:") for p in problems)  # 100 s there
+    config["train"]["measure"]["seconds"] = 1.5
+    assert not any("GPU monitor samples" in p for p in windowtime.short_window_problems(config, tmp_path))
+    config["train"]["measure"]["seconds"] = 60.0  # 20,000 steps of 3 ms: more than a run of 1 GPU has
+    lines = windowtime.short_window_problems(config, tmp_path)
+    assert any(
+        p.startswith("results/runs/scaling/weak/w1_r0:") and "may not fill a window of 60 s" in p
+        for p in lines
+    )
+
+
+def test_a_smoke_test_on_the_cpu_gives_no_monitor_window_warning(tmp_path):
+    from scalestudy.plan import windowtime
+
+    _smoke(tmp_path, 1, 1024, 0.001, steps=[0.1, 0.001, 0.001], device="cpu")
+    assert windowtime.short_window_problems(_study("config.yaml"), tmp_path) == []

@@ -221,6 +221,15 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         "1",
         record["study_run"],
     )
+    # nested under the study's run; the UI link opens the training runs, not the GenAI overview
+    assert tags["mlflow.parentRunId"] == record["study_run"]
+    nested = client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{record['study_run']}'"
+    )
+    assert [child.info.run_id for child in nested] == [run.info.run_id]
+    assert (
+        record["ui"] == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    )
     assert run.data.params["per_gpu_batch"] == "16" and run.data.params["data_dir"] == config["data_dir"]
     for key in ("images_per_s", "final_test_acc", "peak_memory_bytes"):
         assert run.data.metrics[f"summary_{key}"] == pytest.approx(summary["results"][key], rel=1e-12)
@@ -253,6 +262,29 @@ def test_sync_twice_adds_nothing_and_a_new_config_supersedes(finished, tmp_path)
     old = client.get_run(first["runs"][0]["run_id"])
     assert old.data.tags[tracking.TAG_SUPERSEDED] == "true"
     assert old.data.tags["scalestudy.superseded_by"] == third["runs"][0]["run_id"]
+
+
+def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
+    """A run whose GPU held a foreign process while it measured (a constructed run folder, judged
+    from its monitor files as the trainer judges them): tags contended and the evidence."""
+    import numpy as np
+
+    from scalestudy.analysis import constructed_study as synthetic
+    from scalestudy.plan import grid
+    from tests.test_contention import STRONG_2, small_study
+
+    config = small_study()
+    point = next(p for p in grid.scaling_points(config) if p.run_dir == STRONG_2)
+    truth = synthetic.Truth(foreign=(synthetic.Foreign(STRONG_2, pid=31337),))
+    out = synthetic.write_run(tmp_path, config, point, truth, np.random.default_rng(0))
+    settings = settings_for(tmp_path)
+    sync.sync(settings, tmp_path / "results/runs", [], tmp_path)
+    client = store.client(settings)
+    (run,) = store.find_runs(client, store.experiment_id(client, settings), "scaling/strong/w2_r0")
+    results = json.loads((out / "summary.json").read_text())["results"]
+    assert run.data.tags["contended"] == "True"
+    assert run.data.tags["contention"] == results["contention"] and "pids 31337" in results["contention"]
+    assert run.data.tags["monitor_window_samples"] == str(results["monitor_window_samples"])
 
 
 def test_scheduled_points_become_the_runs_the_sync_finishes(finished, tmp_path):

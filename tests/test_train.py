@@ -599,6 +599,23 @@ def test_a_run_killed_before_writing_its_outputs_resumes_to_write_them(runs):
     assert second["epochs"] == 1
 
 
+def test_a_window_in_seconds_lasts_that_long_in_whole_steps_and_trains_the_same(runs, reference):
+    """train.measure.seconds: a first window of 2 steps is too short, the window is measured anew
+    with the steps the seconds take; the training (batches, weights) is the reference's, bit for bit."""
+    seconds = 5 * _results(reference[0])["step_time_s"]
+    out, ckpt, config = runs("seconds", measure_steps=2, measure_intervals=2, measure_seconds=seconds)
+    assert _main(out, config) == 0
+    r = _results(out)
+    assert r["window_filled"] and r["measure_seconds"] == seconds and r["measured_s"] >= seconds, r
+    assert r["measured_steps"] == r["measure_steps"]
+    if r["measure_probes"]:  # after the warm-up and the first, shorter window
+        assert r["measure_steps"] > 2 and r["measure_start_step"] >= 4 + 2
+    else:  # 2 steps lasted 5 reference steps: a loaded machine
+        assert r["measure_steps"] == 2
+    assert r["contended"] is False and r["monitor_window_samples"] is None  # no GPU: nothing judged
+    _assert_same_weights(_final(ckpt)["model"], _final(reference[1])["model"])
+
+
 # --- DDP with real processes --------------------------------------------------------------------------
 
 DDP = {
@@ -622,6 +639,19 @@ def torchrun_run(runs):
     out, ckpt, config = runs("torchrun", **DDP)
     _torchrun_to_the_end(out, config)
     return out, ckpt, config
+
+
+def test_two_ranks_agree_on_when_a_window_in_seconds_ends(runs):
+    """Each rank times its own steps; the window's seconds are averaged over the ranks (a gloo
+    all-reduce), so both plan the same steps: a disagreement would leave one rank in a collective
+    the other never joins (pg_timeout_s: the run fails)."""
+    changes = {"measure_steps": 2, "measure_intervals": 1, "measure_seconds": 0.3, "epochs": 6}  # 60 steps
+    out, _, config = runs("torchrun_seconds", **{**DDP, **changes})
+    _torchrun_to_the_end(out, config)
+    r = json.loads((out / "summary.json").read_text())["results"]
+    # the agreement runs when the first window closes, shorter than 0.3 s or not (a loaded machine)
+    assert r["window_filled"] and r["measured_s"] >= 0.3 and r["measured_steps"] == r["measure_steps"], r
+    assert r["measure_probes"] >= 1 or r["measure_steps"] == 2, r
 
 
 def _flat(state: dict) -> torch.Tensor:

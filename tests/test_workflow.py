@@ -113,6 +113,85 @@ def test_the_machine_is_described_and_checked_before_any_training_job(demo_run):
     assert all(gate.stat().st_mtime < first_training for gate in gates)
 
 
+def test_the_demo_crate_passes_every_profile_it_declares_at_the_required_level(demo_run, tmp_path):
+    """roc-validator, offline (the crate's JSON-LD contexts from the package), against every profile the
+    demo's crate declares: no error at REQUIRED; the RECOMMENDED issues are printed (pytest -s)."""
+    from scalestudy.crate import check, validation
+
+    crate = demo_run / "results/crate"
+    assert (demo_run / "results/crate.zip").stat().st_size > 0
+    assert check.problems(crate) == []
+    cache = validation.seed_cache(tmp_path / "contexts")
+    profiles = validation.declared_profiles(crate)
+    assert "provenance-run-crate-0.5" in profiles and len(profiles) == 5
+    for profile in profiles:
+        # one pass at RECOMMENDED runs the REQUIRED checks too: none of those may fail
+        report = validation.validate(crate, profile, "RECOMMENDED", offline=True, cache_path=cache)
+        required = [issue for issue in report.issues if issue.startswith("REQUIRED")]
+        assert not required, (profile, required)
+        print(f"{profile}: REQUIRED passed; RECOMMENDED issues: {len(report.issues)}")
+        for issue in sorted({issue.split(" (")[0] for issue in report.issues}):
+            print(f"  {issue}")
+
+
+def test_the_demo_crate_has_one_action_per_job_of_the_study(demo_run):
+    graph = json.loads((demo_run / "results/crate/ro-crate-metadata.json").read_text())["@graph"]
+    actions = [e for e in graph if e["@id"].startswith("#job-")]
+    by_rule = {}
+    for action in actions:
+        by_rule.setdefault(action["instrument"]["@id"].removeprefix("#rule-"), []).append(action)
+    made = {rule for _, rule in declared_outputs(demo_run)} - {"crate", "track", "-"}
+    assert made <= set(by_rule), f"rules without an action: {made - set(by_rule)}"
+    assert len(by_rule["scaling_run"]) == 4 and len(by_rule["sensitivity_run"]) == 8
+    run = by_rule["scaling_run"][0]
+    assert run["startTime"] < run["endTime"] and "energy not measured" in run["description"]
+
+
+def test_an_edited_demo_crate_fails_validation_or_comparison_naming_the_file(demo_run, tmp_path, capsys):
+    """A missing output fails roc-validator's REQUIRED level, naming it; a changed file fails the
+    crate's check and the comparison, naming it."""
+    from scalestudy.compare import __main__ as compare_cli
+    from scalestudy.crate import validation
+
+    missing = tmp_path / "missing"
+    shutil.copytree(demo_run / "results/crate", missing)
+    (missing / "results/figures/throughput.png").unlink()
+    cache = validation.seed_cache(tmp_path / "contexts")
+    report = validation.validate(
+        missing, "provenance-run-crate-0.5", "REQUIRED", offline=True, cache_path=cache
+    )
+    assert not report.passed and any("results/figures/throughput.png" in i for i in report.issues), (
+        report.issues
+    )
+
+    changed = tmp_path / "changed"
+    shutil.copytree(demo_run / "results/crate", changed)
+    runs = changed / "results/tables/runs.csv"
+    runs.write_text(runs.read_text().replace(",", ";", 1))
+    assert compare_cli.main([str(demo_run / "results"), str(changed)]) == 2
+    error = capsys.readouterr().err
+    assert "results/tables/runs.csv" in error and "sha256" in error
+
+
+def test_the_demo_compared_with_its_own_crate_differs_nowhere(demo_run, tmp_path):
+    import pandas as pd
+
+    from scalestudy.compare import __main__ as compare_cli
+
+    table = tmp_path / "comparison.csv"
+    assert (
+        compare_cli.main(
+            [str(demo_run / "results/crate.zip"), str(demo_run / "results"), "--table", str(table)]
+        )
+        == 0
+    )
+
+    comparison = pd.read_csv(table)
+    assert len(comparison) == 15 and set(comparison["match"]) == {"same run config"}
+    assert comparison["throughput_ratio"].eq(1.0).all()
+    assert comparison["verdict"].str.startswith("not tested").all()  # one repeat per point
+
+
 def test_a_title_change_rewrites_only_the_paper(demo_run):
     config = yaml.safe_load((demo_run / "config/demo.yaml").read_text())
     config["study"]["title"] = "Another title"
@@ -120,7 +199,8 @@ def test_a_title_change_rewrites_only_the_paper(demo_run):
     path.write_text(yaml.safe_dump(config))
     plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
     paper = {"paper_numbers", "paper_draft"} | ({"paper_pdf"} if shutil.which("latexmk") else set())
-    assert set(plan) - {"all"} == paper | {"track"}  # track: the new paper into MLflow
+    # track: the new paper into MLflow; crate: the study's crate, written again with it
+    assert set(plan) - {"all"} == paper | {"track", "crate"}
 
 
 def _plan_with(demo_run: Path, name: str, change) -> dict[str, int]:
@@ -200,3 +280,30 @@ def test_schema_violation_fails_before_any_job_naming_the_key(workflow_copy, key
     message = result.stdout + result.stderr
     assert expected in message and section in message, message[-3000:]
     assert not (workflow_copy / "results").exists(), "a job ran despite the invalid config"
+
+
+def test_compare_against_another_study_runs_inside_the_workflow(demo_run, tmp_path):
+    """compare.against: the comparison after aggregation, into the report's table and figure, the
+    paper's section and the crate. Run last: it leaves the demo's paper and crate with a comparison."""
+    import pandas as pd
+
+    other = tmp_path / "site-b"
+    other.mkdir()
+    shutil.copy2(demo_run / "results/crate.zip", other / "crate.zip")
+
+    def against_site_b(config):
+        config["compare"] = {"against": str(other / "crate.zip"), "label": "site B"}
+
+    plan = _plan_with(demo_run, "compare", against_site_b)
+    paper = {"paper_numbers", "paper_draft"} | ({"paper_pdf"} if shutil.which("latexmk") else set())
+    assert set(plan) - {"all"} == {"compare", "crate", "track"} | paper, plan
+    run_snakemake(demo_run, "--configfile", str(demo_run / "config/demo-compare.yaml"))
+    comparison = pd.read_csv(demo_run / "results/tables/comparison.csv")
+    assert len(comparison) == 15 and comparison["throughput_ratio"].eq(1.0).all()
+    assert (demo_run / "results/figures/comparison.png").stat().st_size > 0
+    numbers = (demo_run / "results/paper/numbers.tex").read_text()
+    assert "\\newcommand{\\ComparedWith}{site B}" in numbers
+    assert "\\newcommand{\\ComparisonMatched}{15}" in numbers
+    assert "Comparison with another study" in (demo_run / "results/paper/paper.tex").read_text()
+    crate = json.loads((demo_run / "results/crate/ro-crate-metadata.json").read_text())
+    assert any(entity["@id"] == "#job-compare" for entity in crate["@graph"])

@@ -178,7 +178,8 @@ def test_the_lms_mfu_comes_from_the_flops_per_token_its_trainer_counted():
 
 
 # ----------------------------------------------------------------------------- sensitivity axes
-# The sensitivity table's columns before the axes became a mapping (scalestudy 9904f1b).
+# The sensitivity table's columns before the axes became a mapping (scalestudy 9904f1b), with the
+# contention marks of issue 31 beside the window's (before `best`: the columns after it are axes).
 TODAYS_SENSITIVITY_COLUMNS = [
     "precision",
     "precision_effective",
@@ -195,10 +196,15 @@ TODAYS_SENSITIVITY_COLUMNS = [
     "measured_steps",
     "images_per_s_cv",
     "window_filled",
+    "contended",
+    "contention",
+    "monitor_window_samples",
+    "monitor_window_short",
     "throughput_source",
     "note",
     "baseline_images_per_s_per_gpu",
     "baseline_window_filled",
+    "baseline_contended",
     "gain_vs_baseline",
     "best",
 ]

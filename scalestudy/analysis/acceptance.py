@@ -8,6 +8,12 @@ study has one row per criterion as before; with DDP and FSDP each criterion has 
 DDP first, the series named in the criterion ("... (FSDP)"). Rates are in the runs' sample_unit
 (images/s per GPU for the ResNet, tokens/s per rank for an LM).
 
+A criterion gets no verdict from a point whose window was not filled (whole-run throughput) or whose
+GPUs were shared with a foreign process while it measured (contended: scalestudy.analysis.contention):
+its row says "not measured (...)" and why, and how to re-measure. The GPU health rows leave out the
+GPUs of contended runs and those whose window held fewer than analysis.monitor.min_window_samples
+samples.
+
     python -m scalestudy.analysis.acceptance --scaling results/tables/scaling.csv \
         --sensitivity results/tables/sensitivity.csv --out results/tables/acceptance.csv \
         --html results/tables/acceptance.html [--analysis-json JSON | --config FILE]
@@ -24,6 +30,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis import cli, gpumonitor, series
+from scalestudy.analysis.contention import contended, flags
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.analysis.tableio import read_csv, read_json
 
@@ -85,26 +92,41 @@ def _absent(world: int, measured: pd.Series) -> str:
     return f"{NOT_MEASURED} (N={world} is not in the grid)"
 
 
-def _unfilled_worlds(table: pd.DataFrame, worlds) -> list[int]:
-    """The world sizes among `worlds` where a run did not fill its measurement window."""
+REMEASURE = "snakemake ... --forcerun $(python -m scalestudy.analysis.contention targets)"
+
+
+def _no_verdict(name, target, world, value, table: pd.DataFrame, worlds) -> dict | None:
+    """The row of a criterion whose points at `worlds` did not fill their window or were
+    contended, saying why; None where they can be judged."""
     rows = table[table["world_size"].isin(list(worlds))]
-    return sorted(int(w) for w in rows.loc[~window_filled(rows), "world_size"])
-
-
-def _unfilled_row(name, target, world, value, worlds: list[int]) -> dict:
+    unfilled = sorted(int(w) for w in rows.loc[~window_filled(rows), "world_size"])
+    if unfilled:
+        note = (
+            f"no verdict: the measurement window was not filled at N={_worlds(unfilled)} (whole-run "
+            "throughput, one-off costs included); give those runs more epochs or a shorter train.measure"
+        )
+        return _row(name, target, world, value, f"{NOT_MEASURED} (window not filled)", note)
+    shared = rows[contended(rows)]
+    if shared.empty:
+        return None
+    evidence = "; ".join(str(e) for e in shared.get("contention", pd.Series(dtype=str)).dropna() if str(e))
     note = (
-        f"no verdict: the measurement window was not filled at N={', '.join(map(str, worlds))} (whole-run "
-        "throughput, one-off costs included); give those runs more epochs or a shorter train.measure"
+        f"no verdict: the GPUs were shared with a foreign process while N={_worlds(shared['world_size'])} "
+        f"measured ({evidence or 'contended'}); re-measure those points: {REMEASURE}"
     )
-    return _row(name, target, world, value, f"{NOT_MEASURED} (window not filled)", note)
+    return _row(name, target, world, value, f"{NOT_MEASURED} (contended)", note)
+
+
+def _worlds(worlds) -> str:
+    return ", ".join(str(int(w)) for w in sorted(set(worlds)))
 
 
 def _strong_row(name, target, strong, world, minimum, informative):
     r = strong[strong["world_size"] == world].iloc[0]
     value = float(r["efficiency_mean"])
-    unfilled = _unfilled_worlds(strong, (1, world))
-    if unfilled:
-        return _unfilled_row(name, target, world, value, unfilled)
+    unjudged = _no_verdict(name, target, world, value, strong, (1, world))
+    if unjudged:
+        return unjudged
     ci = (float(r["efficiency_ci_low"]), float(r["efficiency_ci_high"]))
     note = _ci_note(value, ci, minimum, int(r["repeats"]), higher_is_better=True)
     if informative:
@@ -144,9 +166,9 @@ def _weak_row(name, target, weak, world, maximum, informative):
     variation = within / reference - 1.0
     worst_n = int(variation.idxmax())
     value = float(variation.max())
-    unfilled = _unfilled_worlds(weak, within.index)
-    if unfilled:
-        return _unfilled_row(name, target, worst_n, value, unfilled)
+    unjudged = _no_verdict(name, target, worst_n, value, weak, within.index)
+    if unjudged:
+        return unjudged
     note = f"worst at N={worst_n}: {within.loc[worst_n]:.4g} s vs {reference:.4g} s per step at N=1"
     if informative:
         note = ("meets" if value <= maximum else "exceeds") + f" the limit; {note}"
@@ -160,11 +182,17 @@ def optimisation_gain(sensitivity: pd.DataFrame, minimum: float) -> list[dict]:
     if usable.empty:
         return [_row(name, target, math.nan, note="needs the baseline and at least one sensitivity run")]
     baseline_filled = bool(usable.get("baseline_window_filled", pd.Series([True])).all())
-    usable = usable[window_filled(usable)]
-    if usable.empty or not baseline_filled:
+    baseline_shared = bool(flags(usable, "baseline_contended").any())
+    filled = usable[window_filled(usable)]
+    if filled.empty or not baseline_filled:
         which = "the baseline" if not baseline_filled else "any sensitivity run"
         note = f"no verdict: the measurement window was not filled in {which} (whole-run throughput)"
         return [_row(name, target, math.nan, status=f"{NOT_MEASURED} (window not filled)", note=note)]
+    usable = filled[~contended(filled)]
+    if usable.empty or baseline_shared:
+        which = "the baseline" if baseline_shared else "every sensitivity run"
+        note = f"no verdict: the GPUs of {which} were shared with a foreign process; re-measure: {REMEASURE}"
+        return [_row(name, target, math.nan, status=f"{NOT_MEASURED} (contended)", note=note)]
     best = usable.loc[usable["images_per_s_per_gpu"].idxmax()]
     value = float(best["gain_vs_baseline"])
     note = (
@@ -172,6 +200,8 @@ def optimisation_gain(sensitivity: pd.DataFrame, minimum: float) -> list[dict]:
         f"{best['images_per_s_per_gpu']:.4g} vs baseline {best['baseline_images_per_s_per_gpu']:.4g} "
         f"{rate_words(sensitivity)} (one run each)"
     )
+    if len(usable) < len(filled):
+        note += f"; {len(filled) - len(usable)} contended sweep point(s) not judged"
     return [_row(name, target, int(best["world_size"]), value, _verdict(value >= minimum, False), note)]
 
 
@@ -209,12 +239,33 @@ def gpu_health(gpus: pd.DataFrame | None, thresholds: dict, reasons: Sequence[st
     ]
     if watts_min is not None:
         specs.append(("power_w", "power draw " + least, f">= {watts_min:g} W", watts_min, 1))
-    rows = [_gpu_row(gpus, *spec, reasons) for spec in specs]
+    judged, left_out = _judged_gpus(gpus, thresholds["min_window_samples"])
+    rows = [_gpu_row(judged, *spec, reasons, left_out) for spec in specs]
     pcie = ("pcie_gb_s", "PCIe traffic (rx + tx) of the busiest GPU", f"<= {pcie_max:g} GB/s", pcie_max, 1)
-    return [*rows, _gpu_row(gpus, *pcie, reasons, higher_is_better=False)]
+    return [*rows, _gpu_row(judged, *pcie, reasons, left_out, higher_is_better=False)]
 
 
-def _gpu_row(gpus, column, name, target, threshold, scale, reasons, higher_is_better=True) -> dict:
+def _judged_gpus(gpus: pd.DataFrame | None, min_samples: int) -> tuple[pd.DataFrame | None, dict[str, int]]:
+    """The GPUs a health verdict may come from: not of a contended run (a foreign process on one of
+    its GPUs in the window) and with at least `min_samples` samples in the window; and how many GPUs
+    each reason left out."""
+    if gpus is None or gpus.empty:
+        return gpus, {}
+    foreign = pd.to_numeric(gpus.get("foreign_samples", pd.Series(0, index=gpus.index)), errors="coerce")
+    shared_runs = set(gpus.loc[foreign.fillna(0) > 0, "run"])
+    shared = gpus["run"].isin(shared_runs)
+    short = ~shared & (gpus["samples"] < min_samples)
+    left_out = {
+        "contended": int(shared.sum()),
+        f"fewer than {min_samples} samples in the window": int(short.sum()),
+    }
+    return gpus[~shared & ~short], {why: n for why, n in left_out.items() if n}
+
+
+def _gpu_row(gpus, column, name, target, threshold, scale, reasons, left_out, higher_is_better=True) -> dict:
+    if left_out and (gpus is None or gpus.empty):
+        status = "contended" if "contended" in left_out else "window too short"
+        return _row(name, target, math.nan, status=f"{NOT_MEASURED} ({status})", note=_left_out(left_out))
     if gpus is None or gpus.empty:
         why = "; ".join(reasons) or "no gpu_monitor.csv given"
         return _row(name, target, math.nan, note=f"no GPU monitor samples: {why}")
@@ -238,7 +289,13 @@ def _gpu_row(gpus, column, name, target, threshold, scale, reasons, higher_is_be
     )
     if len(measured) < len(gpus):
         note += f"; {len(gpus) - len(measured)} GPU(s) without this metric not counted"
+    if left_out:
+        note += f"; {_left_out(left_out)}"
     return _row(name, target, int(worst["world_size"]), value, _verdict(ok, False), note)
+
+
+def _left_out(left_out: dict[str, int]) -> str:
+    return "no verdict from " + ", ".join(f"{n} GPU(s) {why}" for why, n in left_out.items())
 
 
 def evaluate(
@@ -290,6 +347,10 @@ def loader_rows(smoke_io: dict | None, scaling: pd.DataFrame) -> list[dict]:
     column = "images_per_s_per_gpu_mean"
     if column not in scaling or scaling[column].dropna().empty:
         return [_row(name, target, math.nan, note="no scaling runs to compare with")]
+    scaling = scaling[~contended(scaling)]  # a shared GPU's throughput would flatter the loader
+    if scaling[column].dropna().empty:
+        note = f"every scaling point was contended; re-measure: {REMEASURE}"
+        return [_row(name, target, math.nan, status=f"{NOT_MEASURED} (contended)", note=note)]
     fastest = scaling.loc[scaling[column].idxmax()]
     loader_result = smoke_io["loader"]
     value = loader_result["images_per_s"] / float(fastest[column])

@@ -14,7 +14,10 @@ and parallelism (ddp, fsdp), with the peak memory and model-state bytes per rank
 loss and (the LM) perplexity: a summary written before these existed reads as the
 ResNet-18/CIFAR-10 DDP study (WORKLOAD_DEFAULTS) with the others empty. A run that did not fill its
 window keeps its row (images_per_s empty) and is named in the log; scalestudy.analysis.metrics
-marks it.
+marks it. So does a contended run (a foreign process on its GPUs while it measured: `contended`,
+`contention`, `contention_checked`, `monitor_window_samples`, `host_load_warning`, from its summary,
+or judged from its run folder's GPU monitor files where the summary predates them:
+scalestudy.analysis.contention).
 
     python -m scalestudy.analysis.aggregate --summaries results/runs/*/.../summary.json \
         [--accounting results/tables/sacct.json] --out results/tables/runs.csv
@@ -30,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic, provenance, workloads
-from scalestudy.analysis import accounting, cli
+from scalestudy.analysis import accounting, cli, contention
 from scalestudy.analysis.tableio import dig, read_json
 
 log = logging.getLogger("scalestudy.analysis.aggregate")
@@ -66,6 +69,8 @@ def summary_row(path: str | Path) -> dict[str, Any]:
     for key in REQUIRED_RESULTS:
         dig(summary, f"results.{key}", path)
     prov = provenance.flatten(summary.get("provenance") or {}, "provenance.")
+    if "contended" not in results:  # a summary written before the trainer judged contention
+        results = {**results, **contention.of_folder(Path(path).parent, results)}
     resumed = results.get("resumed_from_step")
     row = {
         "stage": run["stage"],
@@ -161,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "window_filled" in catalog:
         for _, row in catalog[catalog["window_filled"].eq(False)].iterrows():
             log.warning("%s/%s: measurement window not filled (whole-run rates)", row["stage"], row["point"])
+    for _, row in catalog[contention.contended(catalog)].iterrows():
+        log.warning("%s/%s: contended: %s", row["stage"], row["point"], row["contention"])
     log.info("run catalog: %d runs, %d columns -> %s", len(catalog), len(catalog.columns), args.out)
     return 0
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, metrics, modelsize, series
+from scalestudy.analysis import cli, contention, metrics, modelsize, series
 from scalestudy.analysis.tableio import read_csv, require_columns
 
 log = logging.getLogger("scalestudy.analysis.commmodel")
@@ -112,7 +112,7 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "runs",
     )
     scaling = series.ddp_only(runs[runs["stage"] == "scaling"])
-    scaling = _with_known_size(scaling)
+    scaling = _with_known_size(scaling[~contention.contended(scaling)])  # shared GPUs: not the model's
     grad = gradient_bytes(scaling)
     points = pd.DataFrame(
         {
@@ -279,18 +279,24 @@ def fit_table(f: Fit, phi: float, phi_note: str, runs: pd.DataFrame | None = Non
     return pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
 
 
+CONTENDED_NOTE = "contended scaling runs (a foreign process on their GPUs) are not in the fit"
+
+
 def excluded_rows(runs: pd.DataFrame) -> list[tuple]:
-    """A row counting the scaling runs of another parallelism (FSDP), left out of fit and predictions."""
+    """Rows counting the scaling runs left out of fit and predictions: contended ones, and those of
+    another parallelism (FSDP)."""
     scaling = runs[runs["stage"] == "scaling"]
     other = scaling[series.parallelism_of(scaling) != series.DDP]
+    shared = scaling[contention.contended(scaling)]
+    rows = [] if shared.empty else [("runs_contended", len(shared), "", CONTENDED_NOTE)]
     if other.empty:
-        return []
+        return rows
     kinds = ", ".join(sorted(series.parallelism_of(other).unique()))
     note = (
         f"{kinds} scaling runs are not in the fit or the predictions: the model covers DDP's gradient "
         "all-reduce only (FSDP's per-unit all-gather + reduce-scatter are not modelled)"
     )
-    return [("runs_not_modelled", len(other), "", note)]
+    return [*rows, ("runs_not_modelled", len(other), "", note)]
 
 
 def _compute_words(runs: pd.DataFrame) -> tuple[str, str]:

@@ -4,7 +4,10 @@ Used by the tests and to render the example figures before (or without) real run
 ResNet-18 DDP study only (images, config.width; no FSDP or LM runs). Step times follow
 the alpha-beta model of commmodel.py exactly (plus optional multiplicative noise), so a fit must
 recover `Truth.alpha_s` and `Truth.beta_s_per_byte`; everything else (accuracy curves, GPU monitor
-samples) is shaped like real training but carries no claim.
+samples) is shaped like real training but carries no claim. `Truth.foreign` puts a process that is
+not the job's on a point's first GPU, inside its measurement window or before it: the summary's
+contention keys are judged from the monitor files as the trainer judges them
+(scalestudy.analysis.contention), so a point with one inside is contended and one before is not.
 
     python -m scalestudy.analysis.constructed_study --config config/config.yaml --out-dir /tmp/study
     [--no-gpu]
@@ -21,11 +24,22 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import commmodel, modelsize, settings
+from scalestudy.analysis import commmodel, contention, modelsize, settings
 from scalestudy.plan import grid, runfiles
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
 STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A process that is not the job's on rank 0's GPU of the run at `run_dir` (grid.Point.run_dir):
+    inside the middle half of its measurement window, or (inside=False) before the window opens."""
+
+    run_dir: str
+    inside: bool = True
+    pid: int = 31337
+    mem_mb: float = 3100.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class Truth:
     power_limit_w: float = 700.0  # H800 SXM
     gpus_per_node: int = 8
     seed: int = 0
+    foreign: tuple[Foreign, ...] = ()  # processes of others on a point's GPU
 
 
 def step_time(truth: Truth, run: dict, rng: np.random.Generator) -> float:
@@ -119,7 +134,17 @@ def results_of(run: dict, metrics: pd.DataFrame, step_s: float, truth: Truth) ->
     }
 
 
-def monitor_frame(run: dict, results: dict, truth: Truth, rng: np.random.Generator) -> pd.DataFrame:
+def foreign_seen(times: np.ndarray, results: dict, foreign: Foreign) -> np.ndarray:
+    """The samples (by time) in which the foreign process is on the GPU."""
+    start, end = results["measure_start_s"], results["measure_end_s"]
+    if foreign.inside:
+        return (times >= start + 0.25 * (end - start)) & (times <= start + 0.75 * (end - start))
+    return times < start
+
+
+def monitor_frame(
+    run: dict, results: dict, truth: Truth, rng: np.random.Generator, foreign: Foreign | None = None
+) -> pd.DataFrame:
     """NVML-like samples, one row per GPU and sample; busier (higher SM, power) when compute dominates,
     idle during start-up and after training. SM activity (GPM) sits below kernel activity, as on a real
     GPU where kernels do not fill every SM."""
@@ -132,6 +157,7 @@ def monitor_frame(run: dict, results: dict, truth: Truth, rng: np.random.Generat
         busy = np.clip(97 * (1 - comm_share) + rng.normal(0, 1.5, times.size), 0, 100)
         busy[~training | (np.arange(times.size) % 20 == 19)] *= 0.3  # start-up, evaluation, the end
         power_w = 90 + 5.0 * busy
+        seen = foreign_seen(times, results, foreign) if foreign and rank == 0 else np.zeros(times.size, bool)
         frames.append(
             pd.DataFrame(
                 {
@@ -149,12 +175,47 @@ def monitor_frame(run: dict, results: dict, truth: Truth, rng: np.random.Generat
                     "power_fraction": power_w / truth.power_limit_w,
                     "pcie_rx_mb_s": 900 + rng.normal(0, 80, times.size),
                     "pcie_tx_mb_s": 300 + rng.normal(0, 30, times.size),
-                    "mem_used_mb": 20_000.0,
+                    "mem_used_mb": 20_000.0 + np.where(seen, foreign.mem_mb if foreign else 0.0, 0.0),
                     "temperature_c": 40 + 0.35 * busy,
+                    "processes": 1 + seen.astype(int),
+                    "foreign_processes": seen.astype(int),
+                    "foreign_mem_mb": np.where(seen, foreign.mem_mb if foreign else 0.0, 0.0),
+                    "host_load_1m": 6.0,  # a constant: the generator's draws stay those of before
+                    "host_cpus": 64,
                 }
             )
         )
     return pd.concat(frames, ignore_index=True)[list(MONITOR_COLUMNS)]
+
+
+def monitor_info(samples: pd.DataFrame, foreign: Foreign | None) -> dict:
+    """gpu_monitor.json as the trainer writes it: per node its GPUs (with the foreign process's
+    sighting) and the job's CPUs (16 per rank)."""
+    nodes = []
+    for host, rows in samples.groupby("host", sort=True):
+        gpus = []
+        for (uuid, rank), gpu_rows in rows.groupby(["gpu_uuid", "rank"], sort=True):
+            seen = gpu_rows[gpu_rows["foreign_processes"] > 0]["time_s"]
+            spans = [] if seen.empty or foreign is None else [_span(foreign, seen)]
+            processes = {"expected_own": 1, "pid_namespace_samples": 0, "foreign": spans}
+            gpus.append({"uuid": uuid, "host": host, "rank": int(rank), "processes": processes})
+        ranks = sorted(int(rank) for rank in rows["rank"].unique())
+        cpus = [cpu for rank in ranks for cpu in range(16 * (rank % 4), 16 * (rank % 4 + 1))]
+        nodes.append(
+            {"host": host, "ranks": ranks, "gpus": gpus, "cpus": sorted(set(cpus)), "available": True}
+        )
+    return {"available": True, "reason": None, "samples": len(samples), "nodes": nodes}
+
+
+def _span(foreign: Foreign, seen: pd.Series) -> dict:
+    first, last = float(seen.min()), float(seen.max())
+    return {
+        "pid": foreign.pid,
+        "first_s": first,
+        "last_s": last,
+        "samples": len(seen),
+        "max_mem_mb": foreign.mem_mb,
+    }
 
 
 def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np.random.Generator) -> Path:
@@ -164,6 +225,7 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
     step_s = step_time(truth, run, rng)
     metrics = metrics_frame(run, step_s, truth, rng)
     results = results_of(run, metrics, step_s, truth)
+    foreign = next((f for f in truth.foreign if f.run_dir == point.run_dir), None)
     prov = {
         "host": "gpu001",
         "seed": run["seed"],
@@ -174,15 +236,18 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
             "job_num_nodes": str(nodes),
         },
     }
-    atomic.write_json(out / SUMMARY, {"run": run, "results": results, "provenance": prov})
     atomic.write_csv(out / METRICS, metrics)
     if truth.gpu:
-        atomic.write_csv(out / GPU_MONITOR, monitor_frame(run, results, truth, rng))
+        samples = monitor_frame(run, results, truth, rng, foreign)
+        atomic.write_csv(out / GPU_MONITOR, samples)
+        atomic.write_json(out / runfiles.GPU_MONITOR_INFO, monitor_info(samples, foreign))
     else:
         atomic.write_csv(out / GPU_MONITOR, pd.DataFrame(columns=list(MONITOR_COLUMNS)))
         atomic.write_json(
             out / runfiles.GPU_MONITOR_INFO, {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
         )
+    results.update(contention.of_folder(out, results))  # as the trainer does, from the files above
+    atomic.write_json(out / SUMMARY, {"run": run, "results": results, "provenance": prov})
     return out
 
 

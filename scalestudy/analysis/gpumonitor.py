@@ -55,7 +55,11 @@ def measurement_window(csv_path: str | Path) -> list[tuple[float, float]] | None
     summary = Path(csv_path).with_name(runfiles.SUMMARY)
     if not summary.is_file():
         return None
-    results = read_json(summary).get("results") or {}
+    return window_of_results(read_json(summary).get("results") or {})
+
+
+def window_of_results(results: dict) -> list[tuple[float, float]] | None:
+    """measurement_window from a summary's results (the trainer's, before it writes them)."""
     if results.get("window_filled") is False:
         return None  # the throughput is whole-run too (marked): so is the monitor's summary
     segments = results.get("measure_segments_s")
@@ -116,6 +120,7 @@ SUMMARY_COLUMNS = (
     "gpu_uuid",
     "gpu_name",
     "samples",
+    "foreign_samples",
     "windowed",
     "sm_active_pct",
     "kernel_active_pct",
@@ -126,15 +131,26 @@ SUMMARY_COLUMNS = (
 
 
 def per_gpu(samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per run and GPU: means over the samples in the measurement window (NaN: not reported)."""
+    """One row per run and GPU: means over the samples in the measurement window (NaN: not reported),
+    and how many of them saw a foreign process on the GPU (scalestudy.analysis.contention)."""
     if samples.empty:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     inside = samples[samples["in_window"]]
     if "gpu_name" not in inside:
         inside = inside.assign(gpu_name="")
+    foreign = (
+        inside["foreign_processes"] if "foreign_processes" in inside else pd.Series(0, index=inside.index)
+    )
+    inside = inside.assign(foreign_seen=pd.to_numeric(foreign, errors="coerce").fillna(0) > 0)
     grouped = inside.groupby(["run", "host", "gpu_uuid"], sort=True)
     means = grouped[["sm_active_pct", "kernel_active_pct", "power_w", "power_fraction", "pcie_gb_s"]].mean()
-    table = means.join(grouped.agg(gpu_name=("gpu_name", "first"), windowed=("windowed", "all")))
+    table = means.join(
+        grouped.agg(
+            gpu_name=("gpu_name", "first"),
+            windowed=("windowed", "all"),
+            foreign_samples=("foreign_seen", "sum"),
+        )
+    )
     table = table.join(grouped.size().rename("samples")).reset_index()
     table["world_size"] = table["run"].map(world_of)
     return table[list(SUMMARY_COLUMNS)]

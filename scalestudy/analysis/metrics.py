@@ -7,6 +7,12 @@ summary.json's images_per_s; scalestudy/train/steady.py):
   whole-run rates (whole_run_images_per_s: every epoch, one-off costs included), marked:
   window_filled false, throughput_source "whole run", a note; the scaling table counts such repeats
   (windows_unfilled), the figures draw them hollow, and acceptance gives no verdict from them;
+* so is a contended run (runs.csv contended: a foreign process on its GPUs while it measured, with
+  the evidence in `contention`; scalestudy.analysis.contention): marked `contended` and noted, the
+  tables count such repeats (repeats_contended), the figures draw them apart, acceptance gives no
+  verdict from them and the communication model leaves them out; a run whose window held fewer GPU
+  monitor samples than analysis.monitor.min_window_samples is marked `monitor_window_short`
+  (counted: monitor_windows_short), its GPU health left unjudged;
 
 * a series is one (mode, parallelism): strong or weak scaling with DDP or FSDP. Each is referenced
   to its own 1-GPU runs; a study of DDP only has one series per mode. The throughput columns keep
@@ -39,7 +45,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, modelsize
+from scalestudy.analysis import cli, contention, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import runconfig
@@ -91,6 +97,8 @@ SERIES_DEFAULTS = {"parallelism": "ddp", "sample_unit": "images", "workload": "r
 SERIES = ("config.mode", "parallelism")
 WINDOW_SOURCE, WHOLE_RUN_SOURCE = "window", "whole run"
 UNFILLED_NOTE = "window not filled: whole-run throughput (one-off costs included)"
+CONTENDED_NOTE = "contended: GPU shared with a foreign process while measuring"
+SHORT_NOTE = "fewer GPU monitor samples in the window than analysis.monitor.min_window_samples"
 
 
 def find_peak_tflops(
@@ -148,6 +156,7 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
     for column, default in SERIES_DEFAULTS.items():
         runs[column] = runs[column].fillna(default) if column in runs else default
     runs = steady_or_whole_run(runs)
+    runs = mark_contention(runs, settings["monitor"]["min_window_samples"])
     runs["time_per_step_s"] = time_per_step(runs)
     runs["precision"] = effective_precision(runs)
     runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
@@ -197,6 +206,31 @@ def steady_or_whole_run(runs: pd.DataFrame) -> pd.DataFrame:
     for _, r in runs[unfilled].iterrows():
         log.warning("%s/%s: %s", r["stage"], r["point"], UNFILLED_NOTE)
     return runs
+
+
+def mark_contention(runs: pd.DataFrame, min_samples: int) -> pd.DataFrame:
+    """contended (with its evidence) and monitor_window_short as booleans, each noted."""
+    runs = runs.copy()
+    runs["contended"] = contention.contended(runs)
+    evidence = runs["contention"] if "contention" in runs else pd.Series("", index=runs.index)
+    text = evidence.map(lambda value: "" if pd.isna(value) else str(value))  # all-empty reads as float
+    runs["contention"] = text.where(runs["contended"], "")
+    if "monitor_window_samples" not in runs:
+        runs["monitor_window_samples"] = math.nan
+    runs["monitor_window_short"] = contention.window_short(runs, min_samples)
+    shared = runs["contended"]
+    runs.loc[shared, "note"] = _joined(
+        runs.loc[shared, "note"], CONTENDED_NOTE + " (" + runs["contention"] + ")"
+    )
+    short = runs["monitor_window_short"]
+    runs.loc[short, "note"] = _joined(runs.loc[short, "note"], SHORT_NOTE)
+    for _, r in runs[shared].iterrows():
+        log.warning("%s/%s: %s: %s", r["stage"], r["point"], CONTENDED_NOTE, r["contention"])
+    return runs
+
+
+def _joined(notes: pd.Series, more) -> pd.Series:
+    return (notes.fillna("").astype(str) + "; " + more).str.removeprefix("; ")
 
 
 def _mfu_of(r: pd.Series, settings: dict) -> float:
@@ -308,10 +342,25 @@ def _series_and_memory(group: pd.DataFrame, parallelism: str) -> dict:
 
 
 def _window_marks(group: pd.DataFrame) -> dict:
-    """window_filled (every repeat filled its window), how many did not, and a note saying so."""
+    """window_filled (every repeat filled its window), contended (some repeat was) and
+    monitor_window_short (some repeat's window was), how many repeats, and notes saying so."""
     unfilled = int((~group["window_filled"]).sum())
-    note = f"{unfilled} of {len(group)} repeat(s): {UNFILLED_NOTE}" if unfilled else ""
-    return {"window_filled": unfilled == 0, "windows_unfilled": unfilled, "note": note}
+    shared = group[group["contended"]]
+    short = int(group["monitor_window_short"].sum())
+    counts = ((unfilled, UNFILLED_NOTE), (len(shared), CONTENDED_NOTE), (short, SHORT_NOTE))
+    notes = [f"{n} of {len(group)} repeat(s): {text}" for n, text in counts if n]
+    samples = pd.to_numeric(group["monitor_window_samples"], errors="coerce").min()
+    return {
+        "window_filled": unfilled == 0,
+        "windows_unfilled": unfilled,
+        "contended": not shared.empty,
+        "repeats_contended": len(shared),
+        "contention": "; ".join(f"{r['point']}: {r['contention']}" for _, r in shared.iterrows()),
+        "monitor_window_samples": samples,
+        "monitor_window_short": short > 0,
+        "monitor_windows_short": short,
+        "note": "; ".join(notes),
+    }
 
 
 def _first(group: pd.DataFrame, column: str):
@@ -334,6 +383,10 @@ SENSITIVITY_COLUMNS = {
     "measured_steps": "measured_steps",
     "images_per_s_cv": "images_per_s_cv",
     "window_filled": "window_filled",
+    "contended": "contended",
+    "contention": "contention",
+    "monitor_window_samples": "monitor_window_samples",
+    "monitor_window_short": "monitor_window_short",
     "throughput_source": "throughput_source",
     "note": "note",
 }
@@ -374,8 +427,10 @@ def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) ->
     baseline = baselines["images_per_s_per_gpu"].mean()
     table["baseline_images_per_s_per_gpu"] = baseline
     table["baseline_window_filled"] = bool(baselines["window_filled"].all())
+    table["baseline_contended"] = bool(contention.contended(baselines).any())
     table["gain_vs_baseline"] = table["images_per_s_per_gpu"] / baseline - 1.0
-    judged = table[table["window_filled"]] if table["window_filled"].any() else table  # filled windows first
+    usable = table["window_filled"] & ~contention.contended(table)  # filled, unshared windows first
+    judged = table[usable] if usable.any() else table
     table["best"] = table["images_per_s_per_gpu"] == judged["images_per_s_per_gpu"].max()
     for key in axes:
         if key not in table:

@@ -176,6 +176,8 @@ def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[s
     results = json.loads((out_dir / runfiles.SUMMARY).read_text())["results"]
     if not results["window_filled"]:
         raise RuntimeError(f"the {config['parallelism']} run did not fill its measurement window")
+    if results.get("contended"):
+        raise RuntimeError(f"the {config['parallelism']} run shared its GPUs: {results['contention']}")
     return results
 
 

@@ -39,13 +39,16 @@ class TrainerRun:
 
     @property
     def images_per_s(self) -> float:
-        """The trainer's steady-state window rate; an error if the run did not fill its window."""
+        """The trainer's steady-state window rate; an error if the run did not fill its window or
+        shared its GPU with a foreign process (scalestudy.analysis.contention)."""
         results = self.summary["results"]
         if not results.get("window_filled", True):
             raise RuntimeError(
                 f"the trainer's measurement window was not filled ({results['measured_steps']} of "
                 f"{results['measure_steps']} steps after {results['warmup_steps']}): no steady-state rate"
             )
+        if results.get("contended"):
+            raise RuntimeError(f"the GPU was shared while the trainer measured: {results['contention']}")
         return float(results["images_per_s"])
 
 

@@ -6,7 +6,8 @@ its time limit (the signal, the checkpoint) would be lost when the retry starts.
 link to the same file (same contents as it grows, no copy, survives a kill at the time limit), and
 files of attempts >= N left by an earlier run of the same point are removed first. The declared
 log is always the latest attempt's; the run catalog counts the attempts (scalestudy.provenance
-records the attempt number, SCALESTUDY_ATTEMPT). Standard library only.
+records the attempt number, SCALESTUDY_ATTEMPT). `set_aside` renames an earlier run's log before its
+job is submitted to a cluster again. Standard library only.
 """
 
 from __future__ import annotations
@@ -57,4 +58,25 @@ def keep(log: str | os.PathLike, attempt: int) -> Path:
             "attempt's log is kept, in the declared log",
             file=sys.stderr,
         )
+    return target
+
+
+def earlier_log(log: str | os.PathLike) -> Path:
+    """results/logs/comm/w2.log -> results/logs/comm/w2.earlier.log"""
+    log = Path(log)
+    return log.with_name(f"{log.stem}.earlier{log.suffix}")
+
+
+def set_aside(log: str | os.PathLike) -> Path | None:
+    """Rename an earlier run's declared log to `earlier_log(log)` (replacing an older one) before its
+    job is submitted again; the file it became, or None where there was none.
+
+    Snakemake removes a job's log when the job starts, but a cluster executor starts it on a node: a
+    job that sbatch refuses never starts, and Snakemake then prints the earlier run's log as the
+    failed job's. Set aside, that log is neither shown as this run's nor lost."""
+    log = Path(log)
+    if not log.is_file():
+        return None
+    target = earlier_log(log)
+    os.replace(log, target)
     return target

@@ -9,7 +9,9 @@ wrapper named `sbatch` first on the PATH of the Snakemake that submits (`install
 wrapper runs the real sbatch (the next `sbatch` on PATH) and, when Slurm refuses for a submit limit,
 waits (30 s, doubling up to 5 min) and submits again with the same arguments and stdin, for up to
 `cluster.submit_retry_minutes`; any other failure, and success, pass through at once and unchanged.
-Each wait is one line on stderr and in the log file (results/logs/slurm/sbatch-retries.log).
+Each wait is one line on stderr and in the log file (results/logs/slurm/sbatch-retries.log); each
+refusal passed through is one line in that file too, with sbatch's message, which the workflow prints
+when it ends (`refusals_since`): Snakemake itself reports a refused group job as "message: None".
 
 Standard library only: the wrapper runs this file as a script, and the Snakefile imports it.
 """
@@ -44,6 +46,8 @@ MARKER = "scalestudy submit_retry wrapper"  # in the wrapper script: never taken
 FIRST_WAIT_S = 30.0
 MAX_WAIT_S = 300.0
 DEFAULT_PATIENCE_MINUTES = 60
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # the log's time stamps (local time)
+REFUSED = "refused"  # a log line of a refusal that was not retried
 
 
 def refusal_reason(stderr: str) -> str | None:
@@ -76,10 +80,12 @@ class Retry:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
-    def log(self, line: str) -> None:
+    def log(self, line: str, echo: bool = True) -> None:
+        """One line in the log file, and on stderr if `echo`."""
         label = f" {self.label}" if self.label else ""
-        stamped = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} sbatch (scalestudy){label}: {line}"
-        print(stamped, file=sys.stderr, flush=True)
+        stamped = f"{time.strftime(TIME_FORMAT)} sbatch (scalestudy){label}: {line}"
+        if echo:
+            print(stamped, file=sys.stderr, flush=True)
         if self.log_path:
             os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
             with open(self.log_path, "a") as handle:  # one short line per write: appends do not interleave
@@ -94,6 +100,9 @@ def submit(command: list[str], stdin: bytes | None, retry: Retry) -> subprocess.
         result = subprocess.run(command, input=stdin, capture_output=True)
         reason = None if result.returncode == 0 else refusal_reason(result.stderr.decode(errors="replace"))
         if reason is None:
+            if result.returncode != 0:
+                # sbatch's stderr passes through as it is: the log only
+                retry.log(f"{REFUSED} (exit {result.returncode}): {_message(result)}", echo=False)
             if refusals > 1 and result.returncode == 0:
                 took = retry.clock() - started
                 retry.log(f"accepted after {refusals - 1} refusal(s), {took:.0f} s: {_job(result)}")
@@ -117,6 +126,33 @@ def submit(command: list[str], stdin: bytes | None, retry: Retry) -> subprocess.
 
 def _job(result: subprocess.CompletedProcess) -> str:
     return result.stdout.decode(errors="replace").strip() or "(no job id printed)"
+
+
+def _message(result: subprocess.CompletedProcess) -> str:
+    """sbatch's stderr on one line (a log line per refusal)."""
+    lines = [line.strip() for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines) or "(sbatch printed nothing)"
+
+
+def refusals_since(log_path: str, since: float) -> list[str]:
+    """The refusals the wrapper logged at or after `since` (time.time()), as logged: label and sbatch's
+    message. Snakemake reports a refused group job as "message: None"; the workflow prints these
+    instead (rules/common.smk)."""
+    try:
+        with open(log_path) as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        stamp, _, rest = line.partition(" ")
+        try:
+            logged = time.mktime(time.strptime(stamp, TIME_FORMAT))
+        except ValueError:
+            continue
+        if logged >= int(since) and f": {REFUSED} (exit " in rest:
+            found.append(rest.removeprefix("sbatch (scalestudy) ").strip())
+    return found
 
 
 def label_of(args: list[str]) -> str:

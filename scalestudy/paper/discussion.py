@@ -1,6 +1,6 @@
 """The macros of the closing sections: the communication model (fitted, and benchmarked), the
-resource estimate and the threats to validity (scalestudy.paper.numbers calls every writer in
-SECTIONS, after those of scalestudy.paper.sections and scalestudy.paper.results)."""
+resource estimate and the threats to validity, contended runs named among them (scalestudy.paper.numbers
+calls every writer in SECTIONS, after those of scalestudy.paper.sections and scalestudy.paper.results)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from scalestudy.analysis import contention as shared_gpus
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.paper.sections import (
     Data,
@@ -191,8 +192,45 @@ def threats(numbers: Numbers, data: Data) -> None:
     )
 
 
+def contention(numbers: Numbers, data: Data) -> None:
+    """The runs whose GPUs were shared while they measured, by name with the evidence; how many were
+    checked (NVML listed their GPUs' processes); windows with fewer GPU monitor samples than the
+    floor; host load above the job's CPUs (runs.csv: scalestudy.analysis.contention)."""
+    runs = data.table("runs")
+    if runs is None or "contended" not in runs:
+        why = "runs.csv not given" if runs is None else "runs.csv has no contended column"
+        for macro in ("ContendedRuns", "ContendedPoints", "ContentionChecked", "MonitorWindowShort"):
+            numbers.add(macro, NOT_MEASURED, why)
+        numbers.add("HostLoadWarnings", NOT_MEASURED, why)
+        numbers.add("MonitorWindowFloor", str(data.context["min_window_samples"]), "analysis.monitor")
+        return
+    shared = runs[shared_gpus.contended(runs)]
+    names = [
+        f"{r['stage']}/{r['point']} ({r.get('contention') or 'contended'})" for _, r in shared.iterrows()
+    ]
+    numbers.add("ContendedRuns", f"{len(shared)} of {len(runs)}", "runs.csv contended")
+    numbers.add(
+        "ContendedPoints", escape("; ".join(names)) if names else "none", "runs.csv contended, contention"
+    )
+    checked = shared_gpus.flags(runs, "contention_checked")
+    numbers.add("ContentionChecked", f"{int(checked.sum())} of {len(runs)}", "runs.csv contention_checked")
+    floor = int(data.context["min_window_samples"])
+    numbers.add("MonitorWindowFloor", str(floor), "analysis.monitor.min_window_samples")
+    sampled = pd.to_numeric(runs.get("monitor_window_samples"), errors="coerce").notna()
+    short = shared_gpus.window_short(runs, floor)
+    numbers.add(
+        "MonitorWindowShort",
+        f"{int(short.sum())} of {int(sampled.sum())}",
+        f"runs.csv monitor_window_samples < {floor} (of the runs with GPU samples)",
+    )
+    warnings = runs.get("host_load_warning", pd.Series(dtype=object))
+    warned = warnings.map(lambda text: not pd.isna(text) and str(text) != "")
+    numbers.add("HostLoadWarnings", str(int(warned.sum())), "runs.csv host_load_warning not empty")
+
+
 SECTIONS = (
     comm_model,
     resources,
     threats,
+    contention,
 )

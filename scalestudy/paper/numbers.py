@@ -26,7 +26,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.paper import discussion, results, sections
+from scalestudy.paper import comparison, discussion, results, sections
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.plan import paths
 from scalestudy.progress import setup_logging
@@ -47,6 +47,7 @@ TABLES = {
     "system": f"{paths.TABLES_DIR}/system.csv",
     "comm_bench_fit": f"{paths.TABLES_DIR}/comm_bench_fit.csv",
     "busbw": f"{paths.COMM_DIR}/busbw.csv",
+    "comparison": f"{paths.TABLES_DIR}/comparison.csv",
 }
 
 # What the config tells that no table does (the rule passes these from the config).
@@ -61,6 +62,8 @@ CONTEXT_DEFAULTS = {
     "sample_unit": "images",
     "parallelism": ["ddp"],
     "sensitivity_axes": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+    "compared_with": "",  # compare.label (or the other study's folder) where compare.against is set
+    "min_window_samples": 10,  # analysis.monitor.min_window_samples
 }
 
 
@@ -68,7 +71,7 @@ def build(tables: dict[str, pd.DataFrame | None], context: dict[str, Any]) -> Nu
     """Every section writer's macros, from the tables given (a table not given: "not measured")."""
     numbers = Numbers()
     data = sections.Data(tables, {**CONTEXT_DEFAULTS, **context})
-    for write in (*sections.SECTIONS, *results.SECTIONS, *discussion.SECTIONS):
+    for write in (*sections.SECTIONS, *results.SECTIONS, *discussion.SECTIONS, *comparison.SECTIONS):
         write(numbers, data)
     return numbers
 

@@ -297,8 +297,9 @@ def light_resources(config: dict, attempt: int) -> dict[str, Any]:
 
 
 # Rules that run where Snakemake runs whatever the config says: one read of the image, the gate
-# (which only lists the checks that passed) and the MLflow replay (it reaches the tracking server).
-ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate", "track")
+# (which only lists the checks that passed), the MLflow replay (it reaches the tracking server), the
+# crate (it reads Snakemake's metadata) and the comparison (the other study is where the host sees it).
+ALWAYS_ON_SUBMIT_HOST = ("image_digest", "training_gate", "track", "crate", "compare")
 
 
 def on_submit_host(config: dict, rule_name: str) -> bool:

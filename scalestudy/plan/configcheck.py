@@ -189,3 +189,26 @@ def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:
         for where, values in places.items()
         if "fsdp" in values
     ]
+
+
+def schema_error_message(error: BaseException, configfiles=()) -> str | None:
+    """One line for the JSON Schema error behind `error` (Snakemake's "Error validating config file."
+    is raised while handling jsonschema's ValidationError, whose text prints the whole schema:
+    hundreds of lines before the one that matters); None when there is none.
+
+    "config (my.yaml): train: a required section or key is missing ('train' is a required property)"
+    """
+    found = error
+    while found is not None and not hasattr(found, "validator"):  # raised while handling it
+        found = found.__cause__ or found.__context__
+    if found is None:
+        return None
+    where = ".".join(str(part) for part in found.absolute_path) or "(top level)"
+    files = f" ({', '.join(map(str, configfiles))})" if configfiles else ""
+    if found.validator == "required":
+        missing = re.match(r"'([^']+)' is a required property", found.message)
+        key = where
+        if missing:
+            key = f"{where}.{missing[1]}" if found.absolute_path else missing[1]
+        return f"config{files}: {key}: a required section or key is missing ({found.message})"
+    return f"config{files}: {where}: {found.message}"

@@ -63,6 +63,7 @@ MEASURE_KEYS = {
     "warmup_steps": "measure_warmup_steps",
     "steps": "measure_steps",
     "intervals": "measure_intervals",
+    "seconds": "measure_seconds",  # absent unless set: other studies' run configs stay as they were
 }
 # model.gpt keys whose null means "the preset's" (scalestudy.workloads.gpt.model.config_from): left
 # out of the run config so that the preset fills them. A null vocab_size stays: the tokenizer's.
@@ -302,7 +303,9 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
     run: dict[str, Any] = {key: config["train"][key] for key in TRAIN_KEYS}
     run.update({key: _model_value(config, key) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
-    run.update({run_key: measure[key] for key, run_key in MEASURE_KEYS.items() if key in measure})
+    run.update(
+        {run_key: measure[key] for key, run_key in MEASURE_KEYS.items() if measure.get(key) is not None}
+    )
     if run.get("compile"):
         run["inductor_cache_dir"] = INDUCTOR_CACHE_DIR
     run.update({key: config["train"].get(key, OMITTED_AT_DEFAULT[key]) for key in OPTIONAL_TRAIN_KEYS})

@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "measure_warmup_steps": 50,
     "measure_steps": 200,
     "measure_intervals": 4,
+    "measure_seconds": None,  # the window lasts at least this long (null: measure_steps alone)
     "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
     "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
     # what is trained, and how (scalestudy.workloads; the grid writes these only where they differ)
@@ -190,6 +191,7 @@ RULES: dict[str, Rule] = {
     "measure_warmup_steps": _integer(1),  # the first step (compile, autotuning) is never measured
     "measure_steps": _integer(),
     "measure_intervals": _integer(),
+    "measure_seconds": Rule("number", above=0, nullable=True),
     "inductor_cache_dir": LABEL,
     "keep_checkpoints": FLAG,
     "workload": _choice(*workloads.WORKLOADS),

@@ -48,4 +48,11 @@ MONITOR_COLUMNS = (
     "pcie_tx_mb_s",
     "mem_used_mb",
     "temperature_c",
+    # contention (scalestudy.train.gpu_processes): compute processes on the GPU, those not the job's
+    # and their memory; the host's 1-minute load and its CPUs
+    "processes",
+    "foreign_processes",
+    "foreign_mem_mb",
+    "host_load_1m",
+    "host_cpus",
 )

@@ -2,7 +2,9 @@
 
 `python -m scalestudy.plan.slurm_requests --configfile config/config.yaml` prints, for each grid
 point, its layout and resources (scalestudy.plan.cluster) and the sbatch options the plugin makes of
-them: check a site's settings before a long run (docs/slurm.md). Not imported by the Snakefile: it
+them: check a site's settings before a long run (docs/slurm.md); then the partition, account and QOS
+against the cluster's own sinfo/sacctmgr (scalestudy.plan.slurm_names; exit 1 for a name it does
+not know). Not imported by the Snakefile: it
 uses PyYAML, Snakemake and the executor plugin.
 """
 
@@ -18,7 +20,7 @@ from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
-from scalestudy.plan import cluster, configcheck, grid, schema
+from scalestudy.plan import cluster, configcheck, grid, schema, slurm_names
 
 
 class _PreviewJob:
@@ -81,7 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(config, point.world_size, resources, f"{point.stage} {point.name}"))
         command = sbatch_command(resources, threads=point.world_size, rule=f"{point.stage}_run")
         print(f"    sbatch {command.split(' --comment ', 1)[1].split(' ', 1)[1].strip()}")
-    return 0
+    return check_names(config)
+
+
+def check_names(config: dict) -> int:
+    """The partition, account and QOS against this cluster (what the workflow checks before it
+    submits anything); 1 when the cluster does not know one, with the names it has."""
+    findings = slurm_names.check(config)
+    if findings.errors or findings.warnings:
+        print(slurm_names.report(findings))
+    return 1 if findings.errors else 0
 
 
 def describe(config: dict, world_size: int, resources: dict[str, Any], name: str) -> str:

@@ -5,17 +5,22 @@ more than one parallelism (DDP and FSDP), FSDP keeps its mode's colour with its 
 and the labels name it. Throughput is in the table's unit (sample_unit: images, tokens, ...).
 
 A point where some repeat did not fill its measurement window (scaling.csv's window_filled false:
-its throughput is the whole run's) is drawn hollow, with a legend entry "window not filled".
+its throughput is the whole run's) is drawn hollow, with a legend entry "window not filled"; a point
+where some repeat was contended (scaling.csv's contended: a foreign process on its GPUs while it
+measured, scalestudy.analysis.contention) is drawn as a cross, with a legend entry "GPU shared
+(contended)", in every figure (its epoch time is the shared GPU's too).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from scalestudy.analysis.contention import contended
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.plots import style
 
 UNFILLED_LABEL = "window not filled"
+CONTENDED_LABEL = "GPU shared (contended)"
 
 
 def parallelisms(scaling: pd.DataFrame) -> pd.Series:
@@ -35,8 +40,10 @@ def series(scaling: pd.DataFrame):
 
 def _stat(ax, group, stem, look, windowed: bool = True):
     """Mean and interval over repeats of `stem` in the series' look; `windowed`: the quantity comes
-    from the measurement window, so points without a filled one are drawn hollow."""
+    from the measurement window, so points without a filled one are drawn hollow; contended points
+    are drawn as crosses."""
     filled = window_filled(group) if windowed else pd.Series(True, index=group.index)
+    shared = contended(group)
     style.errorbar(
         ax,
         group["world_size"],
@@ -47,10 +54,12 @@ def _stat(ax, group, stem, look, windowed: bool = True):
         marker=look["marker"],
         linestyle=look["linestyle"],
         label=look["label"],
-        markevery=filled.tolist(),
+        markevery=(filled & ~shared).tolist(),
     )
     if not filled.all():
         _hollow(ax, group.loc[~filled, "world_size"], group.loc[~filled, f"{stem}_mean"], look)
+    if shared.any():
+        _crossed(ax, group.loc[shared, "world_size"], group.loc[shared, f"{stem}_mean"], look)
 
 
 def _hollow(ax, x, y, s) -> None:
@@ -59,6 +68,20 @@ def _hollow(ax, x, y, s) -> None:
     ax.plot(x, y, marker=s["marker"], markeredgecolor=s["color"], markersize=style.MARKER_SIZE + 1, **hollow)
     if UNFILLED_LABEL not in ax.get_legend_handles_labels()[1]:
         ax.plot([], [], marker="o", markeredgecolor="0.35", label=UNFILLED_LABEL, **hollow)
+
+
+def _crossed(ax, x, y, s) -> None:
+    """Contended points, and (once per axes) their legend entry."""
+    cross = {
+        "linestyle": "none",
+        "marker": "X",
+        "markeredgecolor": "black",
+        "markeredgewidth": 0.6,
+        "zorder": 4,
+    }
+    ax.plot(x, y, color=s["color"], markersize=style.MARKER_SIZE + 3, **cross)
+    if CONTENDED_LABEL not in ax.get_legend_handles_labels()[1]:
+        ax.plot([], [], color="0.6", label=CONTENDED_LABEL, markersize=style.MARKER_SIZE + 3, **cross)
 
 
 def _with_ideal(ax, scaling: pd.DataFrame, stem: str, ideal, windowed: bool = True) -> None:

@@ -6,7 +6,9 @@ bucket_cap_mb; sensitivity.csv has a column for each). The heatmap's rows and co
 two axes unless `rows`/`cols` name others; the remaining axes are faceted, so the default is the
 per-GPU batch x DDP bucket size, one panel per precision. A cell whose run did not fill its
 measurement window (window_filled false: its throughput is the whole run's) is hatched, with a legend
-entry "window not filled"; the best point of the whole sweep is outlined.
+entry "window not filled"; a cell whose run was contended (a foreign process on its GPUs while it
+measured) is cross-hatched, with a legend entry "GPU shared (contended)"; the best point of the
+whole sweep, among the cells with a filled, unshared window, is outlined.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
+from scalestudy.analysis.contention import contended
 from scalestudy.analysis.metrics import DEFAULT_AXES, window_filled
 from scalestudy.plots import style
 
 PRECISION_ORDER = ("fp32", "fp16", "bf16")
 UNFILLED_LABEL = "window not filled"
 UNFILLED_STYLE = {"fill": False, "hatch": "////", "edgecolor": "0.85", "linewidth": 0}
+CONTENDED_LABEL = "GPU shared (contended)"
+CONTENDED_STYLE = {"fill": False, "hatch": "xxx", "edgecolor": "#D55E00", "linewidth": 1.2}
 AXIS_LABELS = {
     "bucket_cap_mb": "DDP bucket size (MB)",
     "per_gpu_batch": "Per-{word} batch",
@@ -92,13 +97,12 @@ def _cell(r: pd.Series, rows, cols, row_values, col_values) -> tuple[int, int]:
     return (row_values.index(r[rows]) if rows else 0), col_values.index(r[cols])
 
 
-def _hatch_unfilled(ax, frame: pd.DataFrame, place) -> bool:
-    """Hatch the cells of runs without a filled window; True if there was one."""
-    unfilled = frame[~window_filled(frame)]
-    for _, r in unfilled.iterrows():
+def _hatch(ax, cells: pd.DataFrame, place, look: dict) -> bool:
+    """Hatch `cells` in `look`; True if there was one."""
+    for _, r in cells.iterrows():
         i, j = place(r)
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, **UNFILLED_STYLE))
-    return not unfilled.empty
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, **look))
+    return not cells.empty
 
 
 def _annotate(ax, values: np.ndarray, norm) -> None:
@@ -151,17 +155,18 @@ def heatmaps(
     row_values = ordered(sensitivity[rows], rows) if rows else [0]
     col_values = ordered(sensitivity[cols], cols)
     vmin, vmax = sensitivity[VALUE].min(), sensitivity[VALUE].max()
-    filled = sensitivity[window_filled(sensitivity)]
-    judged = filled if len(filled) else sensitivity  # the best point is one with a filled window
+    filled = sensitivity[window_filled(sensitivity) & ~contended(sensitivity)]
+    judged = filled if len(filled) else sensitivity  # the best point: a filled window, GPUs not shared
     best = judged.loc[judged[VALUE].idxmax()]
     place = functools.partial(_cell, rows=rows, cols=cols, row_values=row_values, col_values=col_values)
-    image, any_unfilled = None, False
+    image, any_unfilled, any_shared = None, False, False
     for index, (ax, combo) in enumerate(zip(panels, combos, strict=False)):
         frame = _in_facet(sensitivity, facets, combo)
         values = _grid(frame, rows, cols, row_values, col_values)
         image = ax.imshow(values, cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto", origin="lower")
         _annotate(ax, values, image.norm)
-        any_unfilled |= _hatch_unfilled(ax, frame, place)
+        any_unfilled |= _hatch(ax, frame[~window_filled(frame)], place, UNFILLED_STYLE)
+        any_shared |= _hatch(ax, frame[contended(frame)], place, CONTENDED_STYLE)
         ax.set_xticks(range(len(col_values)), [tick(v) for v in col_values])
         ax.set_yticks(range(len(row_values)), [tick(v) for v in row_values] if rows else [""])
         ax.set_xlabel(axis_label(cols))
@@ -178,7 +183,13 @@ def heatmaps(
     world = int(sensitivity["world_size"].iloc[0])
     label = f"{style.rate_label(style.sample_unit(sensitivity))} ({style.count(world)})"
     fig.colorbar(image, ax=panels[: len(combos)], label=label, shrink=0.9)
+    handles = []
     if any_unfilled:
-        handle = Patch(**{**UNFILLED_STYLE, "edgecolor": "0.3", "linewidth": 0.5}, label=UNFILLED_LABEL)
-        fig.legend(handles=[handle], loc="outside lower right", fontsize=6, frameon=False)
+        handles.append(
+            Patch(**{**UNFILLED_STYLE, "edgecolor": "0.3", "linewidth": 0.5}, label=UNFILLED_LABEL)
+        )
+    if any_shared:
+        handles.append(Patch(**CONTENDED_STYLE, label=CONTENDED_LABEL))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower right", fontsize=6, frameon=False)
     style.save_figure(fig, png, pdf)

@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "synced %d run(s) into %s: %d metric value(s) added", len(record["runs"]), tracking["uri"], added
     )
+    log.info("the runs in MLflow's UI: %s", record["ui"])
     if args.out:
         atomic.write_json(args.out, record)
     return 0

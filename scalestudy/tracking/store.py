@@ -66,6 +66,17 @@ def schema_lock(uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a nested run
+
+
+def runs_page(uri: str, experiment: str) -> str:
+    """The UI's page of the experiment's training runs: MLflow 3 opens an experiment on its GenAI
+    overview (traces) unless the address asks for the model-training view. An http(s) store is
+    its own UI; an embedded (sqlite) store's UI is `mlflow ui` on port 5000."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment}/runs?workflowType=machine_learning"
+
+
 def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
     found = mlflow_client.get_experiment_by_name(tracking["experiment"])
     if found is not None:
@@ -110,12 +121,12 @@ def point_run(
     status: str = "SCHEDULED",
 ) -> tuple[str, bool]:
     """The run of a grid point's run config (its tags name both): (run id, created). A new one
-    starts in `status`, with the flattened run config as its params and the study's run `parent`
-    as a tag (not nested: the experiment page lists every point; group them by `stage`)."""
+    starts in `status`, with the flattened run config as its params, nested under the study's run
+    `parent` (MLflow's parent tag: the runs page shows the points under the study's run)."""
     found = find_runs(mlflow_client, experiment, tags[TAG_POINT], tags[TAG_HASH])
     if found:
         return found[-1].info.run_id, False
-    tags = dict(tags) | ({TAG_STUDY_RUN: parent} if parent else {})
+    tags = dict(tags) | ({TAG_STUDY_RUN: parent, PARENT_TAG: parent} if parent else {})
     run_id = mlflow_client.create_run(experiment, tags=tags).info.run_id
     if given is not None:
         log_params(mlflow_client, run_id, given)

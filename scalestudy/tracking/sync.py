@@ -5,7 +5,8 @@ Per run folder with a summary.json: the point's run (found by its point and conf
 created under the study's run) gets the flattened run config as params, its tags (stage, mode, world
 size, ..., git commit, image digest, Slurm job ids and node lists, attempt), the per-step metrics of
 the journal (tracking.jsonl) and steps.csv, the per-epoch metrics of metrics.csv (step = epoch), the
-summary's steady-state figures (step 0), the GPU monitor's series as system metrics, and the run
+summary's steady-state figures (step 0), the GPU monitor's series as system metrics, its contention
+(tags `contended`, `contention`: the evidence, `monitor_window_samples`, `host_load_warning`), and the run
 folder's files and rank logs as artifacts; it ends FINISHED. First, every journal's records the
 study's follower did not replay are replayed (scalestudy.tracking.follow: statuses, attempts, Slurm
 jobs). The smoke tests (results/smoke) and the collective benchmark (results/comm) are points too
@@ -57,6 +58,7 @@ RUN_ARTIFACTS = (
     runfiles.PROFILE_WINDOW,
     JOURNAL,
 )
+CONTENTION_CHARS = 5000  # MLflow's limit on a tag's value (older servers: 5000 characters)
 MONITOR_SKIP = {"time_s", "host", "gpu_index", "gpu_uuid", "gpu_name", "rank"}
 
 
@@ -67,6 +69,11 @@ def summary_tags(summary: dict[str, Any]) -> dict[str, str]:
         "hosts": ",".join(prov.get("hosts") or []),
         "device_name": results.get("device_name"),
         "window_filled": results.get("window_filled"),
+        # a foreign process on its GPUs while it measured, and the evidence (scalestudy.analysis.contention)
+        "contended": results.get("contended"),
+        "contention": (results.get("contention") or "")[:CONTENTION_CHARS],
+        "monitor_window_samples": results.get("monitor_window_samples"),
+        "host_load_warning": (results.get("host_load_warning") or "")[:CONTENTION_CHARS],
     }
     return preflight_runs.provenance_tags(prov) | {
         key: str(value) for key, value in values.items() if value not in (None, "")
@@ -194,7 +201,13 @@ def sync(
     runs += [store.fill(client, experiment, parent, filling) for filling in preflight]
     study = sync_study(client, experiment, parent, study_files, root)
     store.set_status(client, parent, "FINISHED")  # rule track runs once the study's outputs exist
-    return {"experiment": tracking["experiment"], "study_run": parent, "runs": runs, "study_artifacts": study}
+    return {
+        "experiment": tracking["experiment"],
+        "study_run": parent,
+        "runs": runs,
+        "study_artifacts": study,
+        "ui": store.runs_page(tracking["uri"], experiment),
+    }
 
 
 def schedule(tracking: dict, points: list[dict[str, Any]]) -> list[str]:

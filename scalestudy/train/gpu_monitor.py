@@ -31,6 +31,13 @@ Columns and units (runfiles.MONITOR_COLUMNS); a value a GPU does not report is l
   GPU: host-device copies, peer-to-peer over PCIe, and GPUDirect RDMA between the GPU and the NIC
   (NCCL's inter-node traffic on InfiniBand/RoCE), so multi-node all-reduce shows up here too.
 - `mem_used_mb` (10^6 bytes), `temperature_c`.
+- `processes`: the compute processes NVML lists on the GPU (MPS clients included);
+  `foreign_processes`: those that are not the job's ranks (or their children); `foreign_mem_mb`: their
+  GPU memory (10^6 bytes). Which PIDs are the job's, PID namespaces and the query's fallbacks:
+  scalestudy.train.gpu_processes. Each foreign PID's first and last sighting is in gpu_monitor.json
+  (per GPU, `foreign`), so the analysis can name the PIDs seen inside the measurement window.
+- `host_load_1m`: the host's 1-minute load average (os.getloadavg), `host_cpus`: its CPUs
+  (os.cpu_count); the CPUs the rank may run on (its affinity) are in gpu_monitor.json per node.
 
 Errors. Without NVML (no driver) or without a matching GPU the report says why and the run goes on.
 An NVML error on one query leaves that value empty and is counted in the JSON; a device that is lost
@@ -52,18 +59,20 @@ from typing import Any
 from scalestudy import atomic
 from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
+from scalestudy.train.gpu_processes import (  # noqa: F401 - job_on_host: the trainer's
+    GpuWatch,
+    JobProcesses,
+    Processes,
+    host_load,
+    job_cpus,
+    job_on_host,
+    uuid_key,
+)
 
 log = logging.getLogger("scalestudy.monitor")
 
 DEFAULT_INTERVAL_S = 0.1
 GPM_MIN_INTERVAL_S = 0.15  # NVML: two GPM samples must be more than 100 ms apart
-
-
-def uuid_key(uuid: str) -> str:
-    """NVML's "GPU-xxxxxxxx-..." and torch's "xxxxxxxx-..." as one comparable form."""
-    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-    text = text.strip().lower()
-    return text[len("gpu-") :] if text.startswith("gpu-") else text
 
 
 def device_uuid(device) -> str | None:
@@ -78,12 +87,20 @@ def device_uuid(device) -> str | None:
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
 
 
-def for_device(device, interval_s: float, t0: float | None = None, rank: int = 0, nvml=None) -> GpuMonitor:
-    """The monitor of one rank: its torch device's GPU, or a report saying why there is none."""
+def for_device(
+    device,
+    interval_s: float,
+    t0: float | None = None,
+    rank: int = 0,
+    nvml=None,
+    job: JobProcesses | None = None,
+) -> GpuMonitor:
+    """The monitor of one rank: its torch device's GPU, or a report saying why there is none. `job`:
+    the job's processes on this host (gpu_processes.job_on_host); None: this process alone."""
     uuid = device_uuid(device)
     if uuid is None:
         return GpuMonitor(interval_s, t0=t0, rank=rank, no_gpu_reason=f"no NVIDIA GPU (device {device})")
-    return GpuMonitor(interval_s, t0=t0, rank=rank, gpu_uuids=[uuid], nvml=nvml)
+    return GpuMonitor(interval_s, t0=t0, rank=rank, gpu_uuids=[uuid], nvml=nvml, job=job)
 
 
 @dataclass
@@ -104,6 +121,7 @@ class Device:
     gpm_samples: list = field(default_factory=list)
     gpm_previous: Any = None
     gpm_previous_time: float = 0.0
+    watch: GpuWatch | None = None  # its processes
 
     def report(self) -> dict[str, Any]:
         return {
@@ -116,6 +134,7 @@ class Device:
             "gpm_reason": self.gpm_reason,
             "failed": self.failed,
             "errors": {query: f"{self.last_error[query]} ({n}x)" for query, n in sorted(self.errors.items())},
+            "processes": self.watch.report() if self.watch else None,
         }
 
 
@@ -127,7 +146,8 @@ class GpuMonitor:
     """Samples the GPUs with the given UUIDs (all NVML shows if None) every `interval_s`.
 
     `t0` is the run's start (time.time() on rank 0), so time_s lines up across ranks and with the
-    trainer's clock. `nvml` is the pynvml module (a test may pass a stand-in).
+    trainer's clock. `nvml` is the pynvml module (a test may pass a stand-in). `job`: the job's
+    processes on this host, to tell foreign processes on the GPUs from its own (None: this process).
     """
 
     def __init__(
@@ -139,6 +159,7 @@ class GpuMonitor:
         gpu_uuids=None,
         nvml=None,
         no_gpu_reason: str | None = None,
+        job: JobProcesses | None = None,
     ):
         if interval_s <= 0:
             raise ValueError(f"monitor_interval_s must be positive, got {interval_s}")
@@ -152,6 +173,9 @@ class GpuMonitor:
         self.reason = no_gpu_reason
         self.devices: list[Device] = []
         self.rows: list[tuple] = []
+        self.job = job
+        self.processes: Processes | None = None
+        self.cpus = job_cpus()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -166,6 +190,7 @@ class GpuMonitor:
             self.reason = f"NVML unavailable on {self.host}: {type(error).__name__}: {error}"
             log.info("GPU monitor off: %s", self.reason)
             return False
+        self.processes = Processes(self.nvml, self.job)
         self._open_devices()
         if not self.devices:
             self._shutdown_nvml()
@@ -201,18 +226,21 @@ class GpuMonitor:
             "rank": self.rank,
             "available": self.available,
             "reason": self.reason,
-            "gpus": [device.report() for device in self.devices],
+            "gpus": [{**device.report(), "host": self.host} for device in self.devices],
             "rows": self.rows,
+            "cpus": self.cpus,
+            "process_query": self._process_note(),
         }
 
     def sample(self, now: float | None = None) -> None:
         """One row per sampled GPU at `now` (seconds since t0; the clock's if None)."""
         now = time.time() - self.t0 if now is None else now
+        load = host_load()
         for device in self.devices:
             if device.failed:
                 continue
             try:
-                values = self._read(device, now)
+                values = (*self._read(device, now), *self._processes(device, now), *load)
             except Exception as error:  # noqa: BLE001 - one failing GPU must not stop the others
                 device.failed = f"at {now:.1f} s: {type(error).__name__}: {error}"
                 log.warning(
@@ -266,6 +294,7 @@ class GpuMonitor:
     def _open(self, index: int, handle, uuid: str) -> Device:
         nvml = self.nvml
         device = Device(index, uuid, "", self.rank, handle)
+        device.watch = GpuWatch(uuid, self.processes.job.expected_on(uuid))
         device.name = _text(self._query(device, "name", nvml.nvmlDeviceGetName, handle) or "")
         limit_mw = self._query(device, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
         device.power_limit_w = None if limit_mw is None else limit_mw / 1000
@@ -344,6 +373,23 @@ class GpuMonitor:
             temperature,
         )
 
+    def _processes(self, device: Device, now: float) -> tuple:
+        """(processes, foreign_processes, foreign_mem_mb); empty without a process query."""
+        listed = self._query(device, "processes", self.processes.listed, device.handle)
+        if listed is None:
+            return None, None, None
+        foreign, comparable = self.processes.foreign(listed, device.uuid)
+        return device.watch.observe(now, len(listed), foreign, comparable)
+
+    def _process_note(self) -> str | None:
+        """The process query used, or why none answered (None before NVML was opened)."""
+        if self.processes is None:
+            return None
+        query = self.processes.compute
+        return (
+            f"NVML {query.name}" if query.name else (f"not listed: {query.reason}" if query.reason else None)
+        )
+
     def _sm_active(self, device: Device, now: float) -> float | None:
         """GPM SM activity since the previous GPM sample, once that is GPM_MIN_INTERVAL_S old."""
         if not device.gpm_supported:
@@ -399,13 +445,15 @@ def _nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nodes: dict[str, dict[str, Any]] = {}
     for report in reports:
         node = nodes.setdefault(
-            report["host"], {"host": report["host"], "ranks": [], "reasons": [], "gpus": []}
+            report["host"], {"host": report["host"], "ranks": [], "reasons": [], "gpus": [], "cpus": set()}
         )
         node["ranks"].append(report.get("rank"))
         node["gpus"] += report["gpus"]
+        node["cpus"].update(report.get("cpus") or ())
         if report["reason"]:
             node["reasons"].append(f"rank {report.get('rank')}: {report['reason']}")
     for node in nodes.values():
+        node["cpus"] = sorted(node["cpus"])  # the job's CPUs on the host: its ranks' affinity
         node["available"] = bool(node["gpus"]) and not any(gpu["failed"] for gpu in node["gpus"])
         node["reason"] = "; ".join(node.pop("reasons")) or None
     return list(nodes.values())
@@ -426,6 +474,8 @@ def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], int
         "interval_s": interval_s,
         "samples": len(rows),
         "sm_active": _gpm_note(gpus),
+        "processes": "; ".join(sorted({r["process_query"] for r in reports if r.get("process_query")}))
+        or None,
         "failed_gpus": [gpu["uuid"] for gpu in gpus if gpu["failed"]],
         "nodes": _nodes(reports),
     }

@@ -51,8 +51,17 @@ class RunResults:
     amp_dtype: torch.dtype | None
     peak_lr: float
 
-    def summary(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"run": self.given, "results": self.results(memory), "provenance": self.provenance()}
+    def summary(self, memory: list[dict[str, Any]], run_dir=None) -> dict[str, Any]:
+        """`run_dir`: the run folder whose GPU monitor files (written first) judge contention in the
+        reported window (scalestudy.analysis.contention)."""
+        results = self.results(memory)
+        if run_dir is not None:
+            from scalestudy.analysis import contention  # pandas: imported at the end, as the files are
+
+            results.update(contention.of_folder(run_dir, results))
+            if results["contended"]:
+                log.warning("the GPUs were shared while measuring: %s", results["contention"])
+        return {"run": self.given, "results": results, "provenance": self.provenance()}
 
     def results(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
         c, metrics = self.config, self.state.history.metrics

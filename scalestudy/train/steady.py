@@ -10,6 +10,15 @@ The device is synchronised only at the window's edges, at sub-interval edges and
 pause that falls inside the window (an epoch end or a checkpoint: rare), never per step; plus once
 after the attempt's first step (outside the window), to time it.
 
+A window can be asked to last at least `min_seconds` (train.measure.seconds), still counted in whole
+steps: when the planned window closes shorter than that, the ranks agree (`agree`: the mean over
+ranks of the window's seconds, the same number on every rank, so every rank decides alike at the
+same step) on how many steps `min_seconds` take at the window's rate, plus 5 %, and a new window of
+that many steps opens at once; the shorter one is discarded (`measure_probes` counts them) and served
+as more warm-up. A window shorter again (the steps got faster) repeats this. The steps measured stay
+whole steps in `intervals` sub-intervals, and the training itself is untouched (the same batches,
+the same order), so runs stay deterministic and a resume bit-exact.
+
 A window belongs to one attempt (one process): a resumed attempt starts a fresh warm-up, because its
 compile, autotuning and caches start cold again; a window that an interruption cut short is
 discarded (see RunResults.steady_results for which window a resumed run reports).
@@ -32,6 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WARMUP, MEASURING, DONE = "warmup", "measuring", "done"
+MARGIN = (
+    1.05  # a window re-planned to last min_seconds gets this much more, so that jitter does not repeat it
+)
 
 
 def interval_sizes(steps: int, intervals: int) -> list[int]:
@@ -64,6 +76,9 @@ class SteadyWindow:
     clock: Callable[[], float] = time.perf_counter
     wall: Callable[[], float] = time.time
     t0: float = 0.0
+    min_seconds: float | None = None  # the window lasts at least this long (None: `steps` alone)
+    agree: Callable[[float], float] = lambda seconds: seconds  # the same value on every rank
+    probes: int = 0  # windows discarded as shorter than min_seconds
     phase: str = WARMUP
     seen: int = 0  # steps of this attempt so far
     start_step: int | None = None  # the global step the window starts at
@@ -77,6 +92,7 @@ class SteadyWindow:
     _segment_start: float | None = None  # perf_counter of the running (unpaused) segment
     _segment_wall: float | None = None  # its start on the wall clock, since t0
     _attempt_start: float = 0.0
+    _first_global_step: int = 0
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.steps < 1 or self.intervals < 1:
@@ -84,6 +100,8 @@ class SteadyWindow:
                 f"measure window needs warmup_steps >= 0, steps >= 1, intervals >= 1, got "
                 f"{self.warmup_steps}, {self.steps}, {self.intervals}"
             )
+        if self.min_seconds is not None and not self.min_seconds > 0:
+            raise ValueError(f"measure window seconds must be positive, got {self.min_seconds}")
         self._sizes = interval_sizes(self.steps, self.intervals)
 
     @property
@@ -101,6 +119,7 @@ class SteadyWindow:
     def start(self, global_step: int) -> None:
         self.synchronize()
         self._attempt_start = self.clock()
+        self._first_global_step = global_step
         self.start_step = global_step + self.warmup_steps
         if self.warmup_steps == 0:
             self._open()
@@ -155,10 +174,33 @@ class SteadyWindow:
         self._current = Interval()
         if len(self.done) == len(self._sizes):
             self._end_wall_segment()
+            steps = self._steps_for_min_seconds()
+            if steps is not None:
+                self._measure_again(steps)
+                return
             self.end_s = self.segments[-1][1]
             self.phase = DONE
         else:
             self._segment_start = self.clock()
+
+    def _steps_for_min_seconds(self) -> int | None:
+        """The steps a window of min_seconds takes at the closed window's rate (agreed across
+        ranks), or None if it lasted long enough."""
+        if self.min_seconds is None:
+            return None
+        seconds = self.agree(sum(i.seconds for i in self.done))
+        if seconds >= self.min_seconds:
+            return None
+        rate = self.measured_steps / max(seconds, 1e-9)
+        return max(self.steps + 1, math.ceil(self.min_seconds * MARGIN * rate))
+
+    def _measure_again(self, steps: int) -> None:
+        """Discard the closed window and open one of `steps` steps now (the device is synchronised)."""
+        self.probes += 1
+        self.steps, self._sizes = steps, interval_sizes(steps, self.intervals)
+        self.done, self.segments, self._current = [], [], Interval()
+        self.start_step = self._first_global_step + self.seen
+        self._open()
 
     def result(self, world_size: int) -> dict[str, Any]:
         """The window's summary.json keys; rates are None unless the window was filled."""
@@ -166,6 +208,8 @@ class SteadyWindow:
         out: dict[str, Any] = {
             "warmup_steps": self.warmup_steps,
             "measure_steps": self.steps,
+            "measure_seconds": self.min_seconds,
+            "measure_probes": self.probes,
             "measured_steps": self.measured_steps,
             "measured_s": measured_s,
             "window_filled": self.filled,
@@ -197,6 +241,21 @@ class SteadyWindow:
         return out
 
 
+def mean_over_ranks(value: float, group) -> float:
+    """`agree` of a trainer's window: the mean of `value` over the ranks of its gloo control `group`
+    (a blocking CPU all-reduce at the window's end), the same number on every rank; `value` itself
+    with one rank (no group)."""
+    if group is None:
+        return value
+    import torch
+
+    from scalestudy.launch import rendezvous
+
+    total = torch.tensor([value], dtype=torch.float64)
+    rendezvous.all_reduce_sum(total, group)
+    return total.item() / torch.distributed.get_world_size(group)
+
+
 def window_of_steps(
     seconds: Sequence[float],
     samples: Sequence[float],
@@ -207,6 +266,7 @@ def window_of_steps(
     start_step: int = 0,
     end_times: Sequence[float] | None = None,
     t0: float = 0.0,
+    min_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The window of steps reported after the fact (the command workload: each step's duration and
     global samples, in order), with the same keys as SteadyWindow.result: replayed through a
@@ -216,7 +276,15 @@ def window_of_steps(
     clock, wall = [0.0], [math.nan]
     if end_times:
         wall[0] = end_times[0] - seconds[0]
-    window = SteadyWindow(warmup_steps, steps, intervals, clock=lambda: clock[0], wall=lambda: wall[0], t0=t0)
+    window = SteadyWindow(
+        warmup_steps,
+        steps,
+        intervals,
+        clock=lambda: clock[0],
+        wall=lambda: wall[0],
+        t0=t0,
+        min_seconds=min_seconds,
+    )
     window.start(start_step)
     for index, (duration, count) in enumerate(zip(seconds, samples, strict=True)):
         clock[0] += duration

@@ -15,6 +15,7 @@ are in docs/architecture.md, "The trainer's choices".
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import time
@@ -143,8 +144,11 @@ class Trainer:
             world_size=self.world_size,
         )
         self.window = ProfileWindow(c["profile"], self.out_dir, self.rank, self.world_size)
-        # every rank samples its own GPU (by UUID); rank 0 writes the gathered reports in finish()
-        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank).start()
+        # every rank samples its own GPU (by UUID), the job's processes told apart by the ranks' PIDs;
+        # rank 0 writes the gathered reports in finish()
+        job = monitor.job_on_host(self.ranks, socket.gethostname())
+        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank, job=job)
+        self.monitor.start()
 
     def _rank_info(self) -> dict[str, Any]:
         return {
@@ -153,7 +157,8 @@ class Trainer:
             "host": socket.gethostname(),
             "device": str(self.device),
             "device_name": device_name(self.device),
-            "gpu_uuid": monitor.device_uuid(self.device),  # the GPU this rank ran on (None: CPU)
+            "pid": os.getpid(),  # the GPU monitor tells the job's processes on a GPU by them
+            "gpu_uuid": monitor.device_uuid(self.device),
             "time": time.time(),
         }
 
@@ -207,6 +212,8 @@ class Trainer:
             c["measure_intervals"],
             synchronize=self.synchronize,
             t0=self.t0,
+            min_seconds=c["measure_seconds"],
+            agree=lambda seconds: steady.mean_over_ranks(seconds, self.control_group),
         )
         self.steady.start(self.state.position.global_step)
         self.steady_kept = False
@@ -470,7 +477,7 @@ class Trainer:
             self.out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS)
         )
         atomic.write_csv(self.out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
-        atomic.write_json(self.out_dir / runfiles.SUMMARY, self.results().summary(memory))
+        atomic.write_json(self.out_dir / runfiles.SUMMARY, self.results().summary(memory, self.out_dir))
         log.info("wrote %s", self.out_dir)
         self.checkpointer.finish()
 

@@ -239,6 +239,7 @@ def window(progress: Progress, config: dict[str, Any], t0: float | None) -> dict
             start_step=columns.step[attempt.first],
             end_times=times if placed else None,
             t0=t0 or 0.0,
+            min_seconds=config.get("measure_seconds"),
         )
         found.append({**result, "measure_attempt": index})
     filled = [result for result in found if result["window_filled"]]

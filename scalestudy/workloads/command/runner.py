@@ -189,8 +189,9 @@ class Runner:
             )
             for signum in self.signals:  # arrived before the script existed
                 self.child.signal(signum)
+            job = monitor.JobProcesses(frozenset({os.getpid(), self.child.pid}))  # the script's children too
             sampler = monitor.for_device(
-                device, self.config["monitor_interval_s"], self.t0, self.rank
+                device, self.config["monitor_interval_s"], self.t0, self.rank, job=job
             ).start()
             try:
                 code = self.child.wait()
@@ -417,6 +418,8 @@ class Runner:
     def write_run_folder(self, progress, results: dict[str, Any], reports: list[dict[str, Any]]) -> None:
         import pandas as pd
 
+        from scalestudy.analysis import contention
+
         monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
         monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
         rows = command_progress.epoch_rows(progress, self.config)
@@ -431,6 +434,7 @@ class Runner:
             columns=STEPS_COLUMNS,
         )
         atomic.write_csv(self.out_dir / runfiles.STEPS, frame)
+        results = {**results, **contention.of_folder(self.out_dir, results)}
         summary = {"run": self.given, "results": results, "provenance": self.provenance(reports)}
         atomic.write_json(self.out_dir / runfiles.SUMMARY, summary)
         log.info("wrote %s", self.out_dir)

@@ -85,8 +85,24 @@ def device_name(device, monitor_report: dict[str, Any]) -> str:
 
 
 def rebased(report: dict[str, Any], shift_s: float) -> dict[str, Any]:
-    """A rank's monitor report on rank 0's clock (each rank's time_s counts from its own t0)."""
-    return {**report, "rows": [[row[0] + shift_s, *row[1:]] for row in report["rows"]]}
+    """A rank's monitor report on rank 0's clock (each rank's time_s counts from its own t0), the
+    sightings of foreign processes on its GPUs included."""
+    rows = [[row[0] + shift_s, *row[1:]] for row in report["rows"]]
+    gpus = [
+        {**gpu, "processes": _rebased_processes(gpu.get("processes"), shift_s)}
+        for gpu in report.get("gpus", [])
+    ]
+    return {**report, "rows": rows} | ({"gpus": gpus} if "gpus" in report else {})
+
+
+def _rebased_processes(processes: dict[str, Any] | None, shift_s: float) -> dict[str, Any] | None:
+    if not processes:
+        return processes
+    spans = [
+        {**span, "first_s": span["first_s"] + shift_s, "last_s": span["last_s"] + shift_s}
+        for span in processes.get("foreign") or []
+    ]
+    return {**processes, "foreign": spans}
 
 
 def launch_id(environ, config_hash: str) -> str:

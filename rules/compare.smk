@@ -1,0 +1,49 @@
+# compare: this study against another (compare.against: its results/ folder or its crate), point by point,
+# after aggregation (scalestudy/compare): results/tables/comparison.csv and results/figures/comparison.png
+# in the report, results/compare/summary.json and comparison.md; the paper's comparison section reads
+# the table. Ratios are this study / the other. On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST):
+# the other study may sit anywhere the submit host sees, not only where the image is bound.
+
+from pathlib import Path
+
+from scalestudy import compare as _compare
+
+COMPARE = config["compare"]
+COMPARE_TARGETS = []
+COMPARE_LOGS = f"{paths.LOGS_DIR}/compare"
+# the other study's name where compare.label is not set: its folder's (scalestudy.compare.study)
+COMPARE_LABEL = _compare.default_label(Path(COMPARE["against"])) if COMPARE["against"] else None
+
+
+if COMPARE["against"]:
+
+    rule compare:
+        input:
+            runs=rules.table_runs.output.runs,
+            other=_compare.study_file(COMPARE["against"]),
+        output:
+            table=table_report("comparison.csv", "Comparison"),
+            summary=f"{paths.COMPARE_DIR}/summary.json",
+            markdown=f"{paths.COMPARE_DIR}/comparison.md",
+            png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison"),
+            pdf=f"{paths.PAPER_FIGURES_DIR}/comparison.pdf",
+        params:
+            against=lambda wildcards: COMPARE["against"],  # a function: never formatted
+            # the other study's name: compare.label, else its folder's (scalestudy.compare.study)
+            label_a=lambda wildcards: ["--label-a", COMPARE["label"]] if COMPARE["label"] else [],
+            label_b=config["study"]["name"],
+            axis=lambda wildcards: ["--axis", *COMPARE["axis"]] if COMPARE["axis"] else [],
+            here=lambda wildcards, input: str(Path(input.runs).parent.parent),  # results/
+            analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
+        log:
+            f"{COMPARE_LOGS}/compare.log",
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        shell:
+            "python -m scalestudy.compare {params.against:q} {params.here:q} {params.label_a:q}"
+            " --label-b {params.label_b:q} {params.axis:q} --analysis-json {params.analysis:q}"
+            " --table {output.table:q} --summary {output.summary:q} --markdown {output.markdown:q}"
+            " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+
+    COMPARE_TARGETS = [*rules.compare.output]

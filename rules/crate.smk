@@ -1,0 +1,65 @@
+# crate: the study as a Workflow Run RO-Crate (Provenance Run Crate 0.5; scalestudy/crate): results/crate/
+# and results/crate.zip. Its inputs are every output of the study, so it is written again whenever the
+# study changes. It reads Snakemake's metadata (.snakemake/metadata) for every job that made them, on
+# the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: rocrate is the venv's.
+
+import glob
+
+import scalestudy.crate as _crate
+
+CRATE = config["crate"]
+CRATE_TARGETS = []
+# The workflow's own files, carried in the crate (the main workflow, its rules, its pins).
+CRATE_SOURCES = sorted(["Snakefile", *glob.glob("rules/*.smk"), "envs/requirements.txt", "envs/scalestudy.yaml"])
+
+
+CRATE_STUDY = json.dumps(
+    {
+        "name": config["study"]["name"],
+        "title": config["study"]["title"],
+        "license": CRATE["license"],
+        "author": CRATE["author"],
+        "url": CRATE["url"],
+    },
+    sort_keys=True,
+)
+CRATE_CONFIG = json.dumps(config, sort_keys=True, default=str)
+
+
+if CRATE["enabled"]:
+
+    rule crate:
+        input:
+            study=[
+                *RUN_SUMMARIES,
+                *rules.training_gate.output,
+                *PROFILE_TARGETS,
+                *ANALYSIS_TARGETS,
+                *FIGURE_TARGETS,
+                *PAPER_TARGETS,
+                *COMPARE_TARGETS,
+            ],
+            sources=CRATE_SOURCES,
+        output:
+            folder=directory(paths.CRATE_DIR),
+            zip=f"{paths.CRATE_DIR}.zip",
+        params:
+            rules=lambda wildcards: _crate.rule_specs(workflow.rules, workflow.basedir),
+            # functions: never formatted for wildcards (a config value may hold braces)
+            config=lambda wildcards: CRATE_CONFIG,
+            study=lambda wildcards: CRATE_STUDY,
+            config_files=lambda wildcards: [os.path.relpath(path) for path in workflow.configfiles],
+            exclude=lambda wildcards: ["--exclude", *CRATE["exclude"]] if CRATE["exclude"] else [],
+            metadata=lambda wildcards: os.path.join(os.path.relpath(workflow.persistence.path), "metadata"),
+        log:
+            f"{paths.LOGS_DIR}/crate.log",
+        resources:
+            **light_resources(),
+        conda: SOFTWARE_ENV
+        shell:
+            "python -m scalestudy.crate write --out-dir {output.folder:q} --zip {output.zip:q}"
+            " --metadata-dir {params.metadata:q} --targets {input.study:q} --rules-json {params.rules:q}"
+            " --sources {input.sources:q} --config-files {params.config_files:q}"
+            " --config-json {params.config:q} --study-json {params.study:q} {params.exclude:q} > {log:q} 2>&1"
+
+    CRATE_TARGETS = [*rules.crate.output]

@@ -1,0 +1,92 @@
+"""One side of a comparison: a study's runs, from its results/ folder or from its crate.
+
+A study is found as (first match): `<path>/tables/runs.csv` (a results/ folder),
+`<path>/results/tables/runs.csv` (a workflow folder, or an unpacked crate), or a crate zip. A crate is
+checked first (scalestudy.crate.check): a file missing or changed since the crate was written stops
+the comparison, naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from scalestudy.analysis import metrics
+from scalestudy.analysis.tableio import read_csv
+from scalestudy.compare import default_label
+from scalestudy.crate import check
+from scalestudy.plan import paths
+
+RUNS_CSV = "tables/runs.csv"
+# Provenance columns of runs.csv that tell two studies apart: the comparison's axis is among them.
+PROVENANCE_AXES = {
+    "commit": "provenance.git_commit",
+    "partition": "provenance.slurm.job_partition",
+    "cluster": "provenance.slurm.cluster_name",
+    "device": "device_name",
+    "hosts": "hosts",
+    "image": "provenance.image_sha256",
+    "torch": "provenance.versions.torch",
+    "cuda": "provenance.versions.cuda",
+    "nccl": "provenance.versions.nccl",
+}
+
+
+@dataclass
+class Study:
+    label: str
+    source: str
+    runs: pd.DataFrame  # runs.csv with metrics.run_metrics' columns (time per step, efficiency, ...)
+
+    def distinct(self, column: str) -> list[str]:
+        if column not in self.runs:
+            return []
+        values = self.runs[column].dropna().astype(str)
+        return sorted(set(values) - {"", "nan", "None"})
+
+
+def runs_csv(folder: Path) -> Path:
+    for candidate in (folder / RUNS_CSV, folder / paths.RESULTS_DIR / RUNS_CSV):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{folder}: no run catalog ({folder / RUNS_CSV} or {folder / paths.RESULTS_DIR / RUNS_CSV}):"
+        " give a study's results/ folder, its workflow folder or its crate"
+    )
+
+
+@contextlib.contextmanager
+def opened(path: str | os.PathLike) -> Iterator[Path]:
+    """The study's folder, its crate checked (and a zip unpacked) first."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such study (a results/ folder or a crate)")
+    if check.is_crate(path):
+        with check.opened(path) as crate_dir:
+            check.verify(crate_dir)
+            yield crate_dir
+    else:
+        yield path
+
+
+def load(path: str | os.PathLike, settings: dict, label: str | None = None) -> Study:
+    """A study's runs with the derived metrics (throughput, time per step, efficiency, ...)."""
+    with opened(path) as folder:
+        csv = runs_csv(folder)
+        runs = metrics.run_metrics(read_csv(csv), settings, str(csv))
+    return Study(label or default_label(Path(path)), str(path), runs)
+
+
+def clean(value):
+    """A config cell as a comparable value: NaN and empty are None, 2.0 is 2."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

@@ -1,0 +1,309 @@
+"""The study as a Workflow Run RO-Crate (scalestudy.crate), from a small study with Snakemake metadata
+written as Snakemake writes it: every job an action with what it recorded, every file with its
+sha256, roc-validator's REQUIRED level passed offline for every profile the crate declares, and an
+edited crate (a file missing, a file changed) named by the check. The demo's own crate: test_workflow."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scalestudy.crate import __main__ as crate_cli
+from scalestudy.crate import check, jobs, validation
+from scalestudy.crate.write import write_crate
+from scalestudy.data import file_digests
+
+POINT_REGEX = r"results/runs/scaling/(?P<point>[A-Za-z0-9_.=+-]+(/[A-Za-z0-9_.=+-]+)*)/summary\.json$"
+RULES = {
+    "fetch": {"output": [r"results/data/archive\.bin$"], "benchmark": None, "snakefile": "rules/study.smk"},
+    "scaling_run": {
+        "output": [POINT_REGEX, POINT_REGEX.replace("summary\\.json", "metrics\\.csv")],
+        "benchmark": "results/benchmarks/scaling/{point,[A-Za-z0-9_.=+-]+(/[A-Za-z0-9_.=+-]+)*}.tsv",
+        "snakefile": "rules/study.smk",
+    },
+    "figure_throughput": {
+        "output": [r"results/figures/throughput\.png$"],
+        "benchmark": None,
+        "snakefile": "rules/study.smk",
+    },
+}
+IMAGE_SHA = "ab" * 32
+T0 = 1_790_000_000.0
+
+
+def record(path: Path, name: str, rule: str, inputs, logs=(), start=0.0, end=10.0, jobid=None) -> None:
+    """One output's metadata record, named as snakemake.persistence.file names it (long names split)."""
+    encoded = base64.urlsafe_b64encode(name.encode()).decode()
+    parts = [encoded[i : i + 254] for i in range(0, len(encoded), 254)]
+    target = path.joinpath(*["@" + p for p in parts[:-1]], parts[-1])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(
+        json.dumps(
+            {
+                "rule": rule,
+                "input": list(inputs),
+                "log": list(logs),
+                "shellcmd": f"python -m something {name}",
+                "record_format_version": 6,
+                "job_hash": hash((rule, tuple(inputs))) & 0xFFFFFFF,
+                "starttime": T0 + start,
+                "endtime": T0 + end,
+                "incomplete": False,
+                "external_jobid": jobid,
+            }
+        )
+    )
+
+
+def run_folder(root: Path, point: str, energy: float | None, attempt: int) -> list[str]:
+    folder = root / "results/runs/scaling" / point
+    folder.mkdir(parents=True)
+    results = {"world_size": 2, "device": "cuda", "total_time_s": 1800.0, "images_per_s": 1000.0}
+    if energy is not None:
+        results["energy_j"] = energy
+    provenance = {
+        "slurm": {"job_id": "4242", "job_nodelist": "gpu[01-02]"},
+        "attempt": attempt,
+        "image": "/images/scalestudy.sif",
+        "image_sha256": IMAGE_SHA,
+        "versions": {"python": "3.11.9", "torch": "2.14.1+cu130"},
+    }
+    (folder / "summary.json").write_text(
+        json.dumps({"run": {}, "results": results, "provenance": provenance})
+    )
+    (folder / "metrics.csv").write_text("epoch,test_acc\n1,0.5\n")
+    log = root / "results/logs/scaling" / f"{point}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("training\n")
+    bench = root / "results/benchmarks/scaling" / f"{point}.tsv"
+    bench.parent.mkdir(parents=True, exist_ok=True)
+    bench.write_text("s\th:m:s\tmax_rss\tcpu_time\n1801.5\t0:30:01\t2048.0\t3500.0\n")
+    return [str((folder / name).relative_to(root)) for name in ("summary.json", "metrics.csv")]
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch) -> Path:
+    """A workflow folder after a run: sources, outputs, logs, benchmarks and Snakemake's metadata."""
+    root = tmp_path / "study"
+    (root / "rules").mkdir(parents=True)
+    (root / "config").mkdir()
+    (root / "Snakefile").write_text('include: "rules/study.smk"\n')
+    (root / "rules/study.smk").write_text("rule fetch:\n    output: 'results/data/archive.bin'\n")
+    (root / "config/study.yaml").write_text("study: {name: tiny}\n")
+    (root / "results/data").mkdir(parents=True)
+    (root / "results/data/archive.bin").write_bytes(os.urandom(2048))
+    metadata = root / ".snakemake/metadata"
+    record(metadata, "results/data/archive.bin", "fetch", [], start=0, end=5, jobid="100")
+    measured = run_folder(root, "strong/w2_r0", energy=5.4e6, attempt=2)
+    unmeasured = run_folder(root, "strong/w1_r0", energy=None, attempt=1)
+    for outputs, start in ((measured, 10), (unmeasured, 20)):
+        point = outputs[0].split("scaling/")[1].rsplit("/", 1)[0]
+        log = f"results/logs/scaling/{point}.log"
+        for name in outputs:
+            record(
+                metadata,
+                name,
+                "scaling_run",
+                ["results/data/archive.bin"],
+                [log],
+                start,
+                start + 1800,
+                "4242",
+            )
+    (root / "results/logs/scaling/strong/w2_r0.attempt1.log").write_text("killed at the time limit\n")
+    os.link(
+        root / "results/logs/scaling/strong/w2_r0.log",
+        root / "results/logs/scaling/strong/w2_r0.attempt2.log",
+    )
+    (root / "results/figures").mkdir(parents=True)
+    (root / "results/figures/throughput.png").write_bytes(b"\x89PNG figure")
+    record(
+        metadata,
+        "results/figures/throughput.png",
+        "figure_throughput",
+        measured[:1] + unmeasured[:1],
+        [],
+        2000,
+        2001,
+    )
+    stale = "results/runs/scaling/" + "x" * 300 + "/summary.json"  # a long name: split into folders
+    record(metadata, stale, "scaling_run", [], [], 0, 1)
+    monkeypatch.chdir(root)
+    return root
+
+
+def write(study: Path, **overrides) -> Path:
+    arguments = dict(
+        metadata_dir=".snakemake/metadata",
+        targets=["results/figures/throughput.png"],
+        rules=RULES,
+        sources=["Snakefile", "rules/study.smk"],
+        config_files=["config/study.yaml"],
+        config={"study": {"name": "tiny"}},
+        study={"name": "tiny", "title": "A tiny study", "license": "CC-BY-4.0", "author": "A. Researcher"},
+    )
+    arguments.update(overrides)
+    write_crate(study / "results/crate", study / "results/crate.zip", **arguments)
+    return study / "results/crate"
+
+
+def entities(crate: Path) -> dict[str, dict]:
+    return {e["@id"]: e for e in json.loads((crate / check.METADATA).read_text())["@graph"]}
+
+
+def as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def test_every_job_is_an_action_with_what_it_recorded(study):
+    graph = entities(write(study))
+    actions = {key: e for key, e in graph.items() if key.startswith("#job-")}
+    assert set(actions) == {
+        "#job-fetch",
+        "#job-scaling_run:point=strong/w1_r0",
+        "#job-scaling_run:point=strong/w2_r0",
+        "#job-figure_throughput",
+    }, "the stale record of no target's job is left out"
+    run = actions["#job-scaling_run:point=strong/w2_r0"]
+    assert run["instrument"] == {"@id": "#rule-scaling_run"} and run["@type"] == "CreateAction"
+    assert run["startTime"] == jobs.iso_time(T0 + 10) and run["endTime"] == jobs.iso_time(T0 + 1810)
+    assert (
+        run["actionStatus"] == "http://schema.org/CompletedActionStatus" and run["location"] == "gpu[01-02]"
+    )
+    assert graph[run["identifier"]["@id"]]["value"] == "4242"
+    image = graph[run["containerImage"]["@id"]]
+    assert image["sha256"] == IMAGE_SHA and image["@type"] == "ContainerImage"
+    usage = {graph[u["@id"]]["propertyID"]: graph[u["@id"]]["value"] for u in as_list(run["resourceUsage"])}
+    assert usage["gpu_hours"] == pytest.approx(1.0) and usage["wall_time_s"] == 1801.5
+    assert usage["max_rss_mb"] == 2048.0 and usage["attempts"] == 2 and usage["energy_j"] == 5.4e6
+    other = actions["#job-scaling_run:point=strong/w1_r0"]
+    other_usage = {
+        graph[u["@id"]]["propertyID"]: graph[u["@id"]]["value"] for u in as_list(other["resourceUsage"])
+    }
+    assert other_usage["energy_j"] == jobs.NOT_MEASURED and "energy not measured" in other["description"]
+    assert "Slurm job 100" in actions["#job-fetch"]["description"]
+    results = {r["@id"] for r in as_list(run["result"])}
+    assert {
+        "results/runs/scaling/strong/w2_r0/summary.json",
+        "results/logs/scaling/strong/w2_r0.log",
+    } <= results
+    controls = [e for e in graph.values() if e.get("@type") == "ControlAction"]
+    assert len(controls) == 4 and all(graph[c["instrument"]["@id"]]["@type"] == "HowToStep" for c in controls)
+
+
+def test_files_carry_checksums_and_the_figure_names_its_jobs(study):
+    crate = write(study)
+    graph = entities(crate)
+    files = {key: e for key, e in graph.items() if "File" in as_list(e.get("@type"))}
+    assert {
+        "Snakefile",
+        "config/study.yaml",
+        "config.json",
+        "README.md",
+        "results/data/archive.bin",
+        "results/benchmarks/scaling/strong/w2_r0.tsv",
+    } <= set(files)
+    for name, entity in files.items():
+        assert entity["sha256"] == file_digests(crate / name, ("sha256",))["sha256"], name
+    figure = graph["results/figures/throughput.png"]
+    assert "#job-figure_throughput" in figure["description"]
+    assert "#job-scaling_run:point=strong/w2_r0" in figure["description"]
+    assert {b["@id"] for b in as_list(figure["isBasedOn"])} == {
+        "results/runs/scaling/strong/w2_r0/summary.json",
+        "results/runs/scaling/strong/w1_r0/summary.json",
+    }
+    assert graph["#config-hash"]["value"] and graph["./"]["mainEntity"] == {"@id": "Snakefile"}
+    with zipfile.ZipFile(study / "results/crate.zip") as archive:
+        assert set(files) | {check.METADATA} <= set(archive.namelist())
+
+
+def test_the_crate_passes_every_declared_profile_at_the_required_level_offline(study, tmp_path):
+    crate = write(study)
+    profiles = validation.declared_profiles(crate)
+    assert profiles == [
+        "ro-crate-1.1",
+        "workflow-ro-crate-1.0",
+        "process-run-crate-0.5",
+        "workflow-run-crate-0.5",
+        "provenance-run-crate-0.5",
+    ]
+    cache = validation.seed_cache(tmp_path / "contexts")
+    for profile in profiles:
+        report = validation.validate(crate, profile, "REQUIRED", offline=True, cache_path=cache)
+        assert report.passed, (profile, report.issues)
+
+
+def test_validation_fails_on_a_crate_that_breaks_a_required_rule(study, tmp_path):
+    """The validator does look: a crate whose workflow run names no instrument fails Process Run Crate."""
+    crate = write(study)
+    metadata = json.loads((crate / check.METADATA).read_text())
+    for entity in metadata["@graph"]:
+        if entity["@id"] == "#job-fetch":
+            del entity["instrument"]
+    (crate / check.METADATA).write_text(json.dumps(metadata))
+    report = validation.validate(
+        crate, "process-run-crate-0.5", "REQUIRED", True, validation.seed_cache(tmp_path / "c")
+    )
+    assert not report.passed and any("instrument" in issue for issue in report.issues), report.issues
+
+
+def test_an_edited_crate_is_named_file_by_file(study, capsys):
+    crate = write(study)
+    assert check.problems(crate) == []
+    (crate / "results/runs/scaling/strong/w2_r0/metrics.csv").unlink()
+    changed = crate / "results/runs/scaling/strong/w1_r0/summary.json"
+    changed.unlink()  # a hard link to the study's file: break it before changing the crate's copy
+    changed.write_text("{}")
+    found = check.problems(crate)
+    assert len(found) == 2
+    assert "results/runs/scaling/strong/w2_r0/metrics.csv" in found[1] and "missing" in found[1]
+    assert "results/runs/scaling/strong/w1_r0/summary.json" in found[0] and "sha256" in found[0]
+    assert crate_cli.main(["check", str(crate)]) == 1
+    assert "metrics.csv" in capsys.readouterr().err
+    assert crate_cli.main(["check", str(study / "results/crate.zip")]) == 0, "the zip was written before"
+
+
+def test_excluded_files_are_described_not_carried_and_the_old_crate_survives_a_failure(study):
+    crate = write(study, exclude=["results/data/*"])
+    graph = entities(crate)
+    assert not (crate / "results/data/archive.bin").exists()
+    described = graph["#excluded/results/data/archive.bin"]
+    assert described["contentSize"] == "2048" and len(described["sha256"]) == 64
+    before = (crate / check.METADATA).read_text()
+    with pytest.raises(ValueError, match="missing"):
+        write(study, targets=["results/figures/nowhere.png"])
+    assert (crate / check.METADATA).read_text() == before
+
+
+def test_wildcards_and_benchmarks_from_the_rules_patterns():
+    regex = RULES["scaling_run"]["output"][0]
+    assert jobs.wildcards_of(["results/runs/scaling/weak/fsdp-w8_r2/summary.json"], [regex]) == {
+        "point": "weak/fsdp-w8_r2"
+    }
+    pattern = RULES["scaling_run"]["benchmark"]
+    assert (
+        jobs.fill_wildcards(pattern, {"point": "weak/w8_r2"}) == "results/benchmarks/scaling/weak/w8_r2.tsv"
+    )
+    assert jobs.fill_wildcards(pattern, {}) is None
+
+
+def test_offline_contexts_are_the_published_ones():
+    ro_crate = validation.context_document(validation.RO_CRATE_CONTEXT)
+    assert (
+        ro_crate["@id"] == validation.RO_CRATE_CONTEXT
+        and ro_crate["@context"]["File"] == "http://schema.org/MediaObject"
+    )
+    terms = validation.context_document(validation.WORKFLOW_RUN_CONTEXT)["@context"]
+    assert terms["containerImage"] == "https://w3id.org/ro/terms/workflow-run#containerImage"
+    with pytest.raises(ValueError, match="no offline copy"):
+        validation.context_document("https://example.org/context")
+
+
+def test_a_missing_metadata_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no Snakemake metadata"):
+        jobs.read_records(tmp_path / "nowhere")
