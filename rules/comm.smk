@@ -26,10 +26,11 @@ rule comm_bench:
     params:
         launch=launch_json(lambda wc: int(wc.world)),
         settings=lambda wc: json.dumps(COMM_SETTINGS, sort_keys=True),  # a function: never formatted
-    threads: lambda wc: int(wc.world)
+    threads: rank_threads(lambda wc: int(wc.world))
     group: short_job_group("comm_bench")  # the preflight group on Slurm (scalestudy/plan/groups.py)
     resources:
         **grouped_resources("comm_bench", world_resources(lambda wc: int(wc.world))),
+        gpu=gpu_resource(lambda wc: int(wc.world)),
     log:
         f"{COMM_LOGS}/w{{world}}.log",
     benchmark:

@@ -18,6 +18,7 @@ from snakemake.settings.types import DeploymentMethod
 from scalestudy import workloads
 from scalestudy.launch import attempt_logs
 from scalestudy.launch import container_image as imagedigest
+from scalestudy.launch import gpus as _gpus
 from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
 from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names, windowtime
@@ -196,9 +197,79 @@ def run_params(stage):
     }
 
 
+# GPUs as a scheduled resource of the local executor (docs/gpus.md). Every job whose ranks use GPUs
+# declares `gpu` = its ranks (one GPU each), and the workflow limits the sum to the GPUs of this
+# machine: NVML's, within CUDA_VISIBLE_DEVICES, unless `--resources gpu=N` says otherwise. The
+# launcher then holds the job's own GPUs by a lock per GPU (scalestudy.launch.gpus), also against
+# another Snakemake on this machine. Under the Slurm executor (which has --jobs, hence nodes) or
+# inside a Slurm allocation, Slurm binds the GPUs: no `gpu` resource (the Slurm plugin would turn it
+# into --gpus=N beside the gres the jobs already ask for).
+def schedule_local_gpus():
+    """The GPUs the local executor schedules (registered as the global `gpu` resource unless the
+    command line gives one), with one log line saying how many and from where; 0: none scheduled."""
+    if workflow.nodes is not None or os.environ.get("SLURM_JOB_ID") or not cluster.uses_gpus(config):
+        return 0
+    if "gpu" in workflow.global_resources:
+        count = int(workflow.global_resources["gpu"].value or 0)
+        where = f"--resources gpu={count}"
+    else:
+        offer = _gpus.offered(os.environ)
+        count, where = len(offer.gpus), offer.note
+        if count:
+            workflow.register_resource("gpu", count)
+    if not workflow.is_main_process:
+        return count
+    device = cluster.train_device(config)
+    if count:
+        logger.info(
+            f"scalestudy: the local executor schedules {count} GPU(s) ({where}): each GPU job gets one "
+            "per rank, its own (docs/gpus.md); --resources gpu=N overrides"
+        )
+        largest = grid.largest_world_size(config)
+        if largest > count:
+            logger.warning(
+                f"warning: the study's largest job has {largest} ranks, one GPU each, but {count} GPU(s) "
+                f"are scheduled here: such jobs stop at once (exit 2); world sizes up to {count} run here"
+            )
+    elif device == "cuda":
+        logger.warning(
+            f"warning: train.device is cuda but this machine offers no GPU ({where}): every GPU job "
+            "will stop at once (exit 2). Run the study under Slurm (profiles/slurm), or set train.device"
+            " auto (the CPU here) or cpu"
+        )
+    else:
+        logger.info(f"scalestudy: no GPU on this machine ({where}): train.device auto, CPU ranks")
+    return count
+
+
+LOCAL_GPUS = schedule_local_gpus()
+
+
+def gpu_resource(world_of):
+    """resources: gpu= of a job of world_of(wildcards) ranks, one GPU each, where the local executor
+    schedules GPUs (None elsewhere: Snakemake drops it). Capped at the GPUs scheduled, so that a job
+    larger than the machine runs alone and its launcher stops it, naming both numbers."""
+    return lambda wc: min(world_of(wc), LOCAL_GPUS) if LOCAL_GPUS else None
+
+
+def rank_threads(world_of):
+    """threads: of a job of world_of(wildcards) ranks: one core per rank (CPU ranks; Snakemake caps
+    it at --cores). With GPUs scheduled here, the job's share of the cores in proportion to its
+    share of the GPUs: GPU jobs that have their GPUs never wait for cores, and light jobs never
+    crowd the cores of a running measurement (e.g. 1 GPU and 16 cores: every core to that job)."""
+
+    def threads(wc):
+        world = world_of(wc)
+        if not LOCAL_GPUS:
+            return world
+        return max(1, workflow.cores * min(world, LOCAL_GPUS) // LOCAL_GPUS)
+
+    return threads
+
+
 def train_threads(stage):
-    """One core per rank on the local executor (Snakemake caps it at --cores)."""
-    return lambda wc: point_of(stage, wc).world_size
+    """rank_threads of a stage's training job."""
+    return rank_threads(lambda wc: point_of(stage, wc).world_size)
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,6 +381,7 @@ def train_resources(stage):
             for key in cluster.TRAIN_RESOURCE_KEYS
         },
         "attempt": lambda wc, attempt: attempt,
+        "gpu": gpu_resource(world_of),
     }
 
 

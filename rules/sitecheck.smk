@@ -25,7 +25,7 @@ rule site_check:
         timeout=lambda wc: SITE_CHECK["timeout_s"],
     wildcard_constraints:
         site=re.escape(SITE_NAME),
-    threads: SITE_WORLD
+    threads: rank_threads(lambda wc: SITE_WORLD)
     # One job of the preflight group on Slurm (scalestudy/plan/groups.py).
     group: short_job_group("site_check")
     # A training job's resources for SITE_WORLD ranks, with the check's short wall time (in the
@@ -38,6 +38,7 @@ rule site_check:
                 for key in cluster.TRAIN_RESOURCE_KEYS
             },
         ),
+        gpu=gpu_resource(lambda wc: SITE_WORLD),
     log:
         f"{paths.LOGS_DIR}/site/{{site}}.log",
     # No container: here: scalestudy.launch.launcher puts the image around each rank, as for training.

@@ -31,11 +31,12 @@ if SMOKE_IO:
             run=lambda wc: json.dumps(_smoke.io_run_config(config), sort_keys=True),
             settings=lambda wc: json.dumps({key: config["smoke"][key] for key in _smoke.IO_KEYS}, sort_keys=True),
             epoch=lambda wc: json.dumps(_smoke.saves_per_epoch(config), sort_keys=True),
-        threads: 1
+        threads: rank_threads(lambda wc: 1)
         priority: 1  # before the system description and the benchmark: training waits for the smoke tests
         group: short_job_group("smoke_io")  # the preflight group on Slurm (scalestudy/plan/groups.py)
         resources:
             **grouped_resources("smoke_io", world_resources(lambda wc: 1)),
+            gpu=gpu_resource(lambda wc: 1),  # the loader and the checkpoint on the job's GPU
         log:
             f"{SMOKE_LOGS}/io.log",
         benchmark:
@@ -61,11 +62,12 @@ rule smoke_step:
         launch=launch_json(lambda wc: int(wc.world)),
         run=lambda wc: json.dumps(_smoke.step_run_config(config, int(wc.world)), sort_keys=True),
         out_dir=lambda wc, output: output.result.removesuffix(".json"),
-    threads: lambda wc: int(wc.world)
+    threads: rank_threads(lambda wc: int(wc.world))
     priority: 1
     group: short_job_group("smoke_step")
     resources:
         **grouped_resources("smoke_step", world_resources(lambda wc: int(wc.world))),
+        gpu=gpu_resource(lambda wc: int(wc.world)),
     log:
         f"{SMOKE_LOGS}/train_w{{world}}.log",
     benchmark:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scalestudy.launch import gpus
+
 # The Snakefile exports these once per workflow run, so that jobs inside a container (no git) or
 # on a compute node still record the commit and the image that the study was launched from.
 GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
@@ -230,6 +232,8 @@ def collect(
         "scalestudy_version": __import__("scalestudy").__version__,
         **git_state(),
         "slurm": slurm_state(),
+        # the job's GPUs and who gave them (scalestudy.launch.gpus: local-lock, slurm or none)
+        "gpus": gpus.recorded(),
         "attempt": attempt(),
         "versions": software_versions(),
     }

@@ -40,6 +40,9 @@ NOT_RUN: dict[str, str] = {
     "python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda": GPU,
     "bash scripts/gpu_check.sh": GPU + " (tests/test_gpu.py skips there; the benchmarks need CUDA)",
+    # docs/gpus.md: the study on a GPU workstation (its dry run runs; tests/test_gpu_workflow.py
+    # runs GPU jobs through Snakemake on a fake NVML)
+    "snakemake --profile profiles/local --configfile config/workstation.yaml": GPU,
     "nsys": GPU,
     "apptainer": APPTAINER,
     "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,

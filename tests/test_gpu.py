@@ -151,6 +151,7 @@ def test_the_gpt_trains_at_one_rank_under_ddp_and_fsdp2_on_nccl(tmp_path):
 def test_nsight_compute_profiles_the_kernels_inside_the_trainers_step_ranges(tmp_path, data_dir):
     config = load_config(DEMO_CONFIG)
     config["cluster"] = {**config["cluster"], "launcher": "local", "gpus_per_node": 1}
+    config["train"] = {**config["train"], "device": "cuda"}  # the demo's cpu would launch CPU ranks
     spec = cluster.launch_spec(config, 1)
     run = gpu_run_config(data_dir, precision="bf16", profile={"tool": "nsys", "start_step": 12, "steps": 2})
     files = {name: tmp_path / f"ncu_{name}.csv" for name in ("kernels", "raw")}

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from scalestudy.plan import grid, slurm_requests
+from tests import gpufake
 from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
@@ -51,6 +52,7 @@ def parse_jobs(output: str) -> list[dict]:
                     item.split("=", 1) for item in fields.get("wildcards", "").split(", ") if item
                 ),
                 "resources": dict(item.split("=", 1) for item in fields["resources"].split(", ")),
+                "threads": fields.get("threads"),
                 "shell": shell[1] if shell else "",
             }
         )
@@ -60,7 +62,9 @@ def parse_jobs(output: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> list[dict]:
     workdir = copy_workflow(tmp_path_factory.mktemp("dryrun") / "scalestudy")
-    env = snakemake_env()
+    # a submit host with 8 GPUs (the fake NVML): Slurm binds the jobs' GPUs, these stay unscheduled
+    state = gpufake.write_state(workdir.parent / "nvml.json", 8)
+    env = gpufake.machine_env(state, workdir.parent / "gpu-locks", snakemake_env())
     env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
     command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"]
     command += ["--configfile", "config/config.yaml"]
@@ -104,6 +108,13 @@ def test_every_grid_point_asks_for_whole_gpu_nodes(dry_run):
         table.add(f"world {world:2d}: {nodes} node(s) x {per_node} GPU(s)")
     assert "world  8: 2 node(s) x 4 GPU(s)" in table and "world 16: 4 node(s) x 4 GPU(s)" in table
     print("\n".join(sorted(table)))
+
+
+def test_no_job_asks_slurm_for_gpus_through_a_gpu_resource(dry_run):
+    """The local executor's `gpu` resource (rules/common.smk) is absent under the Slurm executor: the
+    plugin would turn it into --gpus=N beside the gres the jobs ask for; the launcher takes no lock."""
+    assert dry_run and all("gpu" not in job["resources"] for job in dry_run)
+    assert any(job["resources"].get("gres") == "gpu:4" for job in dry_run)
 
 
 def test_the_plugin_builds_the_expected_sbatch_call_from_the_printed_resources(dry_run):

@@ -19,6 +19,12 @@ scalestudy.provenance) reach every rank: srun exports the whole environment, and
 copies get them past `--cleanenv` too. Pure standard library; the command is exec'd, never given
 to a shell, and logged shell-quoted. Without an image, torchrun's ranks learn the agent's pid (this
 process's, kept by exec) and die with it (scalestudy.launch.rendezvous.die_with_parent).
+
+GPUs (scalestudy.launch.gpus): a launch whose ranks use GPUs (`gpus_per_node` > 0) started here,
+outside Slurm, first takes one GPU per rank by a lock per GPU, waiting while they are busy, and
+execs with the lock descriptors open, so that the locks last exactly as long as the job's
+processes; its ranks see only those GPUs (CUDA_VISIBLE_DEVICES, in NVML's order). Inside a Slurm
+allocation Slurm binds the GPUs. More GPUs than the machine offers: exit 2, naming both numbers.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ SPEC_DEFAULTS: dict[str, Any] = {
     "nodes": 1,
     "tasks_per_node": None,
     "cpus_per_task": 1,
-    "gpus_per_node": 0,
+    "gpus_per_node": 0,  # GPUs the ranks of one node use, one per rank; 0: CPU ranks
+    "device": "auto",  # with GPUs: cuda (required) or auto (the CPU where the machine has none)
     "gres": None,
     "image": None,
     "apptainer_args": [],
@@ -73,6 +80,11 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     full = {**SPEC_DEFAULTS, **spec}
     for key in ("world_size", "nodes", "cpus_per_task"):
         _positive_int(full, key)
+    gpus = full["gpus_per_node"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise LaunchError(f"gpus_per_node must be an integer >= 0, got {gpus!r}")
+    if full["device"] not in ("auto", "cuda", "cpu"):
+        raise LaunchError(f"device must be auto, cuda or cpu, got {full['device']!r}")
     if full["tasks_per_node"] is None:
         full["tasks_per_node"] = -(-full["world_size"] // full["nodes"])
     _positive_int(full, "tasks_per_node")
@@ -264,7 +276,24 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str],
         raise LaunchError(f"{command[0]!r} is not on PATH (launcher {resolve_launcher(spec, environ)})")
     if resolve_launcher(spec, environ) == "local" and spec["nodes"] > 1:
         print(f"launch: warning: {spec['nodes']} nodes asked for; all ranks run here", file=sys.stderr)
+    if not options.dry_run:  # last: a launch that fails its checks waits for no GPU
+        take_gpus(spec, environ, env, label=f"{options.log or options.module} in {os.getcwd()}")
     return command, env, options.dry_run
+
+
+def take_gpus(spec: Mapping[str, Any], environ: Mapping[str, str], env: dict[str, str], label: str) -> None:
+    """The launch's GPUs (scalestudy.launch.gpus: held by a lock per GPU until the exec'd process
+    tree ends, or Slurm's, or none) and their variables in `env`, also past apptainer's --cleanenv."""
+    from scalestudy.launch import gpus
+
+    try:
+        assigned = gpus.assign(spec, resolve_launcher(spec, environ), environ, label)
+    except gpus.GpuError as error:
+        raise LaunchError(str(error)) from None
+    given = assigned.env()
+    env.update(given)
+    if spec["image"]:
+        env.update({f"APPTAINERENV_{key}": value for key, value in given.items()})
 
 
 def put_interpreter_first(environ=os.environ, workdir: str = ".") -> str:

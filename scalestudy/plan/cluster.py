@@ -359,15 +359,30 @@ def image_build_target(config: dict) -> str | None:
 THREAD_POOL_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+def train_device(config: dict) -> str:
+    """train.device (auto, cuda or cpu), the schema's default where the config gives none."""
+    return (config.get("train") or {}).get("device") or schema.defaults("train")["device"]
+
+
+def uses_gpus(config: dict) -> bool:
+    """Whether the study's ranks use GPUs (one each): GPU nodes (cluster.gpus_per_node > 0) and
+    train.device not cpu. With device auto, a machine without GPUs still runs them on its CPU."""
+    return settings(config)["gpus_per_node"] > 0 and train_device(config) != "cpu"
+
+
 def launch_spec(config: dict, world_size: int, containerized: bool = False) -> dict[str, Any]:
     """The launch spec of scalestudy.launch.launcher for one grid point (docs/architecture.md).
 
+    `gpus_per_node`: the GPUs the ranks of one node use, one per rank; 0 for CPU ranks (CPU nodes or
+    train.device cpu). With GPUs, `device` says whether they are required (cuda) or used where the
+    machine has them (auto); a CPU spec has no `device` (its JSON is as before).
     `containerized`: run each rank in the image (the workflow passes True when it runs with
     --software-deployment-method apptainer, see rules/container.smk).
     """
     cluster = settings(config)
     container = container_settings(config)
     nodes, per_node = _layout(cluster, world_size)
+    gpus = uses_gpus(config)
     # Every thread pool of a rank sized to its CPUs. Snakemake exports MKL_NUM_THREADS (and
     # OMP_NUM_THREADS) = the job's threads, i.e. all ranks' CPUs: left so, two ranks on two cores ran
     # 4 MKL threads and trained 3.7x slower (27 s vs 7.4 s, measured on the demo's w2 point).
@@ -380,7 +395,8 @@ def launch_spec(config: dict, world_size: int, containerized: bool = False) -> d
         "nodes": nodes,
         "tasks_per_node": per_node,
         "cpus_per_task": cluster["cpus_per_rank"],
-        "gpus_per_node": per_node if cluster["gpus_per_node"] else 0,
+        "gpus_per_node": per_node if gpus else 0,
+        **({"device": train_device(config)} if gpus else {}),
         "gres": _gres(cluster, per_node),
         "image": container_image(config) if containerized else None,
         "apptainer_args": list(container["apptainer_args"]),

@@ -366,6 +366,7 @@ class Runner:
             "host": socket.gethostname(),
             "device": str(device),
             "device_name": device_name(device, monitor_report),
+            "gpu_uuid": monitor.device_uuid(device),  # the GPU this rank's script ran on (None: CPU)
             "t0": self.t0,
             "exit_code": code,
             "error": error,
@@ -439,7 +440,7 @@ class Runner:
         log.info("wrote %s", self.out_dir)
 
     def provenance(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
-        keys = ("rank", "local_rank", "host", "device", "device_name")
+        keys = ("rank", "local_rank", "host", "device", "device_name", "gpu_uuid")
         extra = {
             "world_size": self.world_size,
             "hosts": sorted({report["host"] for report in reports}),
