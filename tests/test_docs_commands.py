@@ -40,6 +40,9 @@ NOT_RUN: dict[str, str] = {
     "python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda": GPU,
     "bash scripts/gpu_check.sh": GPU + " (tests/test_gpu.py skips there; the benchmarks need CUDA)",
+    "GPU_CHECK_STEPS=study bash scripts/gpu_check.sh": GPU + " (the one-GPU study: cuda + nccl)",
+    "bash scripts/gpu_bundle.sh": "fetches cp312 wheels from PyPI (tests/test_gpu_bundle.py builds a "
+    "bundle for this interpreter without network)",
     "nsys": GPU,
     "apptainer": APPTAINER,
     "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,
