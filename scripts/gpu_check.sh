@@ -4,7 +4,7 @@
 #   2. study: the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy of the
 #      workflow, the benchmark at its strong 1-GPU point, and the verdicts: no two training jobs
 #      overlapped on the GPU, no point contended, the strong point within 10 % of the benchmark,
-#      convolution kernels in the ncu table (scripts/gpu_study.sh; limit 510 s). A machine without
+#      convolution kernels in the ncu table (scripts/gpu_study.sh; limit 530 s). A machine without
 #      Snakemake needs .gpu-bundle/, built beforehand where PyPI is: bash scripts/gpu_bundle.sh;
 #   3. tests/test_gpu.py: the trainer on CUDA at fp32/tf32/bf16/fp16 and compiled, with the NVML
 #      monitor; the one-rank NCCL group; the GPT under DDP and FSDP2 on NCCL; the node description
@@ -67,7 +67,7 @@ EOF
 
 echo "=== node"
 describe_node >"$out/node.log" 2>&1
-step study 510 bash scripts/gpu_study.sh "$out/study"
+step study 530 bash scripts/gpu_study.sh "$out/study"
 step tests 270 "$python" -m pytest -p no:cacheprovider -rs -s --durations=0 tests/test_gpu.py
 step benchmark 190 "$python" -m scalestudy.benchmark --device cuda --sections matmul,pipeline,training \
   --precisions "${BENCH_PRECISIONS:-fp32,bf16}" --repeats 2 --out "$out/benchmark.csv"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one-GPU study through Snakemake on a GPU machine, then its check (scripts/gpu_check.sh's step
-# `study`; about 5 minutes on one H100, each part time-limited):
+# `study`; about 5 minutes on one H100, each part time-limited: 360 s, 100 s):
 #   1. a fresh copy of the workflow in OUT_DIR/workflow runs
 #      `python -m snakemake --profile profiles/local --configfile config/gpu-one.yaml`: its results/
 #      and .snakemake/ land there, never in the repository's results/;
@@ -17,8 +17,8 @@
 # venv (bash scripts/gpu_bundle.sh -> .gpu-bundle/, carried with the working tree): it goes on
 # PYTHONPATH here. PYTHON picks the interpreter (default: .venv/bin/python, else python3);
 # GPU_BUNDLE the bundle folder; STUDY_LIMIT_S, STUDY_BENCH_LIMIT_S the parts' limits. To try the
-# script itself on a CPU: STUDY_CONFIG=config/demo.yaml STUDY_DEVICE=cpu (its verdicts then say
-# what a CPU demo is: jobs side by side, no GPU monitor).
+# script itself on a CPU: STUDY_CONFIG=config/demo.yaml STUDY_DEVICE=cpu STUDY_BENCH_ARGS="--steps 3
+# --repeats 1" (its verdicts then say what a CPU demo is: jobs side by side, no GPU monitor).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
@@ -28,6 +28,8 @@ python="${PYTHON:-$([ -x .venv/bin/python ] && echo "$repo/.venv/bin/python" || 
 bundle="${GPU_BUNDLE:-$repo/.gpu-bundle}"
 config="${STUDY_CONFIG:-config/gpu-one.yaml}"
 export PYTHONUNBUFFERED=1
+# The rules call `python`: the interpreter's own folder first (a venv's holds `python` beside `python3`)
+export PATH="$(dirname "$(command -v "$python")"):$PATH"
 [ -d "$bundle" ] && export PYTHONPATH="$bundle${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$python" -c "import snakemake, jsonschema" 2>/dev/null; then
   echo "gpu_study: $python has no Snakemake or jsonschema and there is no bundle at $bundle:"
@@ -51,16 +53,17 @@ timed() {  # timed LIMIT_S LOG COMMAND...: COMMAND under a time limit, its outpu
 rm -rf "$out/workflow" && mkdir -p "$out/workflow"
 cp -r Snakefile rules config report profiles scalestudy containers envs examples "$out/workflow/"
 cd "$out/workflow"
-timed "${STUDY_LIMIT_S:-330}" "$out/snakemake.log" \
-  "$python" -m snakemake --profile profiles/local --configfile "$config"
+# --keep-going: one failed job (ncu without counters, say) must not cost the rest of the study
+timed "${STUDY_LIMIT_S:-360}" "$out/snakemake.log" \
+  "$python" -m snakemake --profile profiles/local --keep-going --configfile "$config"
 tail -n 60 "$out/snakemake.log" | grep -E "Job stats|^total|steps \(|Error|error|Finished|Complete log" || true
 
 strong=results/runs/scaling/strong/w1_r0
 if [ -f "$strong/summary.json" ]; then
   mapfile -t options < <("$python" -m scalestudy.benchmark.studycheck bench-args --run-dir "$strong")
-  timed "${STUDY_BENCH_LIMIT_S:-120}" "$out/benchmark.log" \
+  timed "${STUDY_BENCH_LIMIT_S:-100}" "$out/benchmark.log" \
     "$python" -m scalestudy.benchmark --device "${STUDY_DEVICE:-cuda}" --sections training --config "$config" \
-    "${options[@]}" --steps 150 --repeats 2 --out "$out/benchmark.csv"
+    "${options[@]}" ${STUDY_BENCH_ARGS:---steps 150 --repeats 2} --out "$out/benchmark.csv"
   tail -n 12 "$out/benchmark.log"
 else
   echo "--- no $strong/summary.json: the benchmark comparison is skipped (the check says so)"

@@ -27,7 +27,7 @@ def test_steps_whose_limit_exceeds_the_budget_are_not_run_and_said_so(tmp_path):
         GPU_CHECK_STEPS="study lm",
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "=== study: not run: its limit 510s is more than the" in result.stdout
+    assert "=== study: not run: its limit 530s is more than the" in result.stdout
     assert "=== lm: not run: its limit 100s is more than the" in result.stdout
     assert "gpu_check: not run (GPU_CHECK_BUDGET_S): study lm" in result.stdout
     assert not (tmp_path / "study.log").exists() and not (tmp_path / "lm.log").exists()

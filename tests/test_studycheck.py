@@ -35,12 +35,17 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def write_run(results: Path, point: grid.Point, start: float, seconds: float, rate: float, foreign=0) -> None:
-    """A finished run of `point`: summary.json ending `seconds` after `start`, and 20 monitor samples."""
+    """A finished run of `point` in its run folder (write_run_folder)."""
     folder = results / Path(point.run_dir).relative_to("results")
+    write_run_folder(folder, grid.run_config(CONFIG, point), start, seconds, rate, foreign)
+
+
+def write_run_folder(folder: Path, run: dict, start: float, seconds: float, rate: float, foreign=0) -> None:
+    """summary.json ending `seconds` after `start`, and 20 monitor samples (`foreign` processes in 4)."""
     folder.mkdir(parents=True, exist_ok=True)
     end = dt.datetime.fromtimestamp(start + seconds, dt.UTC).isoformat(timespec="seconds")
     summary = {
-        "run": grid.run_config(CONFIG, point),
+        "run": run,
         "results": {"images_per_s": rate, "total_time_s": seconds, "window_filled": True},
         "provenance": {"timestamp": end},
     }
@@ -152,6 +157,27 @@ def test_two_runs_at_the_same_time_are_an_overlap_even_where_the_monitor_saw_not
     verdict = by_check(results, bench)["no_overlap"]
     assert not verdict.passed and "ran 10 s at the same time" in verdict.detail
     assert by_check(*study(tmp_path / "touching", gap_s=-0.9))["no_overlap"].passed  # the timestamps' second
+
+
+def test_copies_of_run_folders_elsewhere_are_not_runs(tmp_path):
+    """MLflow keeps each run's files as artifacts under results/mlflow: they are no second run."""
+    results, bench = study(tmp_path)
+    copy_dir = results / "mlflow" / "artifacts" / "abc" / "artifacts"
+    copy_dir.mkdir(parents=True)
+    for name in (runfiles.SUMMARY, runfiles.GPU_MONITOR):
+        (copy_dir / name).write_text((results / "runs" / "baseline" / "default" / name).read_text())
+    verdict = by_check(results, bench)["no_overlap"]
+    assert verdict.passed and "4 training runs" in verdict.detail
+
+
+def test_a_run_whose_monitor_saw_no_gpu_shows_nothing_and_fails(tmp_path):
+    results, bench = study(tmp_path)
+    monitor = results / "smoke" / "train_w1" / runfiles.GPU_MONITOR
+    write_run_folder(monitor.parent, grid.run_config(CONFIG, STRONG), T0 - 100.0, 5.0, 1.0)
+    header = monitor.read_text().splitlines()[0]
+    monitor.write_text(header + "\n")
+    verdict = by_check(results, bench)["no_overlap"]
+    assert not verdict.passed and "train_w1/gpu_monitor.csv has no samples" in verdict.detail
 
 
 def test_a_monitor_without_process_counts_cannot_show_there_was_no_overlap(tmp_path):

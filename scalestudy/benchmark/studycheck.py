@@ -6,10 +6,11 @@
 `check` prints one verdict a line (PASS / FAIL, the check, the evidence) and exits 1 if any failed:
 
 - `no_overlap`: no two training jobs shared the GPU, from the runs' own records (every summary.json
-  under the results: the grid's runs, the smoke test's, the one under ncu): no GPU monitor sample
-  saw a foreign compute process on the run's GPU (gpu_monitor.csv's `foreign_processes`), and no
-  two runs' wall-clock spans overlap (a span ends at the summary's provenance timestamp, whole
-  seconds, and lasts its `total_time_s`; `--overlap-tolerance-s` absorbs the truncation);
+  under results/runs, smoke and profile: the grid's runs, the smoke tests', the one under ncu): every
+  run's GPU monitor sampled its GPU and never saw a foreign compute process on it
+  (gpu_monitor.csv's `foreign_processes`), and no two runs' wall-clock spans overlap (a span ends
+  at the summary's provenance timestamp, whole seconds, and lasts its `total_time_s`;
+  `--overlap-tolerance-s` absorbs the truncation);
 - `no_contention`: no point of runs.csv is `contended` (the monitor's evidence, carried into the
   run catalog);
 - `strong_vs_benchmark`: the strong-scaling point at one GPU is within `--tolerance` (10 %) of the
@@ -83,8 +84,14 @@ class RunSpan:
     end: float
 
 
+# Where the trainer writes run folders under results/: the grid's points, the smoke tests' runs and
+# the profile point's run under ncu (profile/w1/ncu_run/run). Not the copies MLflow keeps as artifacts.
+RUN_ROOTS = ("runs", "smoke", "profile")
+
+
 def run_folders(results: Path) -> list[Path]:
-    return sorted(path.parent for path in results.rglob(runfiles.SUMMARY))
+    found = (path.parent for root in RUN_ROOTS for path in (results / root).rglob(runfiles.SUMMARY))
+    return sorted(found)
 
 
 def span_of(folder: Path) -> RunSpan:
@@ -99,7 +106,9 @@ def foreign_samples(folder: Path) -> tuple[int, int, str | None]:
     if not monitor.is_file():
         return 0, 0, f"no {runfiles.GPU_MONITOR}"
     rows = read_rows(monitor)
-    if rows and FOREIGN not in rows[0]:
+    if not rows:
+        return 0, 0, f"{monitor} has no samples (no GPU seen: nothing shows the GPU was the run's alone)"
+    if FOREIGN not in rows[0]:
         return 0, 0, f"{monitor} has no {FOREIGN!r} column (a GPU monitor without process counts)"
     counts = [number(row[FOREIGN]) or 0 for row in rows]
     return sum(count > 0 for count in counts), int(max(counts, default=0)), None
