@@ -110,8 +110,10 @@ def top_torch_kernel_names(
 
 
 def names_regex(names: list[str]) -> str:
-    """An ncu --kernel-name value matching exactly these function names."""
-    return "regex:^(" + "|".join(re.escape(name) for name in names) + ")$"
+    """An ncu --kernel-name value matching exactly these function names, with or without the
+    namespaces in front (`at::native::f` as well as `f`: which of the two ncu's function base name
+    keeps has not been seen on a GPU yet)."""
+    return "regex:^(.*::)?(" + "|".join(re.escape(name) for name in names) + ")$"
 
 
 def selection_args(settings: dict, profile_record: str | list, nsys_stats: str | list) -> list[str]:
