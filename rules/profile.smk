@@ -2,12 +2,15 @@
 # profile point under Nsight Systems (one report per rank, nsys inside srun) or, where nsys or a GPU
 # is missing (tool auto) or asked for (tool torch), the torch.profiler fallback; the tool actually
 # used is recorded in the run folder (profile_tool.json). Nsight Compute profiles the top kernels of
-# a one-GPU run: the top kernels of the nsys run of that point (when there is one), inside the
-# trainer's NVTX step ranges of the steady-state window. Everything is parsed into one summary
-# schema (scalestudy/profiling/schema.py).
+# a one-GPU run: those with the most GPU time in the profile run of that point (nsys's summary where
+# nsys ran, else the torch profiler's kernel table, the loader's left out), inside the trainer's
+# NVTX step ranges of the steady-state window and outside its data ranges
+# (scalestudy/profiling/kernel_choice.py). Everything is parsed into one summary schema
+# (scalestudy/profiling/schema.py).
 # Config strings reach params only through params functions: Snakemake formats a params string for
 # wildcards (a regex such as `gemm.{0,4}` would be taken for one), never a function's value.
 
+from scalestudy.profiling import kernel_choice
 from scalestudy.profiling import ncu as ncu_tool
 
 PROFILE_DIR = paths.PROFILE_DIR
@@ -18,12 +21,14 @@ PROFILE_FIGURES = ("profile_breakdown", "profile_top_kernels", "profile_ncu_thro
 NCU = config["profiling"]["ncu"]
 ncu_tool.check_settings(NCU)
 NCU_WORLD = 1  # Nsight Compute profiles a one-GPU run
-# The nsys summary ncu takes its top kernels from: that of the one-GPU profile run, if profiled.
-NCU_NSYS_STATS = (
-    [f"{PROFILE_DIR}/w{NCU_WORLD}/nsys_stats"]
-    if NCU_WORLD in PROFILE_WORLDS and not NCU["kernel_regex"]
-    else []
+# The profile ncu takes its top kernels from: the one-GPU profile run's record (which tool ran) and
+# its nsys summary (an empty folder where torch.profiler ran), if that point is profiled and no
+# kernel_regex decides. As inputs they make the ncu job wait for the run it reads.
+NCU_READS_PROFILE = NCU_WORLD in PROFILE_WORLDS and not NCU["kernel_regex"]
+NCU_PROFILE_RECORD = (
+    [f"{STAGE_PATTERNS['profile'].format(world=NCU_WORLD)}/profile_tool.json"] if NCU_READS_PROFILE else []
 )
+NCU_NSYS_STATS = [f"{PROFILE_DIR}/w{NCU_WORLD}/nsys_stats"] if NCU_READS_PROFILE else []
 
 
 # Each figure: the PNG for the report (caption report/<name>.rst), the vector PDF for the paper.
@@ -143,6 +148,7 @@ rule profile_ncu:
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,
+        profile_record=NCU_PROFILE_RECORD,
         nsys_stats=NCU_NSYS_STATS,
     output:
         **NCU_FILES,
@@ -152,8 +158,11 @@ rule profile_ncu:
         run=run_params("profile")["run"],
         launch=run_params("profile")["launch"],
         work_dir=lambda wildcards, output: os.path.join(os.path.dirname(output.status), "ncu_run"),
-        # --kernel-regex (when configured), --nsys-stats (the w1 nsys summary), --top-kernels, ...
-        selection=lambda wildcards, input: ncu_tool.selection_args(NCU, input.nsys_stats),
+        # --kernel-regex (when configured), --profile-record and --nsys-stats (the w1 profile run),
+        # --top-kernels, --launch-count, --loader-kernels (when configured)
+        selection=lambda wildcards, input: kernel_choice.selection_args(
+            NCU, input.profile_record, input.nsys_stats
+        ),
     threads: train_threads("profile")
     resources:
         **train_resources("profile"),

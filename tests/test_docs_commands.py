@@ -43,6 +43,9 @@ NOT_RUN: dict[str, str] = {
     # docs/gpus.md: the study on a GPU workstation (its dry run runs; tests/test_gpu_workflow.py
     # runs GPU jobs through Snakemake on a fake NVML)
     "snakemake --profile profiles/local --configfile config/workstation.yaml": GPU,
+    "GPU_CHECK_STEPS=study bash scripts/gpu_check.sh": GPU + " (the one-GPU study: cuda + nccl)",
+    "bash scripts/gpu_bundle.sh": "fetches cp312 wheels from PyPI (tests/test_gpu_bundle.py builds a "
+    "bundle for this interpreter without network)",
     "nsys": GPU,
     "apptainer": APPTAINER,
     "snakemake -n --profile profiles/slurm --configfile config/config.yaml": APPTAINER,

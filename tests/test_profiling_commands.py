@@ -14,7 +14,7 @@ import pytest
 
 from scalestudy.launch import launcher as launch
 from scalestudy.profiling import ncu, nsys, run, tool
-from scalestudy.profiling.schema import STEP_RANGE
+from scalestudy.profiling.schema import DATA_RANGE, STEP_RANGE
 
 SPEC = {
     "launcher": "srun",
@@ -141,6 +141,9 @@ def test_ncu_profiles_named_kernels_inside_the_step_ranges_of_the_steady_window(
     assert pairs["--profile-from-start"] == "off"
     # ... and of that only kernels inside the NVTX "step" ranges the trainer pushes (scalestudy.train.ranges)
     assert "--nvtx" in prefix and pairs["--nvtx-include"] == STEP_RANGE == "step"  # start/end, not "step/"
+    # ... and outside the loader's "data" ranges, unless the config asks for its kernels
+    assert pairs["--nvtx-exclude"] == DATA_RANGE == "data"
+    assert "--nvtx-exclude" not in ncu.profile_prefix("w/profile", "regex:.*", 40, loader_kernels=True)
     assert pairs["--kernel-name-base"] == "function" and pairs["--kernel-name"] == "regex:^(sm80|void)"
     assert pairs["--launch-count"] == "40" and "--launch-skip" not in prefix
     assert pairs["--set"] == "full" and pairs["--clock-control"] == "none"
@@ -172,78 +175,13 @@ def test_the_nvtx_range_ncu_filters_on_is_one_the_trainer_pushes_around_each_ste
         and node.args
         and isinstance(node.args[0], ast.Constant)
     }
-    assert STEP_RANGE in pushed, pushed
+    assert {STEP_RANGE, DATA_RANGE} <= pushed, pushed
 
 
 def test_the_ncu_run_opens_its_window_with_the_cuda_profiler_api():
     run_config = ncu.ncu_run_config({**RUN, "world_size": 1})
     assert run_config["profile"] == {"tool": "nsys", "start_step": 2, "steps": 2}
     assert run_config["checkpoint_dir"] == "results/checkpoints/profile/ncu_w1"
-
-
-@pytest.mark.parametrize(
-    ("kernel", "function"),
-    [
-        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", None),
-        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", None),
-        (
-            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm *, unsigned long, ncclWork *)",
-            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-        ),
-        (
-            "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, (int)512, (bool)1, (int)1>"
-            "(cudnnTensorStruct, const T1 *)",
-            "bn_fw_tr_1C11_kernel_NCHW",
-        ),
-        (
-            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
-            "std::array<char *, 1>>(int, T2, T3)",
-            "vectorized_elementwise_kernel",
-        ),
-        (
-            "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
-            "AddFunctor<float>>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)",
-            "elementwise_kernel",
-        ),
-        (
-            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<T>(T1, T2)",
-            "multi_tensor_apply_kernel",
-        ),
-        ("void unbalanced<int>)", "unbalanced<int>)"),  # left as it is, less its return type
-    ],
-)
-def test_kernel_function_names_as_ncus_function_name_base(kernel, function):
-    assert ncu.function_name(kernel) == (function or kernel)
-
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "profiling"
-KERN_SUM = FIXTURES / "nsys_w2" / "r0_cuda_gpu_kern_sum.csv"
-
-
-def test_the_top_kernels_come_from_the_nsys_summary_by_total_time():
-    names = ncu.top_kernel_names(KERN_SUM.read_text(), 3)
-    assert names == [
-        "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel",
-        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-        "sm80_xmma_dgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize64x64x16_stage4_warpsize2x2x1_g1_tensor16x8x8_kernel",
-    ]
-    merged = "Total Time (ns),Instances,Name\n5,1,void f<1>(int)\n4,1,void f<2>(int)\n8,1,g\n"
-    assert ncu.top_kernel_names(merged, 5) == ["f", "g"]  # instantiations of one function add up: 9 > 8
-    with pytest.raises(ncu.NcuTableError, match="no 'Total Time"):
-        ncu.top_kernel_names("Time,Kernel\n1,x\n", 3, "k.csv")
-
-
-def test_the_kernel_choice_prefers_the_config_then_the_nsys_summary_then_all(tmp_path):
-    stats = tmp_path / "nsys_stats"
-    stats.mkdir()
-    assert ncu.kernel_selection("regex:gemm.{0,4}", stats, 3)[0] == "regex:gemm.{0,4}"
-    assert ncu.kernel_selection(None, stats, 3)[0] == ncu.ALL_KERNELS  # a torch run: no summary
-    assert ncu.kernel_selection(None, None, 3)[0] == ncu.ALL_KERNELS
-    (stats / "r0_cuda_gpu_kern_sum.csv").write_text(
-        "Total Time (ns),Instances,Name\n9,1,nvjet_tst_x\n8,1,void a::k2<T>(int)\n"
-    )
-    regex, source = ncu.kernel_selection(None, stats, 3)
-    assert regex == "regex:^(nvjet_tst_x|k2)$" and "top 2 kernels" in source
 
 
 def test_a_removed_ncu_setting_is_refused_saying_what_replaced_it():

@@ -206,19 +206,26 @@ def test_torch_window_record_must_have_wall_time(tmp_path):
 
 
 def test_torch_device_times_are_used_when_present(tmp_path):
+    """As torch writes a CUDA run's table: the kernel's own row (no CPU time) and, again, its time as
+    the self device time of the op that launched it; the kernel counts once."""
     ops = (
         "name,count,self_cpu_us,cpu_total_us,self_device_us,device_total_us\n"
-        "aten::cudnn_convolution,4,50.0,300.0,0.0,4000.0\n"
+        "aten::cudnn_convolution,4,50.0,300.0,4000.0,4000.0\n"
+        "aten::convolution,4,20.0,340.0,0.0,4000.0\n"
         "sm80_xmma_fprop_implicit_gemm_kernel,4,0.0,0.0,4000.0,4000.0\n"
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL,1,0.0,0.0,1000.0,1000.0\n"
         "data,1,100.0,500.0,0.0,0.0\n"
     )
     (tmp_path / "profile_ops.csv").write_text(ops)
     (tmp_path / "profile_window.json").write_text(json.dumps({"wall_s": 0.01, "steps": 1}))
-    totals, _, method = parse_torch.rank_summary(
+    totals, table, method = parse_torch.rank_summary(
         tmp_path / "profile_ops.csv", tmp_path / "profile_window.json"
     )
     assert method == "torch_device"
+    assert set(table["name"]) == {
+        "sm80_xmma_fprop_implicit_gemm_kernel",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    }
     assert totals.busy["conv_gemm"] == pytest.approx(4 * MS) and totals.busy[
         "communication"
     ] == pytest.approx(1 * MS)

@@ -72,7 +72,9 @@ def test_a_kernel_regex_with_braces_plans_and_reaches_ncu_as_one_argument(workfl
     assert argv[argv.index("--kernel-regex") + 1] == regex
 
 
-def test_without_a_regex_ncu_takes_the_top_kernels_of_the_one_gpu_nsys_run(workflow_copy):
+def test_without_a_regex_ncu_waits_for_and_reads_the_one_gpu_profile_run(workflow_copy):
+    """The kernels come from the profile run of the w1 point (nsys's summary or the torch profiler's
+    kernel table, as its record says): the ncu job depends on that run and its nsys export."""
     result = run_snakemake(
         workflow_copy,
         "results/profile/w1/ncu_status.json",
@@ -83,9 +85,28 @@ def test_without_a_regex_ncu_takes_the_top_kernels_of_the_one_gpu_nsys_run(workf
     )
     command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
     argv = shlex.split(command)
+    assert argv[argv.index("--profile-record") + 1] == "results/runs/profile/w1/profile_tool.json"
     assert argv[argv.index("--nsys-stats") + 1] == "results/profile/w1/nsys_stats"
     assert argv[argv.index("--top-kernels") + 1] == "5" and "--kernel-regex" not in argv
-    assert "profile_nsys_stats" in planned_jobs(result.stdout)
+    assert "--loader-kernels" not in argv  # the default: the loader's kernels are left out
+    jobs = planned_jobs(result.stdout)
+    assert jobs["profile_run"] == 1 and jobs["profile_nsys_stats"] == 1, jobs
+
+
+def test_a_configured_regex_needs_no_profile_run_and_the_loader_can_be_asked_for(workflow_copy):
+    path = ncu_config(workflow_copy, kernel_regex="regex:conv", loader_kernels=True)
+    result = run_snakemake(
+        workflow_copy,
+        "results/profile/w1/ncu_status.json",
+        "--dry-run",
+        "--printshellcmds",
+        "--configfile",
+        path,
+    )
+    command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
+    argv = shlex.split(command)
+    assert "--profile-record" not in argv and "--loader-kernels" in argv
+    assert "profile_run" not in planned_jobs(result.stdout)
 
 
 def test_the_removed_launch_skip_is_refused_with_what_replaced_it(workflow_copy):

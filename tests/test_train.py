@@ -177,6 +177,7 @@ def test_the_run_folder_holds_the_documented_files(reference):
             "gpu_monitor.csv",
             "gpu_monitor.json",
             "profile_ops.csv",
+            "profile_kernels.csv",
             "profile_window.json",
         ]
     )

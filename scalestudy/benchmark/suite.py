@@ -127,7 +127,7 @@ def training_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> l
     for variant in s.variants:
         run = _project_run(s, config, data_dir, **dict(variant.overrides))
         runs[variant.name] = lambda run=run: project.spawn_fresh(run, workdir).images_per_s
-        settings[variant.name] = _describe(run)
+        settings[variant.name] = describe_run(run)
     runs[REFERENCE]()  # warm-up; the project runs warm up in their own first epoch
     samples = interleave(runs, s.repeats, warmup=0)
     loader_settings = f"{DATALOADER} ({s.workers} workers), {s.steps} steps per sample"
@@ -162,9 +162,9 @@ def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) ->
     runs = samples["trainer"]
     for marker in project.MARKERS:
         name = f"trainer start -> {marker.replace('_', ' ')}"
-        rows.append(Row("fixed_cost", name, "s", tuple(r.markers[marker] for r in runs), _describe(run)))
+        rows.append(Row("fixed_cost", name, "s", tuple(r.markers[marker] for r in runs), describe_run(run)))
     rows.append(
-        Row("fixed_cost", "trainer start -> exit", "s", tuple(r.wall_s for r in runs), _describe(run))
+        Row("fixed_cost", "trainer start -> exit", "s", tuple(r.wall_s for r in runs), describe_run(run))
     )
     return rows
 
@@ -224,7 +224,9 @@ def window_settings(s: Settings) -> dict:
     }
 
 
-def _describe(run: dict) -> str:
+def describe_run(run: dict) -> str:
+    """A project run's settings as its benchmark row shows them ("precision=bf16, loader=tensor, ...";
+    scalestudy.benchmark.studycheck reads them back)."""
     keys = ("precision", "loader", "channels_last", "compile", "epochs", "max_steps_per_epoch")
     window = f"window {run['measure_steps']} steps after {run['measure_warmup_steps']}"
     return ", ".join([*(f"{key}={run[key]}" for key in keys), window])

@@ -12,6 +12,7 @@ GPU_MONITOR = "gpu_monitor.csv"  # the GPU samples (MONITOR_COLUMNS)
 GPU_MONITOR_INFO = "gpu_monitor.json"  # the monitor's summary, or why there are no samples
 PROFILE_OPS = "profile_ops.csv"  # a torch.profiler run's operator table
 PROFILE_WINDOW = "profile_window.json"  # a profile run's window (tool, steps, wall time)
+PROFILE_KERNELS = "profile_kernels.csv"  # a torch.profiler run's device kernels by launching range
 # The files every training run writes, by the name of the rule's output that declares each.
 RUN_FILES = {"summary": SUMMARY, "metrics": METRICS, "steps": STEPS, "gpu_monitor": GPU_MONITOR}
 
@@ -56,3 +57,7 @@ MONITOR_COLUMNS = (
     "host_load_1m",
     "host_cpus",
 )
+# profile_kernels.csv: each device kernel (or memory operation) of the profiling window by the
+# trainer's named range whose op launched it ("data": the loader's; "" outside every range, as the
+# backward's kernels, which autograd launches from its own thread); count and total device time.
+PROFILE_KERNEL_COLUMNS = ("name", "range", "count", "device_us")

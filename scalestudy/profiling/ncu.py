@@ -1,7 +1,8 @@
 """Nsight Compute on a one-GPU profile run: the top kernels of steady-state steps, achieved % of peak.
 
     python -m scalestudy.profiling.ncu run --launch-json J --run-config-json R --work-dir W \
-        [--kernel-regex 'regex:...'] [--nsys-stats results/profile/w1/nsys_stats] --top-kernels 10 \
+        [--kernel-regex 'regex:...'] [--profile-record results/runs/profile/w1/profile_tool.json] \
+        [--nsys-stats results/profile/w1/nsys_stats] [--loader-kernels] --top-kernels 10 \
         --launch-count 40 --status S.json --kernels K.csv --raw RAW.csv
     python -m scalestudy.profiling.ncu parse --raw RAW.csv --kernels K.csv
 
@@ -14,10 +15,15 @@ Which kernels `run` profiles:
   `--nvtx --nvtx-include step` only kernels inside the trainer's NVTX `step` ranges (not evaluation,
   logging or checkpoints) are candidates. Those are start/end ranges (no trailing slash; `step/`
   would mean a push/pop range): process-wide, so the backward's kernels and the collectives that
-  autograd's device thread launches count too (scalestudy.train.ranges.named_range);
-- *which*: a configured `--kernel-regex`, else the `--top-kernels` kernels with the most GPU time in
-  the nsys summary of the same one-GPU profile point (`<nsys-stats>/r0_cuda_gpu_kern_sum.csv`) when
-  that run used nsys, matched by function name (`--kernel-name-base function`), else every kernel;
+  autograd's device thread launches count too (scalestudy.train.ranges.named_range). The loader's
+  kernels, launched inside the `data` range at the start of each step, are left out with
+  `--nvtx-exclude data` unless `--loader-kernels` (profiling.ncu.loader_kernels) asks for them:
+  without it the first launches of every step (gather, fill, arange, the uint8 -> float copy) used
+  up `--launch-count` before the model's first convolution;
+- *which*: by function name (`--kernel-name-base function`), from
+  scalestudy.profiling.kernel_choice: the configured `--kernel-regex`, else the `--top-kernels`
+  kernels with the most GPU time in the profile run of the same one-GPU point (nsys's summary where
+  nsys ran, else the trainer's torch.profiler kernel table, the loader's left out), else every kernel;
 - at most `--launch-count` launches, each replayed with `--set full --clock-control none` (the GPU
   keeps its own clocks, as in training).
 
@@ -41,7 +47,6 @@ import io
 import json
 import logging
 import math
-import re
 import shutil
 import subprocess
 import sys
@@ -49,8 +54,8 @@ from pathlib import Path
 
 from scalestudy.atomic import write_json, write_text
 from scalestudy.plan import grid
-from scalestudy.profiling import nsys
 from scalestudy.profiling.categorize import category
+from scalestudy.profiling.kernel_choice import kernel_selection
 from scalestudy.profiling.run import (
     JOB_TMPDIR,
     clear_checkpoints,
@@ -59,7 +64,7 @@ from scalestudy.profiling.run import (
     with_job_tmpdir,
     with_profile_tool,
 )
-from scalestudy.profiling.schema import NCU_COLUMNS, STEP_RANGE
+from scalestudy.profiling.schema import DATA_RANGE, NCU_COLUMNS, STEP_RANGE
 from scalestudy.profiling.tool import find_binary, find_gpu, image_command
 from scalestudy.progress import setup_logging
 
@@ -98,8 +103,12 @@ class NcuTableError(ValueError):
 # --- commands ------------------------------------------------------------------------------------
 
 
-def profile_prefix(report: str | Path, kernel_regex: str, launch_count: int, ncu: str = "ncu") -> list[str]:
+def profile_prefix(
+    report: str | Path, kernel_regex: str, launch_count: int, ncu: str = "ncu", loader_kernels: bool = False
+) -> list[str]:
     """The `ncu ...` words put in front of the one rank's trainer command (see the module doc)."""
+    # start/end ranges: no trailing "/" (that selects push/pop ranges)
+    loader = [] if loader_kernels else ["--nvtx-exclude", DATA_RANGE]
     return [
         ncu,
         "--target-processes",
@@ -108,7 +117,8 @@ def profile_prefix(report: str | Path, kernel_regex: str, launch_count: int, ncu
         "off",
         "--nvtx",
         "--nvtx-include",
-        STEP_RANGE,  # a start/end range: no trailing "/" (that selects push/pop ranges)
+        STEP_RANGE,
+        *loader,
         "--kernel-name-base",
         "function",
         "--kernel-name",
@@ -125,9 +135,8 @@ def profile_prefix(report: str | Path, kernel_regex: str, launch_count: int, ncu
     ]
 
 
-# --- which kernels ---------------------------------------------------------------------------------
+# --- settings ------------------------------------------------------------------------------------
 
-ALL_KERNELS = "regex:.*"
 REMOVED_SETTINGS = {
     "launch_skip": (
         "counted launches from the process start and landed on whatever kernel came N-th; ncu now "
@@ -142,70 +151,6 @@ def check_settings(settings: dict) -> None:
     for key, why in REMOVED_SETTINGS.items():
         if key in settings:
             raise ValueError(f"profiling.ncu.{key} ({settings[key]!r}) is no longer used: it {why}")
-
-
-def function_name(kernel: str) -> str:
-    """A kernel's function name as ncu's --kernel-name-base function sees it: no return type,
-    namespace, template arguments or parameters ('void at::native::f<4, T>(int, T)' -> 'f')."""
-    text = _without_trailing_group(kernel.strip(), "(", ")")
-    text = _without_trailing_group(text, "<", ">")
-    text = text.rsplit("::", 1)[-1]
-    words = text.split()
-    return words[-1] if words else text
-
-
-def _without_trailing_group(text: str, opening: str, closing: str) -> str:
-    """`text` without a balanced (...) or <...> group at its end."""
-    if not text.endswith(closing):
-        return text
-    depth = 0
-    for index in range(len(text) - 1, -1, -1):
-        depth += {closing: 1, opening: -1}.get(text[index], 0)
-        if depth == 0:
-            return text[:index].rstrip()
-    return text  # unbalanced: leave it as it is
-
-
-def top_kernel_names(kern_sum_csv: str, top: int, source: str = "<nsys cuda_gpu_kern_sum>") -> list[str]:
-    """The function names of the `top` kernels with the most total GPU time (nsys cuda_gpu_kern_sum)."""
-    rows = list(csv.DictReader(io.StringIO(kern_sum_csv)))
-    if rows and not {"Total Time (ns)", "Name"} <= set(rows[0]):
-        raise NcuTableError(
-            f"{source}: no 'Total Time (ns)' and 'Name' columns (not nsys cuda_gpu_kern_sum?)"
-        )
-    totals: dict[str, float] = {}
-    for row in rows:
-        name = function_name(row["Name"])
-        totals[name] = totals.get(name, 0.0) + float(row["Total Time (ns)"].replace(",", "") or 0)
-    return sorted(totals, key=lambda name: -totals[name])[:top]
-
-
-def names_regex(names: list[str]) -> str:
-    """An ncu --kernel-name value matching exactly these function names."""
-    return "regex:^(" + "|".join(re.escape(name) for name in names) + ")$"
-
-
-def selection_args(settings: dict, nsys_stats: str | list) -> list[str]:
-    """`run`'s kernel-choice options from the config's profiling.ncu (rule profile_ncu's params)."""
-    args = ["--top-kernels", settings["top_kernels"], "--launch-count", settings["launch_count"]]
-    if settings["kernel_regex"]:
-        args += ["--kernel-regex", settings["kernel_regex"]]
-    stats = [nsys_stats] if isinstance(nsys_stats, str) else list(nsys_stats)  # one path, or none
-    if stats:
-        args += ["--nsys-stats", stats[0]]
-    return [str(arg) for arg in args]
-
-
-def kernel_selection(kernel_regex: str | None, nsys_stats: Path | None, top: int) -> tuple[str, str]:
-    """(the --kernel-name value, where it came from): the config's regex, the nsys top kernels, or all."""
-    if kernel_regex:
-        return kernel_regex, "profiling.ncu.kernel_regex"
-    summary = nsys.stats_csv(nsys_stats, 0, nsys.KERNELS) if nsys_stats else None
-    if summary is not None and summary.is_file():
-        names = top_kernel_names(summary.read_text(), top, str(summary))
-        if names:
-            return names_regex(names), f"the top {len(names)} kernels of {summary}"
-    return ALL_KERNELS, "every kernel (no kernel_regex and no nsys summary of the one-GPU profile run)"
 
 
 def export_command(report: str | Path, ncu: str = "ncu") -> list[str]:
@@ -327,36 +272,45 @@ def profile(
     reason = availability(run, spec, options.ncu)
     if reason is not None:
         return 0, not_run(reason), [], ""
-    kernel_regex, chosen_by = kernel_selection(options.kernel_regex, options.nsys_stats, options.top_kernels)
+    kernel_regex, chosen_by = kernel_selection(
+        options.kernel_regex,
+        options.profile_record,
+        options.nsys_stats,
+        options.top_kernels,
+        options.loader_kernels,
+    )
     log.info("ncu profiles %s: %s", chosen_by, kernel_regex)
     run = ncu_run_config(run)
     clear_checkpoints(run)
-    report = work_dir / REPORT_NAME
-    report_file = report.with_suffix(".ncu-rep")
+    report_file = (work_dir / REPORT_NAME).with_suffix(".ncu-rep")
     report_file.unlink(missing_ok=True)
-    prefix = profile_prefix(report, kernel_regex, options.launch_count, options.ncu)
-    launch_options = ["--log", options.log, "--attempt", str(options.attempt)] if options.log else []
-    code, tail = run_streaming(
-        launch_argv(
-            with_job_tmpdir(spec, work_dir / JOB_TMPDIR), run, work_dir / "run", prefix, launch_options
-        )
+    prefix = profile_prefix(
+        work_dir / REPORT_NAME, kernel_regex, options.launch_count, options.ncu, options.loader_kernels
     )
-    shutil.rmtree(work_dir / JOB_TMPDIR, ignore_errors=True)
+    code, tail = _train_under(prefix, spec, run, work_dir, options)
     problem = counter_problem(tail)
     if problem is None and code != 0:
         log.error("the training run under ncu exited with %d", code)
         return code, {}, [], ""
     if problem is not None:
         return 0, not_run(problem), [], ""
-    window = (
-        f"steps {run['profile']['start_step']}..{run['profile']['start_step'] + run['profile']['steps'] - 1}"
-    )
+    start, steps = run["profile"]["start_step"], run["profile"]["steps"]
+    status = {
+        "ran": True,
+        "reason": None,
+        "kernels": 0,
+        "selection": chosen_by,
+        "kernel_regex": kernel_regex,
+        "loader_kernels": options.loader_kernels,
+        "window": f"steps {start}..{start + steps - 1}",
+    }
     if not report_file.is_file():
-        reason = (
-            f"no report: no kernel matched {kernel_regex!r} inside the NVTX '{STEP_RANGE}' ranges of {window}"
+        status["reason"] = (
+            f"no report: no kernel matched {kernel_regex!r} inside the NVTX '{STEP_RANGE}' ranges of "
+            f"{status['window']}"
         )
-        log.warning("ncu ran but profiled no kernels: %s", reason)
-        return 0, {"ran": True, "reason": reason, "kernels": 0, "selection": chosen_by}, [], ""
+        log.warning("ncu ran but profiled no kernels: %s", status["reason"])
+        return 0, status, [], ""
     raw = subprocess.run(
         image_command(spec.get("image"), export_command(report_file, options.ncu)),
         check=True,
@@ -364,16 +318,19 @@ def profile(
         text=True,
     ).stdout
     rows = parse_raw(raw, str(report_file))
-    status = {
-        "ran": True,
-        "reason": None,
-        "kernels": len(rows),
-        "report": str(report_file),
-        "command": prefix,
-        "selection": chosen_by,
-        "window": window,
-    }
-    return 0, status, rows, raw
+    return 0, {**status, "kernels": len(rows), "report": str(report_file), "command": prefix}, rows, raw
+
+
+def _train_under(
+    prefix: list[str], spec: dict, run: dict, work_dir: Path, options: argparse.Namespace
+) -> tuple[int, list[str]]:
+    """The profile point's training run with `prefix` in front of its one rank: exit code, last lines."""
+    launch_options = ["--log", options.log, "--attempt", str(options.attempt)] if options.log else []
+    spec = with_job_tmpdir(spec, work_dir / JOB_TMPDIR)
+    try:
+        return run_streaming(launch_argv(spec, run, work_dir / "run", prefix, launch_options))
+    finally:
+        shutil.rmtree(work_dir / JOB_TMPDIR, ignore_errors=True)
 
 
 def not_run(reason: str) -> dict:
@@ -407,9 +364,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--launch-json", required=True)
     run.add_argument("--run-config-json", required=True)
     run.add_argument("--work-dir", required=True, type=Path, help="scratch: the run folder and the .ncu-rep")
-    run.add_argument("--kernel-regex", default=None, help="ncu --kernel-name (default: the nsys top kernels)")
+    run.add_argument(
+        "--kernel-regex", default=None, help="ncu --kernel-name (default: the profile's top kernels)"
+    )
+    run.add_argument(
+        "--profile-record", type=Path, default=None, help="profile_tool.json of the one-GPU profile run"
+    )
     run.add_argument("--nsys-stats", type=Path, default=None, help="nsys stats folder of the one-GPU run")
-    run.add_argument("--top-kernels", type=int, default=10, help="kernels taken from the nsys summary")
+    run.add_argument("--top-kernels", type=int, default=10, help="kernels taken from the profile")
+    run.add_argument(
+        "--loader-kernels",
+        action="store_true",
+        help="profile the loader's kernels too (its NVTX 'data' ranges; left out by default)",
+    )
     run.add_argument("--launch-count", type=int, default=40)
     run.add_argument("--ncu", default="ncu", help="the ncu binary")
     run.add_argument("--log", help="the rule's log, passed to the launcher (every attempt's is kept)")

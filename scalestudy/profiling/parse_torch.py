@@ -5,8 +5,11 @@ cpu_total_us, self_device_us, device_total_us`. Each op's *self* time goes to it
 (`categorize.category`: aten::convolution / mkldnn / addmm / mm -> convolution/GEMM, batch_norm /
 relu / add ... -> normalisation+elementwise, c10d / gloo / nccl collectives -> communication,
 copy_ / to -> memory copy); self times do not double count nested ops. When the device columns
-hold time (a CUDA run), the device self times are used (method torch_device), else the CPU self
-times (method torch_cpu).
+hold time (a CUDA run), the device times are used (method torch_device), else the CPU self times
+(method torch_cpu). On a device torch lists every kernel (and memory operation) as a row of its
+own, with no CPU time, AND adds its time to the self device time of the op that launched it
+(aten::cudnn_convolution); only the kernels' rows count, as in torch's own table total, so each
+kernel counts once, under its own name.
 
 Data loading is the inclusive time of the trainer's `data` range. In the CPU case the ops run
 inside that range (augmentation: copies, indexing, elementwise) are also in their categories;
@@ -73,10 +76,16 @@ def is_wrapper(name: str) -> bool:
     return name in NAMED_RANGES or name.startswith("ProfilerStep#")
 
 
+def device_rows(ops: pd.DataFrame) -> pd.Series:
+    """The rows of device activities (kernels, memory operations): torch gives them no CPU time."""
+    return (ops["self_cpu_us"] == 0) & (ops["cpu_total_us"] == 0)
+
+
 def op_seconds(ops: pd.DataFrame, device: bool) -> pd.Series:
-    """The time each row contributes: device or CPU self time; collectives' work: its duration."""
+    """The time each row contributes: a device activity's device time (an op's would count its
+    kernels again) or CPU self time; collectives' work: its duration."""
     if device:
-        return ops["self_device_us"]
+        return ops["self_device_us"].where(device_rows(ops), 0.0)
     seconds = ops["self_cpu_us"].copy()
     work = ops["name"].str.match(COLLECTIVE_WORK)
     if work.any():
@@ -123,4 +132,5 @@ def summarize(
     """Rank 0's totals, labels and top ops (the trainer writes the table from rank 0 only)."""
     totals, table, method = rank_summary(run_dir / ops_name, run_dir / window_name)
     labels = Labels(world_size, 0, "torch", method)
-    return [(totals, labels, top_rows(table, labels.as_dict(), "op", top))]
+    kind = "kernel" if method == "torch_device" else "op"
+    return [(totals, labels, top_rows(table, labels.as_dict(), kind, top))]

@@ -11,7 +11,9 @@ trailing slash). `ProfileWindow` captures `steps` steps from `start_step`:
 - tool "nsys": torch.cuda.profiler.start()/stop() (cudaProfilerStart/Stop); the nsys process that
   wraps each rank is started with `--capture-range=cudaProfilerApi` and records only that window.
 - tool "torch": torch.profiler over the window (CPU, plus CUDA when available); rank 0 writes
-  profile_ops.csv from key_averages().
+  profile_ops.csv from key_averages() and profile_kernels.csv: each device kernel with the named
+  range its launching op ran in (`kernels_table`; header only without device kernels). Nsight
+  Compute takes its kernels from that table (scalestudy.profiling.kernel_choice).
 - tool "none" or no profile: nothing.
 
 Every tool writes profile_window.json (tool, start_step, steps, wall_s, world_size, rank) on rank 0.
@@ -31,6 +33,7 @@ import torch
 
 from scalestudy import atomic
 from scalestudy.plan import runfiles
+from scalestudy.profiling.schema import NAMED_RANGES
 
 TOOLS = ("nsys", "torch", "none")
 OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
@@ -134,6 +137,7 @@ class ProfileWindow:
         atomic.write_json(self.out_dir / runfiles.PROFILE_WINDOW, window)
         if self._profiler is not None:
             atomic.write_csv(self.out_dir / runfiles.PROFILE_OPS, ops_table(self._profiler.key_averages()))
+            atomic.write_csv(self.out_dir / runfiles.PROFILE_KERNELS, kernels_table(self._profiler.events()))
 
 
 def ops_table(averages):
@@ -152,6 +156,34 @@ def ops_table(averages):
         for e in sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
     ]
     return pd.DataFrame(rows, columns=OPS_COLUMNS)
+
+
+def kernels_table(events):
+    """The device kernels of profiler events (their `kernels`: name, device, duration in us) summed
+    by name and the innermost named range (NAMED_RANGES) around the op that launched them, busiest
+    first. The loader's kernels are those of "data"; autograd launches the backward's from its own
+    thread, outside every range of the main thread (""). Memory operations (Memcpy, Memset) come
+    along as torch lists them; the reader picks the kernels it wants."""
+    import pandas as pd
+
+    totals: dict[tuple[str, str], list] = {}
+    for event in events:
+        for kernel in getattr(event, "kernels", None) or ():
+            entry = totals.setdefault((kernel.name, launching_range(event)), [0, 0.0])
+            entry[0] += 1
+            entry[1] += float(kernel.duration)
+    rows = [(name, where, count, device_us) for (name, where), (count, device_us) in totals.items()]
+    rows.sort(key=lambda row: (-row[3], row[0], row[1]))
+    return pd.DataFrame(rows, columns=runfiles.PROFILE_KERNEL_COLUMNS)
+
+
+def launching_range(event) -> str:
+    """The innermost named range among the event and its CPU parents, or "" outside all of them."""
+    while event is not None:
+        if event.name in NAMED_RANGES:
+            return event.name
+        event = event.cpu_parent
+    return ""
 
 
 @functools.cache
