@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 
 from scalestudy.analysis.settings import study_config
 from scalestudy.plan import grid
-from tests.conftest import REPO, run_snakemake
+from tests import gpufake
+from tests.conftest import REPO, run_snakemake, snakemake_env
 
 CONFIG_FILE = "config/gpu-one.yaml"
 
@@ -47,3 +50,37 @@ def test_the_one_gpu_study_dry_runs_with_the_local_profile(workflow_copy):
     argv = shlex.split(command)
     assert argv[argv.index("--profile-record") + 1] == "results/runs/profile/w1/profile_tool.json"
     assert "--loader-kernels" not in argv and "--kernel-regex" not in argv
+
+
+def test_on_a_one_gpu_machine_every_gpu_job_of_the_plan_holds_the_gpu(workflow_copy, tmp_path):
+    """The dry run the GPU machine makes (a fake NVML of one GPU here): the workflow schedules one GPU
+    and every training, profile, smoke and comm job asks for it, so they run one at a time."""
+    env = gpufake.machine_env(
+        gpufake.write_state(tmp_path / "nvml.json", 1), tmp_path / "locks", snakemake_env()
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        CONFIG_FILE,
+    ]
+    result = subprocess.run(command, cwd=workflow_copy, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "the local executor schedules 1 GPU(s)" in output, output[-3000:]
+    gpu_rules = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run", "profile_ncu"}
+    gpu_rules |= {"smoke_io", "smoke_step", "site_check"}
+    found: dict[str, set[str]] = {}
+    for block in output.split("\nrule ")[1:]:
+        name = block.split(":", 1)[0].strip()
+        resources = re.search(r"resources: (.*)", block)
+        found.setdefault(name, set()).add(resources.group(1) if resources else "")
+    assert gpu_rules <= set(found), sorted(gpu_rules - set(found))
+    for name in gpu_rules:
+        assert all(re.search(r"\bgpu=1\b", line) for line in found[name]), (name, found[name])
+    for name in set(found) - gpu_rules - {"system"}:
+        assert not any(re.search(r"\bgpu=", line) for line in found[name]), (name, found[name])

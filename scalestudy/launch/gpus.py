@@ -348,7 +348,7 @@ def assign(
         return Assignment(SLURM)
     say = say or _say
     offer = offered(environ, nvml)
-    if not offer.gpus and spec.get("device", "auto") == "auto":
+    if not offer.gpus and spec["device"] == "auto":
         say(f"no GPU on this machine ({offer.note}): device auto, the ranks run on the CPU")
         return Assignment(NONE, hide=True)
     if needed > len(offer.gpus):
