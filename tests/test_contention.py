@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from scalestudy import atomic
-from scalestudy.analysis import acceptance, aggregate, contention, gpumonitor, metrics, settings
+from scalestudy.analysis import acceptance, aggregate, contention, metrics, monitor_window, settings
 from scalestudy.analysis import constructed_study as synthetic
 from scalestudy.paper import numbers
 from scalestudy.plan import grid
@@ -55,12 +55,12 @@ def study(tmp_path_factory):
     scaling_table = metrics.scaling_table(runs, SETTINGS)
     sweep = metrics.sensitivity_table(runs)
     monitors = sorted(root.glob("results/runs/scaling/*/*/gpu_monitor.csv"))
-    samples, reasons = gpumonitor.load(monitors)
+    samples, reasons = monitor_window.load(monitors)
     table = acceptance.evaluate(
         scaling_table,
         sweep,
         SETTINGS["acceptance"],
-        gpumonitor.per_gpu(samples),
+        monitor_window.per_gpu(samples),
         SETTINGS["monitor"],
         reasons,
     )

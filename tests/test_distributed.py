@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from scalestudy.launch import rendezvous as distributed
-from scalestudy.launch.rendezvous import DistEnv, expand_hostlist, from_environ, slurm_port
+from scalestudy.launch import distributed
+from scalestudy.launch.distributed import DistEnv, expand_hostlist, from_environ, slurm_port
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.launch.rendezvous import process_running
+from scalestudy.launch.distributed import process_running
 from scalestudy.workloads.command import contract
 from scalestudy.workloads.command import runner as command
 
@@ -432,7 +432,7 @@ def test_a_stop_during_the_final_writes_is_followed_by_a_retry_that_trains_no_st
 @pytest.fixture
 def no_process_group(monkeypatch):
     """The trainer in this process, one rank; starting any process group fails the test."""
-    from scalestudy.launch import rendezvous
+    from scalestudy.launch import distributed
     from scalestudy.train import parallel
 
     for name in LAUNCH_VARIABLES:
@@ -441,7 +441,7 @@ def no_process_group(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("a process group was started before the bad input was found")
 
-    monkeypatch.setattr(rendezvous, "init_process_group", refuse)
+    monkeypatch.setattr(distributed, "init_process_group", refuse)
     monkeypatch.setattr(parallel, "init_single_rank_group", refuse)
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.launch import distributed
 from scalestudy.launch import launcher as launch
-from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan import cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -249,7 +249,7 @@ def test_the_launcher_reads_the_image_digest_file_and_never_hashes(tmp_path, mon
 
 ARMED_CHILD = (
     "import sys, time\n"
-    "from scalestudy.launch import rendezvous as distributed\n"
+    "from scalestudy.launch import distributed\n"
     "pid = int(sys.argv[1]) if len(sys.argv) > 1 else None\n"
     "print('armed', distributed.die_with_parent(pid), flush=True)\n"
     "time.sleep(60)\n"

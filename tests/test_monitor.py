@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scalestudy import atomic
-from scalestudy.analysis import acceptance, gpumonitor, settings
+from scalestudy.analysis import acceptance, monitor_window, settings
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import gpu_processes
 from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
@@ -378,9 +378,9 @@ def _frame(sm_inside=85.0, gpm=True, power=400.0):
 def test_only_samples_in_the_measurement_window_count(tmp_path):
     windowed = _run_folder(tmp_path, "strong/w1_r0", _frame(), window=(3.0, 6.0))
     whole = _run_folder(tmp_path, "strong/w2_r0", _frame())
-    samples, reasons = gpumonitor.load([windowed, whole])
+    samples, reasons = monitor_window.load([windowed, whole])
     assert reasons == [] and set(samples.run) == {"scaling/strong/w1_r0", "scaling/strong/w2_r0"}
-    gpus = gpumonitor.per_gpu(samples).set_index("run")
+    gpus = monitor_window.per_gpu(samples).set_index("run")
     inside, whole_run = gpus.loc["scaling/strong/w1_r0"], gpus.loc["scaling/strong/w2_r0"]
     assert (
         inside.samples == 4 and inside.sm_active_pct == 85.0 and inside.pcie_gb_s == 10.0 and inside.windowed
@@ -394,8 +394,8 @@ def test_an_unfilled_window_falls_back_to_the_whole_run(tmp_path):
     atomic.write_json(
         path.with_name("summary.json"), {"results": {"measure_start_s": None, "measure_end_s": None}}
     )
-    assert gpumonitor.measurement_window(path) is None
-    assert gpumonitor.load([path])[0]["in_window"].all()
+    assert monitor_window.measurement_window(path) is None
+    assert monitor_window.load([path])[0]["in_window"].all()
 
 
 def test_pauses_inside_the_window_are_left_out(tmp_path):
@@ -404,8 +404,8 @@ def test_pauses_inside_the_window_are_left_out(tmp_path):
     summary = path.with_name("summary.json")
     results = json.loads(summary.read_text())["results"]
     atomic.write_json(summary, {"results": {**results, "measure_segments_s": [[3.0, 3.5], [4.5, 6.0]]}})
-    assert gpumonitor.measurement_window(path) == [(3.0, 3.5), (4.5, 6.0)]
-    frame = gpumonitor.load([path])[0]
+    assert monitor_window.measurement_window(path) == [(3.0, 3.5), (4.5, 6.0)]
+    frame = monitor_window.load([path])[0]
     assert list(frame.loc[frame["in_window"], "time_s"]) == [
         t for t in frame["time_s"] if 3.0 <= t <= 3.5 or 4.5 <= t <= 6.0
     ]
@@ -425,10 +425,10 @@ def test_a_window_of_an_earlier_attempt_leaves_the_gpus_not_measured(tmp_path):
             }
         },
     )
-    assert gpumonitor.measurement_window(path) == []
-    samples = gpumonitor.load([path])[0]
+    assert monitor_window.measurement_window(path) == []
+    samples = monitor_window.load([path])[0]
     assert not samples["in_window"].any()
-    assert gpumonitor.per_gpu(samples).empty
+    assert monitor_window.per_gpu(samples).empty
 
 
 # the constructed windows below hold 4 samples (3 s..6 s at 1 s): judged here with a floor of 4
@@ -437,8 +437,8 @@ CRITERIA = settings.resolved({})["acceptance"]
 
 
 def _health(paths, thresholds=MONITOR):
-    samples, reasons = gpumonitor.load(paths)
-    rows = acceptance.gpu_health(gpumonitor.per_gpu(samples), thresholds, reasons)
+    samples, reasons = monitor_window.load(paths)
+    rows = acceptance.gpu_health(monitor_window.per_gpu(samples), thresholds, reasons)
     return pd.DataFrame(rows).set_index("criterion")
 
 

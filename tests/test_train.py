@@ -27,7 +27,7 @@ import torch
 
 from scalestudy import provenance
 from scalestudy.data.synthetic_cifar import generate_arrays
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan import runconfig
 from scalestudy.plan.runfiles import METRICS_COLUMNS
 from scalestudy.train import program

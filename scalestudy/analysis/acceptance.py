@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, gpumonitor, series
+from scalestudy.analysis import cli, monitor_window, series
 from scalestudy.analysis.contention import contended, flags
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.analysis.tableio import read_csv, read_json
@@ -229,7 +229,7 @@ def sweep_point(best: pd.Series, sensitivity: pd.DataFrame) -> str:
 
 
 def gpu_health(gpus: pd.DataFrame | None, thresholds: dict, reasons: Sequence[str] = ()) -> list[dict]:
-    """The GPU monitor's criteria on each GPU's mean over the measurement window (gpumonitor.per_gpu)."""
+    """The GPU monitor's criteria on each GPU's mean over the measurement window (monitor_window.per_gpu)."""
     sm_min, watts_min = thresholds["sm_active_pct_min"], thresholds["power_w_min"]
     fraction_min, pcie_max = thresholds["power_fraction_min"], thresholds["pcie_gb_s_max"]
     least = "of the least loaded GPU"
@@ -419,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = cli.start(args)
     scaling = read_csv(args.scaling, ["mode", "world_size", "efficiency_mean", "time_per_step_s_mean"])
     sensitivity = read_csv(args.sensitivity, ["gain_vs_baseline", "images_per_s_per_gpu"])
-    samples, reasons = gpumonitor.load(args.monitor or [])
-    gpus = gpumonitor.per_gpu(samples) if args.monitor is not None else None
+    samples, reasons = monitor_window.load(args.monitor or [])
+    gpus = monitor_window.per_gpu(samples) if args.monitor is not None else None
     table = evaluate(scaling, sensitivity, settings["acceptance"], gpus, settings["monitor"], reasons)
     if args.busbw or args.loader_smoke:
         busbw = read_csv(args.busbw, BUSBW_COLUMNS) if args.busbw else None

@@ -3,7 +3,7 @@ with the evidence; how many GPU monitor samples its window held; and the command
 every contended point.
 
 From a run's gpu_monitor.csv and gpu_monitor.json (scalestudy.train.gpu_monitor, whose processes
-scalestudy.train.gpu_processes tells apart) and its measurement window (gpumonitor.window_of_results:
+scalestudy.train.gpu_processes tells apart) and its measurement window (monitor_window.window_of_results:
 the window's unpaused stretches; the whole run where the window was not filled; nothing where the
 run reports an earlier attempt's window), the trainer adds to summary.json's results, and
 scalestudy.analysis.aggregate to runs.csv (for a summary written before these keys existed):
@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy.analysis import cli, gpumonitor
+from scalestudy.analysis import cli, monitor_window
 from scalestudy.analysis.tableio import read_csv, read_json
 from scalestudy.plan import paths, runfiles
 
@@ -60,10 +60,10 @@ def of_folder(run_dir: str | Path, results: dict) -> dict[str, Any]:
     csv_path = run_dir / runfiles.GPU_MONITOR
     if not csv_path.is_file():
         return not_judged()
-    samples = read_csv(csv_path, gpumonitor.REQUIRED)
+    samples = read_csv(csv_path, monitor_window.REQUIRED)
     info_path = run_dir / runfiles.GPU_MONITOR_INFO
     info = read_json(info_path) if info_path.is_file() else {}
-    return judge(samples, info, gpumonitor.window_of_results(results))
+    return judge(samples, info, monitor_window.window_of_results(results))
 
 
 def judge(samples: pd.DataFrame, info: dict, window: list[tuple[float, float]] | None) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def judge(samples: pd.DataFrame, info: dict, window: list[tuple[float, float]] |
     verdict = not_judged()
     if samples.empty:
         return verdict
-    inside = samples[gpumonitor.inside(samples["time_s"], window)] if window is not None else samples
+    inside = samples[monitor_window.inside(samples["time_s"], window)] if window is not None else samples
     gpus = samples.groupby(["host", "gpu_uuid"]).size().index
     counts = inside.groupby(["host", "gpu_uuid"]).size().reindex(gpus, fill_value=0)
     verdict["monitor_window_samples"] = int(counts.min())

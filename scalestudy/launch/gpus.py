@@ -11,7 +11,7 @@ them held by a job until its last process ends.
   progress line every PROGRESS_EVERY_S naming the busy GPUs and their holders.
 - The lock descriptors stay open and inheritable: the launcher execs the ranks (or torchrun, or a
   profiler), so the kernel releases the locks when that process ends, however it ends (SIGKILL
-  included). torchrun's ranks die with their agent (scalestudy.launch.rendezvous.die_with_parent).
+  included). torchrun's ranks die with their agent (scalestudy.launch.distributed.die_with_parent).
 - `assign(spec, launcher, environ)`: a launch's GPUs and the ranks' environment (SOURCE_ENV says
   who gave them): `local-lock` (here, the locks above), `slurm` (inside a Slurm allocation, or
   started by srun: Slurm binds the GPUs, no locks), `none` (CPU ranks; outside Slurm the machine's

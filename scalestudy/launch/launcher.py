@@ -18,7 +18,7 @@ spec's environment (NCCL settings, thread-pool sizes) and the image's path and s
 scalestudy.provenance) reach every rank: srun exports the whole environment, and APPTAINERENV_*
 copies get them past `--cleanenv` too. Pure standard library; the command is exec'd, never given
 to a shell, and logged shell-quoted. Without an image, torchrun's ranks learn the agent's pid (this
-process's, kept by exec) and die with it (scalestudy.launch.rendezvous.die_with_parent).
+process's, kept by exec) and die with it (scalestudy.launch.distributed.die_with_parent).
 
 GPUs (scalestudy.launch.gpus): a launch whose ranks use GPUs (`gpus_per_node` > 0) started here,
 outside Slurm, first takes one GPU per rank by a lock per GPU, waiting while they are busy, and
@@ -41,7 +41,7 @@ from typing import Any
 
 TRAINER_MODULE = "scalestudy.train"
 LAUNCHER_PID_ENV = (
-    "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.launch.rendezvous)
+    "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.launch.distributed)
 )
 IMAGE_ENV = "SCALESTUDY_IMAGE"  # scalestudy.provenance reads these two
 IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"

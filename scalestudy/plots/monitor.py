@@ -5,7 +5,7 @@ The top panel shows SM activity from NVML GPM (`sm_active_pct`, solid: the share
 NVML's utilization (`kernel_active_pct`, dashed: the share of time any kernel ran, which reads
 ~100 % on a GPU with few SMs busy). Power is drawn as a fraction of each GPU's enforced power limit.
 Where a run's summary.json gives its measurement window, the samples outside it are drawn faint:
-the thresholds apply to the window (scalestudy.analysis.gpumonitor). With no GPU samples at all (a
+the thresholds apply to the window (scalestudy.analysis.monitor_window). With no GPU samples at all (a
 CPU run: gpu_monitor.csv has its header only) the figure says so, with the reason from
 gpu_monitor.json, instead of drawing empty axes.
 """
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from scalestudy.analysis import gpumonitor
-from scalestudy.analysis.gpumonitor import load  # noqa: F401 - the figure's entry point
+from scalestudy.analysis import monitor_window
+from scalestudy.analysis.monitor_window import load  # noqa: F401 - the figure's entry point
 from scalestudy.plots import style
 
 OUTSIDE_WINDOW_ALPHA = 0.3
@@ -94,7 +94,7 @@ def timelines(
         style.placeholder_note(axes[0, 0], f"No GPU monitor data: these runs had no GPU.\nReason: {why}")
         style.save_figure(fig, png, pdf)
         return
-    runs = sorted(samples["run"].unique(), key=lambda r: (gpumonitor.world_of(r), r))
+    runs = sorted(samples["run"].unique(), key=lambda r: (monitor_window.world_of(r), r))
     colours = dict(zip(runs, style.series_colours(len(runs)), strict=True))
     fig, axes = style.new_figure(aspect=1.1, nrows=len(PANELS))
     for ax, (columns, label, key, text, scale) in zip(axes[:, 0], PANELS, strict=True):

@@ -27,7 +27,7 @@ import pandas as pd
 
 from scalestudy import atomic, provenance
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.commbench")

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic
+from scalestudy.launch import distributed
 from scalestudy.launch import launcher as launch
-from scalestudy.launch import rendezvous as distributed
 from scalestudy.plan import cluster
 from scalestudy.preflight import common, nvidia
 from scalestudy.preflight.site_rules import (

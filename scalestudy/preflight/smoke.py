@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import workloads
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan import grid, runconfig, runfiles
 from scalestudy.preflight import common
 

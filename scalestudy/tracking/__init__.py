@@ -162,7 +162,7 @@ def stop_follower(pid_file: str | os.PathLike, timeout_s: float = 120) -> bool:
 
 def _is_follower(pid: int) -> bool:
     """A live process with that pid that is a follower (not a pid reused since)."""
-    from scalestudy.launch.rendezvous import process_running  # stdlib only
+    from scalestudy.launch.distributed import process_running  # stdlib only
 
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from scalestudy.data.preprocess import PackedDataError
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan import runconfig
 from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.progress import setup_logging

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 

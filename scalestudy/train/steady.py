@@ -249,10 +249,10 @@ def mean_over_ranks(value: float, group) -> float:
         return value
     import torch
 
-    from scalestudy.launch import rendezvous
+    from scalestudy.launch import distributed
 
     total = torch.tensor([value], dtype=torch.float64)
-    rendezvous.all_reduce_sum(total, group)
+    distributed.all_reduce_sum(total, group)
     return total.item() / torch.distributed.get_world_size(group)
 
 

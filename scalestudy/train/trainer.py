@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from scalestudy import atomic, provenance, workloads
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds

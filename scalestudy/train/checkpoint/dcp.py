@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from scalestudy import atomic, provenance
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.train.checkpoint.single_file import (
     SUPERSEDED,
     check_fits,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.train.checkpoint import single_file as checkpoint

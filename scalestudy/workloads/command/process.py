@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 
 STOP_GRACE_S = 20.0
 GRACE_ENV = "SCALESTUDY_STOP_GRACE_S"

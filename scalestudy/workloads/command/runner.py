@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic, provenance
-from scalestudy.launch import rendezvous as distributed
+from scalestudy.launch import distributed
 from scalestudy.plan import runconfig, runfiles
 from scalestudy.plan.runconfig import DEFAULTS, RULES, RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS

@@ -1,4 +1,4 @@
-"""What live tracking costs a training job: `python -m scalestudy.tracking.bench [--pairs N]`.
+"""What live tracking costs a training job: `python -m scalestudy.tracking.overhead [--pairs N]`.
 
 Trains the demo's baseline point for `--epochs` (config/demo.yaml, one rank, on the packed data
 the demo made in results/data/packed) with tracking off and on, in interleaved pairs (off, on, off,
