@@ -15,7 +15,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from scalestudy import workloads
+from scalestudy.plan import workloads
 from scalestudy.launch import attempt_logs
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import gpus as _gpus

@@ -32,9 +32,10 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy import atomic, provenance, workloads
+from scalestudy import atomic, provenance
 from scalestudy.analysis import accounting, cli, contention
 from scalestudy.analysis.tableio import dig, read_json
+from scalestudy.plan import runconfig, workloads
 
 log = logging.getLogger("scalestudy.analysis.aggregate")
 
@@ -55,7 +56,7 @@ MEMORY_AND_QUALITY = (
     "final_test_loss",
     "final_test_perplexity",
 )
-WORKLOAD_DEFAULTS = {"workload": workloads.DEFAULT, "parallelism": "ddp"}
+WORKLOAD_DEFAULTS = {key: runconfig.DEFAULTS[key] for key in ("workload", "parallelism")}
 SACCT_COLUMNS = ("sacct.elapsed_s", "sacct.state", "sacct.max_rss_mb", "sacct.note")
 
 

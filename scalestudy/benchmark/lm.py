@@ -39,8 +39,8 @@ from scalestudy.benchmark.report import Row, format_table, records, write_csv
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
 from scalestudy.plan import runfiles
+from scalestudy.plan.workloads import GPT_PRESETS
 from scalestudy.progress import setup_logging
-from scalestudy.workloads import GPT_PRESETS
 
 log = logging.getLogger("scalestudy.benchmark.lm")
 

@@ -26,8 +26,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from scalestudy import workloads
-from scalestudy.plan import grid, runconfig, schema
+from scalestudy.plan import grid, runconfig, schema, workloads
 from scalestudy.plan.patterns import MEANINGS
 
 # The data sources each kind of workload data (scalestudy.workloads.DataKind) is fetched from.

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalestudy import workloads
-from scalestudy.plan import cluster, runconfig
+from scalestudy.plan import cluster, runconfig, workloads
 from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DIR, RUNS_DIR
 
 # Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a

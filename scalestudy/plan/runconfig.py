@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy import workloads
-from scalestudy.plan import schema
+from scalestudy.plan import schema, workloads
 
 log = logging.getLogger("scalestudy.train")
 

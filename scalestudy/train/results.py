@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from scalestudy import provenance
+from scalestudy.plan.workloads import Workload
 from scalestudy.train import optim
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint import single_file
 from scalestudy.train.process import effective_precision, fp32_math
 from scalestudy.train.state import RunState
 from scalestudy.train.steady import SteadyWindow
-from scalestudy.workloads import Workload
 from scalestudy.workloads.built import Built
 
 log = logging.getLogger("scalestudy.train")

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scalestudy import atomic, provenance, workloads
+from scalestudy import atomic, provenance
+from scalestudy import workloads as workload_code
 from scalestudy.launch import distributed
-from scalestudy.plan import runfiles
+from scalestudy.plan import runfiles, workloads
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
 from scalestudy.tracking.live import NULL_RUN
@@ -163,7 +164,7 @@ class Trainer:
         }
 
     def build_data(self) -> None:
-        runtime = workloads.runtime(self.workload.name)
+        runtime = workload_code.runtime(self.workload.name)
         self.train_data, self.test_data = runtime.build_data(
             self.config, self.rank, self.world_size, self.device
         )
@@ -172,7 +173,7 @@ class Trainer:
 
     def build_model(self) -> None:
         c = self.config
-        built = workloads.runtime(self.workload.name).build_model(c, self.device)
+        built = workload_code.runtime(self.workload.name).build_model(c, self.device)
         self.model, self.built = built.model, built
         self.wrapped = parallel.wrap(self.model, c, self.device, self.world_size, built.shard_units)
         self.train_model = self.wrapped.module

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalestudy.workloads import GPT_PRESETS
+from scalestudy.plan.workloads import GPT_PRESETS
 
 MLP_RATIO = 4
 INIT_STD = 0.02  # GPT-2's
