@@ -37,7 +37,7 @@ except ImportError:  # without scalestudy: no profiling window
     ProfileWindow = None
 
 try:
-    from scalestudy.workloads.command.contract import EXIT_RESUMABLE, Reporter
+    from scalestudy.contract import EXIT_RESUMABLE, Reporter
 except ImportError:  # the script without scalestudy installed: the same lines, written by hand
     EXIT_RESUMABLE = 75
 

@@ -1,4 +1,4 @@
-"""The command workload: the user's own script through the runner (scalestudy.workloads.command.runner).
+"""The command workload: the user's own script through the runner (scalestudy.train.command.runner).
 
 Known answers for the window and the progress file; the contract's Reporter; the runner with tiny
 standard-library scripts (errors, checkpoint folder); and the example DDP script end to end with
@@ -21,12 +21,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from scalestudy import contract
 from scalestudy.analysis.aggregate import summary_row
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
-from scalestudy.train import steady
-from scalestudy.workloads.command import contract
-from scalestudy.workloads.command import runner as command
-from scalestudy.workloads.command.progress import ProgressError, read_progress, step_results
+from scalestudy.train import program, steady
+from scalestudy.train.command import runner as command
+from scalestudy.train.command.progress import ProgressError, read_progress, step_results
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_script.py"
@@ -43,6 +43,7 @@ def _no_launcher(monkeypatch):
 
 def _run_config(tmp_path: Path, script, args=(), world_size=1, **changes) -> dict:
     return {
+        "workload": "command",
         "stage": "baseline",
         "point": "default",
         "world_size": world_size,
@@ -227,7 +228,7 @@ def test_a_reporter_outside_scalestudy_writes_nothing(tmp_path):
 FAKE = textwrap.dedent(
     """
     import json, os, sys
-    from scalestudy.workloads.command.contract import Reporter
+    from scalestudy.contract import Reporter
     reporter = Reporter.from_env()
     steps, mode = int(sys.argv[1]), sys.argv[2]
     state = reporter.checkpoint_dir / "state.json"
@@ -262,7 +263,7 @@ def test_a_script_that_fails_or_reports_badly_leaves_no_run_folder(
     tmp_path, fake, capsys, mode, code, message
 ):
     out = tmp_path / "run"
-    assert command.main(_argv(_run_config(tmp_path, fake, ["12", mode]), out)) == code
+    assert program.main(_argv(_run_config(tmp_path, fake, ["12", mode]), out)) == code
     assert message in capsys.readouterr().err
     assert not out.exists() or not list(out.iterdir())
 
@@ -281,7 +282,7 @@ def test_a_bad_run_config_exits_2_naming_the_key_before_anything_runs(
     tmp_path, fake, capsys, change, message
 ):
     out = tmp_path / "run"
-    assert command.main(_argv({**_run_config(tmp_path, fake, ["4", "ok"]), **change}, out)) == 2
+    assert program.main(_argv({**_run_config(tmp_path, fake, ["4", "ok"]), **change}, out)) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "ckpt" / "scalestudy").exists()
 
@@ -289,12 +290,12 @@ def test_a_bad_run_config_exits_2_naming_the_key_before_anything_runs(
 def test_a_finished_run_empties_its_checkpoint_dir_and_one_kept_is_measured_anew(tmp_path, fake):
     out = tmp_path / "run"
     config = _run_config(tmp_path, fake, ["12", "ok"], keep_checkpoints=True)
-    assert command.main(_argv(config, out)) == 0
+    assert program.main(_argv(config, out)) == 0
     assert (tmp_path / "ckpt" / "state.json").exists()  # kept, marked finished
-    assert command.main(_argv(config, out)) == 0  # asked again: the mark empties it first
+    assert program.main(_argv(config, out)) == 0  # asked again: the mark empties it first
     results = _summary(out)["results"]
     assert results["steps"] == 12 and results["resumes"] == []
-    assert command.main(_argv({**config, "keep_checkpoints": False}, out)) == 0  # another run config
+    assert program.main(_argv({**config, "keep_checkpoints": False}, out)) == 0  # another run config
     assert _summary(out)["results"]["steps"] == 12 and not (tmp_path / "ckpt").exists()
 
 
@@ -332,7 +333,7 @@ EXAMPLE_ARGS = ["--samples", "1024", "--test-samples", "512", "--hidden", "64"] 
 def test_the_example_script_with_one_rank_makes_a_run_folder_the_catalog_takes(tmp_path):
     out = tmp_path / "run"
     config = _run_config(tmp_path, EXAMPLE, EXAMPLE_ARGS, device="cpu")
-    assert command.main(_argv(config, out)) == 0
+    assert program.main(_argv(config, out)) == 0
     summary = _check_run_folder(out, 1, 2 * 1024 // 16)
     assert summary["provenance"]["launcher"] == "single" and not (tmp_path / "ckpt").exists()
     results = summary["results"]  # the example's "model" line: its MLP's size and FLOPs
@@ -357,7 +358,7 @@ def test_the_example_script_with_two_ranks_under_torchrun(tmp_path):
     out = tmp_path / "run"
     config = _run_config(tmp_path, EXAMPLE, EXAMPLE_ARGS, world_size=2, device="cpu")
     runner = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    runner += ["-m", "scalestudy.workloads.command", *_argv(config, out)]
+    runner += ["-m", "scalestudy.train", *_argv(config, out)]
     result = subprocess.run(runner, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
     summary = _check_run_folder(out, 2, 2 * 1024 // 32)
@@ -393,7 +394,7 @@ def test_killed_then_stopped_by_sigterm_the_run_resumes_twice_counting_every_ste
     through the runner; the next retry resumes there and finishes."""
     out = tmp_path / "run"
     args = ["--samples", "4096", "--hidden", "512", "--checkpoint-every", "50"]  # 256 steps per epoch
-    runner = [sys.executable, "-m", "scalestudy.workloads.command"]
+    runner = [sys.executable, "-m", "scalestudy.train"]
     runner += _argv(_run_config(tmp_path, EXAMPLE, args, device="cpu"), out)
     progress = tmp_path / "ckpt" / "scalestudy" / "progress-rank0.jsonl"
     first = _start(runner)
@@ -445,7 +446,7 @@ def test_a_bad_line_on_another_rank_fails_the_run_through_rank_0(tmp_path, fake)
     out = tmp_path / "run"
     config = _run_config(tmp_path, fake, ["12", "bad-on-rank1"], world_size=2)
     runner = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    runner += ["-m", "scalestudy.workloads.command", *_argv(config, out)]
+    runner += ["-m", "scalestudy.train", *_argv(config, out)]
     result = subprocess.run(runner, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "rank 1: exit code 0 " in result.stderr, result.stderr[-3000:]
     assert "progress-rank1.jsonl:2: not a JSON object" in result.stderr
@@ -462,7 +463,7 @@ def test_another_run_configs_checkpoint_dir_is_set_aside_not_deleted(tmp_path, f
     )
     (ckpt / "state.json").write_text(json.dumps({"step": 5}))  # the other run's checkpoint
     out = tmp_path / "run"
-    assert command.main(_argv(_run_config(tmp_path, fake, ["12", "ok"]), out)) == 0
+    assert program.main(_argv(_run_config(tmp_path, fake, ["12", "ok"]), out)) == 0
     kept = ckpt / command.SUPERSEDED / "0123456789abcdef"
     assert json.loads((kept / "state.json").read_text()) == {"step": 5}
     assert f"set aside as {kept}" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """Faults of issue 23, each as a demanding user's cluster produces it: scripts that ignore SIGTERM or
 leave children behind, a runner or torchrun agent SIGKILLed, a failing script's stderr.
 
-Real processes: the command workload's runner (scalestudy.workloads.command) at 1 rank, and under
+Real processes: the command workload's runner (scalestudy.train.command under python -m
+scalestudy.train) at 1 rank, and under
 torchrun (gloo-free: the runner needs no process group) at 2 ranks.
 """
 
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy import contract
 from scalestudy.launch.distributed import process_running
-from scalestudy.workloads.command import contract
-from scalestudy.workloads.command import runner as command
+from scalestudy.train import program
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -66,13 +67,14 @@ def _env(**extra) -> dict[str, str]:
 
 
 def command_process_env() -> str:
-    from scalestudy.workloads.command.process import GRACE_ENV
+    from scalestudy.train.command.process import GRACE_ENV
 
     return GRACE_ENV
 
 
 def _run_config(tmp_path: Path, script: Path, mode: str, world_size: int = 1) -> dict:
     return {
+        "workload": "command",
         "world_size": world_size,
         "per_gpu_batch": 4,
         "global_batch": 4 * world_size,
@@ -132,7 +134,7 @@ def test_a_script_ignoring_sigterm_is_killed_after_the_grace_resumable_only_if_i
         [
             sys.executable,
             "-m",
-            "scalestudy.workloads.command",
+            "scalestudy.train",
             *_argv(_run_config(tmp_path, tree, mode), tmp_path / "run"),
         ]
     )
@@ -155,7 +157,7 @@ def test_a_bad_stop_grace_is_named_before_the_script_starts(tmp_path, tree, monk
     monkeypatch.setenv(command_process_env(), "soon")
     for name in LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    assert command.main(_argv(_run_config(tmp_path, tree, "ignore"), tmp_path / "run")) == 2
+    assert program.main(_argv(_run_config(tmp_path, tree, "ignore"), tmp_path / "run")) == 2
     assert "SCALESTUDY_STOP_GRACE_S='soon' must be a number of seconds > 0" in capsys.readouterr().err
     assert not (tmp_path / "pids0").exists()
 
@@ -168,7 +170,7 @@ def test_no_process_of_the_scripts_tree_survives_a_sigkill_of_the_runner(tmp_pat
         [
             sys.executable,
             "-m",
-            "scalestudy.workloads.command",
+            "scalestudy.train",
             *_argv(_run_config(tmp_path, tree, "ignore"), tmp_path / "run"),
         ]
     )
@@ -189,7 +191,7 @@ def test_no_process_of_either_ranks_tree_survives_a_sigkill_of_the_torchrun_agen
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         + [
             "-m",
-            "scalestudy.workloads.command",
+            "scalestudy.train",
             *_argv(_run_config(tmp_path, tree, "ignore", 2), tmp_path / "run"),
         ]
     )
@@ -212,7 +214,7 @@ def test_a_finished_script_leaves_no_child_running(tmp_path):
             """
             import subprocess, sys
             from pathlib import Path
-            from scalestudy.workloads.command.contract import Reporter
+            from scalestudy.contract import Reporter
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
             Path(sys.argv[1], "child").write_text(str(child.pid))
             reporter = Reporter.from_env()
@@ -223,7 +225,7 @@ def test_a_finished_script_leaves_no_child_running(tmp_path):
     config = {**_run_config(tmp_path, script, "ok"), "measure_warmup_steps": 1, "measure_steps": 1}
     config["command"]["args"] = [str(tmp_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "scalestudy.workloads.command", *_argv(config, tmp_path / "run")],
+        [sys.executable, "-m", "scalestudy.train", *_argv(config, tmp_path / "run")],
         cwd=REPO,
         env=_env(),
         capture_output=True,
@@ -246,7 +248,7 @@ def test_a_failing_script_is_logged_at_error_with_its_last_lines_of_stderr(tmp_p
         [
             sys.executable,
             "-m",
-            "scalestudy.workloads.command",
+            "scalestudy.train",
             *_argv(_run_config(tmp_path, tree, "fail"), tmp_path / "run"),
         ],
         cwd=REPO,
@@ -257,7 +259,7 @@ def test_a_failing_script_is_logged_at_error_with_its_last_lines_of_stderr(tmp_p
     )
     assert result.returncode == 3
     error = result.stderr[
-        result.stderr.index("ERROR scalestudy.workloads.command: rank 0: script exited with 3") :
+        result.stderr.index("ERROR scalestudy.train.command: rank 0: script exited with 3") :
     ]
     assert "its last lines of stderr:\nstderr line 11\nstderr line 12\n" in error  # the last 20, in order
     assert "stderr line 29\nRuntimeError: the last words" in error

@@ -117,7 +117,7 @@ def test_a_cpu_study_on_a_gpu_machine_declares_no_gpu(tmp_path):
 # fail) or "STAGE:file:PATH" (they wait for the file), at most 120 s.
 PROBE = '''"""Records when this rank ran and the GPUs its launcher gave it."""
 import json, os, sys, time
-from scalestudy.workloads.command.contract import Reporter
+from scalestudy.contract import Reporter
 
 reporter = Reporter.from_env()
 config = reporter.run_config

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from scalestudy.train.ranges import ProfileWindow, check_profile, named_range
+from scalestudy.plan.runconfig import check_profile
+from scalestudy.train.ranges import ProfileWindow, named_range
 
 
 def _steps(window: ProfileWindow, count: int) -> list[bool]:

@@ -137,7 +137,7 @@ def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 
 def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     """The runs whose gradient bytes are known (a user's script that reports no parameter count,
-    scalestudy.workloads.command.contract's "model" line, cannot be modelled): the others are named and
+    scalestudy.contract's "model" line, cannot be modelled): the others are named and
     left out."""
     known = _numeric(scaling, "parameters").notna() | _numeric(scaling, "config.width").notna()
     if not known.all():

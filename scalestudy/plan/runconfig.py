@@ -285,12 +285,16 @@ def load_run_config(
 
 
 def validate(config: dict[str, Any]) -> None:
-    problems = [f"{key} is required" for key in REQUIRED if config.get(key) is None]
+    """RunConfigError naming every key of a filled run config the trainer cannot run with."""
+    needed = required(config)
+    problems = [f"{key} is required" for key in needed if config.get(key) is None]
     problems += [
         f"{key}={config[key]!r} must be {rule.describe()}"
         for key, rule in RULES.items()
-        if key in config and not (key in REQUIRED and config[key] is None) and not rule.accepts(config[key])
+        if key in config and not (key in needed and config[key] is None) and not rule.accepts(config[key])
     ]
+    if config.get("workload") == "command":
+        problems += _command_problems(config.get("command"))
     if problems:  # the checks across keys assume the values have their types
         raise RunConfigError("run config: " + "; ".join(problems))
     if config["global_batch"] != config["per_gpu_batch"] * config["world_size"]:
@@ -303,11 +307,32 @@ def validate(config: dict[str, Any]) -> None:
     problems += _profile_problems(config["profile"])
     if problems:
         raise RunConfigError("run config: " + "; ".join(problems))
+    if config.get("workload") == "command":  # the section filled in: what the runner reads
+        unit = workloads.get("command").sample_unit
+        config["command"] = {"args": [], "sample_unit": unit, **config["command"]}
+
+
+PROFILE_TOOLS = ("none", "torch", "nsys")  # what the trainer runs (scalestudy.train.ranges)
+
+
+def check_profile(profile: dict[str, Any] | None) -> tuple[str, int, int]:
+    """(tool, start_step, steps) of a run config's `profile`; ValueError naming what is wrong."""
+    if not profile:
+        return "none", 0, 0
+    tool = profile.get("tool") or "none"
+    if tool not in PROFILE_TOOLS:
+        hint = (
+            " (scalestudy.profiling.run resolves 'auto' before the trainer starts)" if tool == "auto" else ""
+        )
+        raise ValueError(f"profile tool must be one of {PROFILE_TOOLS} or null, got tool={tool!r}{hint}")
+    start_step, steps = profile.get("start_step", 0), profile.get("steps", 0)
+    window_ok = isinstance(start_step, int) and isinstance(steps, int) and start_step >= 0 and steps >= 1
+    if tool != "none" and not window_ok:
+        raise ValueError(f"profile window needs start_step >= 0 and steps >= 1, got {profile}")
+    return tool, start_step, steps
 
 
 def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
-    from scalestudy.train.ranges import check_profile  # imports torch: RULES stay importable without it
-
     window = {key: (profile or {}).get(key) for key in ("start_step", "steps")}
     flags = [f"profile.{key}={value!r} must be an integer" for key, value in window.items() if value is True]
     try:
@@ -315,6 +340,30 @@ def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
     except ValueError as error:
         return [*flags, str(error)]
     return flags
+
+
+# The command workload's section: the user's script, its arguments and the unit it counts in.
+COMMAND_KEYS = ("script", "args", "sample_unit")
+
+
+def _command_problems(command: Any) -> list[str]:
+    if not isinstance(command, dict):
+        return [f"command must be an object with {', '.join(COMMAND_KEYS)}, got {command!r}"]
+    problems = []
+    if not (isinstance(command.get("script"), str) and command["script"]):
+        problems.append(f"command.script={command.get('script')!r} must be a non-empty string (a path)")
+    args = command.get("args", [])
+    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        problems.append(f"command.args={args!r} must be a list of strings")
+    unit = command.get("sample_unit", workloads.get("command").sample_unit)
+    if not (isinstance(unit, str) and unit):
+        problems.append(f"command.sample_unit={unit!r} must be a non-empty string")
+    return problems + [f"command.{key} is not a known key" for key in set(command) - set(COMMAND_KEYS)]
+
+
+def required(config: dict[str, Any]) -> tuple[str, ...]:
+    """The keys a run config must give: the command workload reads no data_dir (its script does)."""
+    return tuple(key for key in REQUIRED if not (key == "data_dir" and config.get("workload") == "command"))
 
 
 def check_locations(config: dict[str, Any], out_dir: str | os.PathLike) -> None:

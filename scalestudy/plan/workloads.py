@@ -9,7 +9,7 @@ go into its run configs.
 
     resnet18-cifar10  the reference study: ResNet-18 (CIFAR stem) on CIFAR-10, images
     gpt               a GPT-style decoder LM on a byte-tokenised text corpus, tokens
-    command           the user's own training script (scalestudy.workloads.command.runner), in its unit
+    command           the user's own training script (scalestudy.train.command.runner), in its unit
 """
 
 from __future__ import annotations

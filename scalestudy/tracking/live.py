@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from scalestudy import provenance
+from scalestudy.contract import EXIT_RESUMABLE
 from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, from_environ
 
 log = logging.getLogger("scalestudy.tracking")
 
-END_STATUS = {0: "FINISHED", 75: "KILLED"}
+END_STATUS = {0: "FINISHED", EXIT_RESUMABLE: "KILLED"}
 
 
 class NullRun:

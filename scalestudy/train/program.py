@@ -1,18 +1,19 @@
 """The trainer: `python -m scalestudy.train --run-config-json JSON | --run-config PATH --out-dir DIR`.
 
-The program around one rank's Trainer (scalestudy.train.trainer): reads and checks the run config
-and the launcher's environment, picks device and backend, then runs setup, resume, fit and finish
-in the run's process settings (scalestudy.train.process). A run config of the command workload goes
-to scalestudy.workloads.command.runner. Exit codes: 0 done, EXIT_BAD_CONFIG (2) bad input,
-EXIT_RESUMABLE (75, scalestudy.train.trainer) stopped by a signal after a checkpoint."""
+The program every rank runs, whatever the workload: reads and checks the run config (once:
+scalestudy.plan.runconfig) and the launcher's environment; a command workload's run goes to its
+runner (scalestudy.train.command.runner), any other to a Trainer (scalestudy.train.trainer): device
+and backend, then setup, resume, fit and finish in the run's process settings
+(scalestudy.train.process). Exit codes (scalestudy.contract): 0 done, EXIT_BAD_CONFIG (2) bad input,
+EXIT_RESUMABLE (75) stopped by a signal after a checkpoint."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 from typing import Any
 
+from scalestudy.contract import EXIT_BAD_CONFIG
 from scalestudy.data.preprocess import PackedDataError
 from scalestudy.launch import distributed
 from scalestudy.plan import runconfig
@@ -23,8 +24,6 @@ from scalestudy.train.datafit import check_batch_fits
 from scalestudy.train.process import exit_now, keep_freed_host_memory, process_settings
 from scalestudy.train.state import StopRequest
 from scalestudy.train.trainer import Trainer
-
-EXIT_BAD_CONFIG = 2
 
 log = logging.getLogger("scalestudy.train")
 
@@ -43,13 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
     """The trainer's command line; `exit_process` (python -m) ends the process here (see exit_now).
-    A run config of the command workload goes to its runner (scalestudy.workloads.command.runner): every
-    rule, the profiler and the smoke test start any workload the same way."""
+    Every rule, the profiler and the smoke test start any workload the same way."""
     args = parse_args(argv)
-    if _given_workload(args) == "command":
-        from scalestudy.workloads.command import runner as command
-
-        return command.main(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
     try:
         given, config = load_run_config(args)
@@ -60,6 +54,10 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
                 f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
                 f"has {dist_env.world_size} ranks"
             )
+        if config["workload"] == "command":
+            from scalestudy.train.command import runner
+
+            return runner.run(config, given, args.out_dir, dist_env)
         device = distributed.select_device(config["device"], dist_env.local_rank)
         backend = distributed.select_backend(config["backend"], device)
         check_locations(config, args.out_dir)
@@ -74,14 +72,6 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
     if exit_process:
         exit_now(code)  # while `trainer` (model, DDP reducer, profiler) is still alive
     return code
-
-
-def _given_workload(args: argparse.Namespace) -> str | None:
-    """The run config's workload, or None where it cannot be read (load_run_config says why)."""
-    with contextlib.suppress(RunConfigError):
-        given, _ = load_run_config(args, validated=False)
-        return given.get("workload")
-    return None
 
 
 def run(trainer: Trainer, config: dict[str, Any]) -> int:

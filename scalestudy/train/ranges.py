@@ -33,9 +33,9 @@ import torch
 
 from scalestudy import atomic
 from scalestudy.plan import runfiles
+from scalestudy.plan.runconfig import check_profile
 from scalestudy.profiling.schema import NAMED_RANGES
 
-TOOLS = ("nsys", "torch", "none")
 OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
 
 log = logging.getLogger("scalestudy.ranges")
@@ -52,23 +52,6 @@ def named_range(name: str) -> Iterator[None]:
         finally:
             if handle is not None:
                 torch.cuda.nvtx.range_end(handle)
-
-
-def check_profile(profile: dict[str, Any] | None) -> tuple[str, int, int]:
-    """(tool, start_step, steps) of a run config's `profile`; ValueError naming what is wrong."""
-    if not profile:
-        return "none", 0, 0
-    tool = profile.get("tool") or "none"
-    if tool not in TOOLS:
-        hint = (
-            " (scalestudy.profiling.run resolves 'auto' before the trainer starts)" if tool == "auto" else ""
-        )
-        raise ValueError(f"profile tool must be one of {TOOLS} or null, got tool={tool!r}{hint}")
-    start_step, steps = profile.get("start_step", 0), profile.get("steps", 0)
-    window_ok = isinstance(start_step, int) and isinstance(steps, int) and start_step >= 0 and steps >= 1
-    if tool != "none" and not window_ok:
-        raise ValueError(f"profile window needs start_step >= 0 and steps >= 1, got {profile}")
-    return tool, start_step, steps
 
 
 class ProfileWindow:

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
+from scalestudy.contract import STOP_SIGNALS
 from scalestudy.launch import distributed
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:

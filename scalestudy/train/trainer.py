@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from scalestudy import atomic, provenance
 from scalestudy import workloads as workload_code
+from scalestudy.contract import EXIT_RESUMABLE
 from scalestudy.launch import distributed
 from scalestudy.plan import runfiles, workloads
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
@@ -41,8 +42,6 @@ from scalestudy.train.ranges import ProfileWindow, named_range
 from scalestudy.train.results import RunResults, steady_result
 from scalestudy.train.state import EpochMeter, EpochProgress, Position, RunState, StepTimer, StopRequest
 from scalestudy.workloads.built import Built
-
-EXIT_RESUMABLE = 75  # stopped by a signal after a checkpoint: the retry resumes
 
 log = logging.getLogger("scalestudy.train")
 

@@ -1,4 +1,4 @@
-"""The command workload runner's helpers (scalestudy.workloads.command.runner): the results keys only
+"""The command workload runner's helpers (scalestudy.train.command.runner): the results keys only
 the script knows, the rank's device for the GPU monitor, the launch's name, and the runner's files
 in checkpoint_dir (a line cut by a killed writer, another run config's files set aside, emptying)."""
 
@@ -18,7 +18,7 @@ from scalestudy.plan.runconfig import RunConfigError
 
 SUPERSEDED = "superseded"  # another run config's checkpoint_dir content: superseded/<its hash>/
 
-log = logging.getLogger("scalestudy.workloads.command")
+log = logging.getLogger("scalestudy.train.command")
 
 
 # The trainer's results keys that only the script knows.

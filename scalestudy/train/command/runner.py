@@ -1,15 +1,14 @@
 """The command workload's rank program: your own training script through the study.
 
-    python -m scalestudy.workloads.command --run-config-json JSON | --run-config PATH --out-dir DIR
-
-scalestudy.launch.launcher starts it on every rank (`--module scalestudy.workloads.command`);
-it runs the run config's `command.script` with `command.args` as a child process (`python SCRIPT
+Every rank runs `python -m scalestudy.train` as for any workload; scalestudy.train.program reads and
+checks the run config (scalestudy.plan.runconfig) and hands a command workload's to `run()`, which
+runs the run config's `command.script` with `command.args` as a child process (`python SCRIPT
 ARGS...`, the script relative to the current directory, the workflow's) under the contract of
-scalestudy.workloads.command.contract (docs/workloads.md, "Your own script"): the environment
+scalestudy.contract (docs/workloads.md, "Your own script"): the environment
 tells the script its run config, run folder, checkpoint folder and progress file; the script
 reports its steps, epochs and peak memory as JSON lines. The runner forwards SIGTERM/SIGUSR1 to the
 script and exits with its exit code (75: saved, retry to resume); a script still running a grace
-period after the stop is killed with its whole process tree (scalestudy.workloads.command.process:
+period after the stop is killed with its whole process tree (scalestudy.train.command.process:
 its own process group, a reaper that outlives the runner). A failing script is logged at ERROR
 with its last lines of stderr. Each rank samples its own GPU (scalestudy.train.gpu_monitor) while
 the script runs.
@@ -27,7 +26,6 @@ marks it finished, so a run asked for again measures anew.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -41,18 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic, provenance
-from scalestudy.launch import distributed
-from scalestudy.plan import runconfig, runfiles
-from scalestudy.plan.runconfig import DEFAULTS, RULES, RunConfigError
+from scalestudy import atomic, contract, provenance
+from scalestudy.plan import runfiles
+from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
-from scalestudy.progress import setup_logging
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.workloads.command import contract
-from scalestudy.workloads.command import progress as command_progress
-from scalestudy.workloads.command.process import ScriptProcess, stop_grace_s
-from scalestudy.workloads.command.progress import ProgressError
-from scalestudy.workloads.command.support import (  # noqa: F401 - launch_id: the tests' too
+from scalestudy.train.command import progress as command_progress
+from scalestudy.train.command.process import ScriptProcess, stop_grace_s
+from scalestudy.train.command.progress import ProgressError
+from scalestudy.train.command.support import (  # noqa: F401 - launch_id: the tests' too
     SUPERSEDED,
     UNKNOWN_TO_THE_RUNNER,
     device_name,
@@ -64,72 +59,16 @@ from scalestudy.workloads.command.support import (  # noqa: F401 - launch_id: th
     rebased,
     supersede_folder,
 )
-from scalestudy.workloads.command.support import read_json as _read_json
+from scalestudy.train.command.support import read_json as _read_json
 
-EXIT_BAD_CONFIG = 2
-REQUIRED = ("checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
 STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
 RUN_MARK, FINISHED_MARK = "command_run.json", "finished.json"
 POLL_S = 0.2
 
-log = logging.getLogger("scalestudy.workloads.command")
+log = logging.getLogger("scalestudy.train.command")
 
 
-# --- run config -------------------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.workloads.command", description=__doc__.splitlines()[0]
-    )
-    runconfig.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def load_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the run config as given, with the trainer's defaults); RunConfigError names every bad key.
-    The trainer's rules check the keys given; data_dir is not needed."""
-    source = f"run config file {args.run_config}" if args.run_config else "run config"
-    try:
-        given = json.loads(args.run_config.read_text() if args.run_config else args.run_config_json)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RunConfigError(f"{source} cannot be read as JSON: {error}") from None
-    if not isinstance(given, dict):
-        raise RunConfigError(f"{source} must be a JSON object, got {type(given).__name__}")
-    config = {**DEFAULTS, **given}
-    problems = [f"{key} is required" for key in REQUIRED if config.get(key) is None]
-    problems += [
-        f"{key}={given[key]!r} must be {rule.describe()}"
-        for key, rule in RULES.items()
-        if key in given and not (key in REQUIRED and given[key] is None) and not rule.accepts(given[key])
-    ]
-    problems += _command_problems(config.get("command"))
-    if not problems and config["global_batch"] != config["per_gpu_batch"] * config["world_size"]:
-        problems.append(
-            f"global_batch={config['global_batch']} is not per_gpu_batch={config['per_gpu_batch']} x "
-            f"world_size={config['world_size']}"
-        )
-    if problems:
-        raise RunConfigError(f"{source}: " + "; ".join(problems))
-    config["command"] = {"args": [], "sample_unit": "samples", **config["command"]}
-    return given, config
-
-
-def _command_problems(command: Any) -> list[str]:
-    if not isinstance(command, dict):
-        return [f"command must be an object with script, args, sample_unit, got {command!r}"]
-    problems = []
-    if not (isinstance(command.get("script"), str) and command["script"]):
-        problems.append(f"command.script={command.get('script')!r} must be a non-empty string (a path)")
-    args = command.get("args", [])
-    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
-        problems.append(f"command.args={args!r} must be a list of strings")
-    unit = command.get("sample_unit", "samples")
-    if not (isinstance(unit, str) and unit):
-        problems.append(f"command.sample_unit={unit!r} must be a non-empty string")
-    return problems + [
-        f"command.{key} is not a known key" for key in set(command) - {"script", "args", "sample_unit"}
-    ]
+# --- the run's files ------------------------------------------------------------------------------
 
 
 def check_paths(config: dict[str, Any], out_dir: Path) -> Path:
@@ -221,13 +160,13 @@ class Runner:
         if failed:
             for r in failed:
                 log.error("rank %d: exit code %d %s", r["rank"], r["exit_code"], r.get("error") or "")
-            return next((r["exit_code"] for r in failed if r["exit_code"]), EXIT_BAD_CONFIG)
+            return next((r["exit_code"] for r in failed if r["exit_code"]), contract.EXIT_BAD_CONFIG)
         try:
             progress = command_progress.read_progress(self.progress_path)
             results = self.results(progress, reports)
         except ProgressError as error:
             log.error("%s", error)
-            return EXIT_BAD_CONFIG
+            return contract.EXIT_BAD_CONFIG
         self.write_run_folder(progress, results, reports)
         self.retire_checkpoint_dir()
         return 0
@@ -461,32 +400,16 @@ class Runner:
 # --- entry point ------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
+def run(config: dict[str, Any], given: dict[str, Any], out_dir: Path, dist_env) -> int:
+    """One rank of a command run, its run config read and checked (scalestudy.train.program); the
+    exit code: the script's, EXIT_RESUMABLE after a stop it saved for, EXIT_BAD_CONFIG for bad input."""
     try:
-        given, config = load_config(args)
-        dist_env = distributed.from_environ()
-        distributed.die_with_launcher()
-        if dist_env.world_size != config["world_size"]:
-            raise RunConfigError(
-                f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
-                f"has {dist_env.world_size} ranks"
-            )
-        script = check_paths(config, args.out_dir)
+        script = check_paths(config, Path(out_dir))
         stop_grace_s()  # a bad SCALESTUDY_STOP_GRACE_S is named before the script starts
+        return Runner(config, given, Path(out_dir), script, dist_env).run()
     except (RunConfigError, ValueError) as error:
         log.error("%s", error)
-        return EXIT_BAD_CONFIG
-    try:
-        return Runner(config, given, args.out_dir, script, dist_env).run()
-    except RunConfigError as error:
-        log.error("%s", error)
-        return EXIT_BAD_CONFIG
+        return contract.EXIT_BAD_CONFIG
     except TimeoutError as error:
         log.error("%s", error)
         return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""A command workload's progress files (scalestudy.workloads.command.contract) -> the trainer's results,
+"""A command workload's progress files (scalestudy.contract) -> the trainer's results,
 metrics.csv and steps.csv rows. Standard library only.
 
 A progress file spans the attempts of one run: the runner writes `{"event": "attempt", ...}` before
@@ -191,7 +191,7 @@ def step_results(progress: Progress, config: dict[str, Any], t0: float | None) -
     if not progress.final:
         raise ProgressError(
             f'{progress.path}: no "step" line: the script reported no optimizer step '
-            "(scalestudy.workloads.command.contract.Reporter.step)"
+            "(scalestudy.contract.Reporter.step)"
         )
     world_size = config["world_size"]
     results = {
