@@ -125,7 +125,6 @@ rule table_resources:
         prediction=rules.table_comm_model.output.prediction,
     output:
         csv=table_report("resource_estimate.csv", "Acceptance", "Resource estimate"),
-        tex=f"{TABLES_DIR}/resource_estimate.tex",
     params:
         analysis=analysis_json("resources", "comm_model"),
     log:
@@ -137,7 +136,7 @@ rule table_resources:
     shell:
         "python -m scalestudy.analysis.resources --runs {input.runs:q} --scaling {input.scaling:q}"
         " --prediction {input.prediction:q} --analysis-json {params.analysis:q}"
-        " --out {output.csv:q} --tex {output.tex:q} > {log:q} 2>&1"
+        " --out {output.csv:q} > {log:q} 2>&1"
 
 
 ANALYSIS_TARGETS = [

@@ -138,7 +138,7 @@ def image_input():
 IMAGE_DIGEST = imagedigest.digest_path(IMAGE)
 if CONTAINERIZED:
     for _name, _value in {
-        _launch.IMAGE_ENV: os.path.abspath(IMAGE),
+        imagedigest.IMAGE_ENV: os.path.abspath(IMAGE),
         imagedigest.DIGEST_ENV: os.path.abspath(IMAGE_DIGEST),
     }.items():
         os.environ[_name] = os.environ[f"APPTAINERENV_{_name}"] = _value

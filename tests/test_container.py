@@ -247,8 +247,8 @@ def test_provenance_reads_the_digest_file_of_the_image(tmp_path, monkeypatch):
     record = imagedigest.compute(image)
     assert record["sha256"] == hashlib.sha256(b"image bytes").hexdigest() and record["size"] == 11
     digest.write_text(json.dumps(record))
-    monkeypatch.delenv(provenance.IMAGE_SHA256_ENV, raising=False)
-    monkeypatch.setenv(provenance.IMAGE_ENV, str(image))
+    monkeypatch.delenv(imagedigest.IMAGE_SHA256_ENV, raising=False)
+    monkeypatch.setenv(imagedigest.IMAGE_ENV, str(image))
     monkeypatch.setenv(imagedigest.DIGEST_ENV, str(digest))
     assert provenance.collect()["image_sha256"] == record["sha256"]
     image.write_bytes(b"a rebuilt image")  # newer than its digest: never reported as that sha256

@@ -192,7 +192,7 @@ def documented_modules() -> set[str]:
     """The modules the package map of docs/architecture.md names: a folder line `scalestudy/x/`,
     then one indented line per file of that folder."""
     text = (REPO / "docs/architecture.md").read_text()
-    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Every module", 1)[1].split("\n## ", 1)[0]
     named, folder = set(), None
     for line in section.splitlines():
         if match := re.match(r"^(scalestudy/(?:\w+/)*)(?:\s|$)", line):
@@ -211,3 +211,89 @@ def test_the_package_map_names_every_module_and_no_other():
     missing, stale = sorted(modules - named), sorted(named - modules)
     assert not missing, f"modules missing from docs/architecture.md's package map: {missing}"
     assert not stale, f"docs/architecture.md's package map names modules that do not exist: {stale}"
+
+
+# --- folders ---------------------------------------------------------------------------------------
+
+FOLDERS = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
+
+
+def unit_of(module: str) -> str:
+    """A module's folder (`train` for scalestudy.train.command.runner); a top-level module is its own
+    unit (`provenance`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "scalestudy"
+
+
+def folder_graph(edges: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Folder (or top-level module) -> those it imports from, every import counted (also those
+    inside functions)."""
+    folders: dict[str, set[str]] = {}
+    for module, targets in (graph() if edges is None else edges).items():
+        source = unit_of(module)
+        folders.setdefault(source, set()).update(unit_of(t) for t in targets if unit_of(t) != source)
+    return folders
+
+
+def test_no_two_folders_import_each_other_not_even_through_others():
+    """plan, workloads, train, tracking, preflight, analysis, paper, launch, ...: a folder may use the
+    ones below it only; a loop (plan -> workloads -> train -> tracking -> plan) fails here."""
+    folders = folder_graph()
+    assert {"plan", "train", "tracking", "preflight", "analysis", "paper", "launch"} <= set(folders)
+    cycle = find_cycle(folders)
+    assert cycle is None, "folders that import each other: " + " -> ".join(cycle or [])
+
+
+def test_the_folder_cycle_finder_counts_imports_inside_functions():
+    edges = {
+        "scalestudy.plan.grid": {"scalestudy.train.trainer"},
+        "scalestudy.train.trainer": {"scalestudy.plan.grid"},
+    }
+    assert find_cycle(folder_graph(edges)) == ["plan", "train", "plan"]
+    inside = imports_of("scalestudy.train.program", module_level_only=False)
+    assert any(name == "scalestudy.train.command.runner" for name, _ in inside)  # imported in main()
+
+
+HELPERS = ("atomic", "progress", "provenance", "contract")  # top-level modules every folder may use
+
+
+def diagram() -> str:
+    """The folders' import graph as the Mermaid flowchart docs/architecture.md shows (A --> B: A
+    imports from B), the shared top-level helpers left out."""
+    folders = folder_graph()
+    lines = ["flowchart TD"]
+    for source in sorted(folders):
+        if source in HELPERS:
+            continue
+        for target in sorted(folders[source] - set(HELPERS) - {"scalestudy"}):
+            lines.append(f"  {source} --> {target}")
+    return "\n".join(lines)
+
+
+DIAGRAM_START, DIAGRAM_END = "```mermaid\n", "\n```"
+
+
+def documented_diagram(text: str) -> str:
+    section = text.split("## Import graph", 1)[1]
+    return section.split(DIAGRAM_START, 1)[1].split(DIAGRAM_END, 1)[0]
+
+
+def test_the_architecture_pages_import_diagram_is_the_import_graph():
+    """Redraw it with `python tests/test_import_graph.py --write` after an import between folders changes."""
+    text = (REPO / "docs/architecture.md").read_text()
+    assert documented_diagram(text) == diagram(), "run: python tests/test_import_graph.py --write"
+
+
+def write_diagram() -> None:
+    path = REPO / "docs/architecture.md"
+    text = path.read_text()
+    old = documented_diagram(text)
+    path.write_text(
+        text.replace(DIAGRAM_START + old + DIAGRAM_END, DIAGRAM_START + diagram() + DIAGRAM_END, 1)
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        write_diagram()
+        print(f"wrote the import diagram of {REPO / 'docs/architecture.md'}")

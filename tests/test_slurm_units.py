@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from scalestudy import provenance
 from scalestudy.launch import attempt_logs as attemptlog
 from scalestudy.launch import launcher as launch
+from scalestudy.launch import slurm_job
 from scalestudy.plan import grid
 from tests.conftest import REPO
 
@@ -41,7 +41,7 @@ def scontrol(stdout: str = SCONTROL, returncode: int = 0):
 
 
 def test_scontrol_show_job_is_parsed_with_values_that_contain_spaces():
-    fields = provenance.parse_scontrol_job(SCONTROL)
+    fields = slurm_job.parse_scontrol_job(SCONTROL)
     assert fields["JobId"] == "42" and fields["NumNodes"] == "2" and fields["Account"] == "studyacct"
     assert fields["WorkDir"] == "/tmp/a dir/with space"
     assert fields["CPUs/Task"] == "1" and fields["TresPerNode"] == "gres:gpu:1"
@@ -51,8 +51,8 @@ def test_slurm_state_takes_the_jobs_name_nodes_and_account_from_its_record():
     """In the rule's shell the jobstep plugin removed SLURM_JOB_NUM_NODES/ACCOUNT, and srun set
     SLURM_JOB_NAME to the step's program: the job's record wins."""
     environ = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "python"}
-    passed = provenance.slurm_job_env(environ, runner=scontrol())
-    state = provenance.slurm_state({**environ, **passed}, runner=scontrol(returncode=1))
+    passed = slurm_job.slurm_job_env(environ, runner=scontrol())
+    state = slurm_job.slurm_state({**environ, **passed}, runner=scontrol(returncode=1))
     assert state["job_id"] == "42"
     assert (state["job_name"], state["job_num_nodes"], state["job_account"]) == (
         "e3c9a1f0-uuid",
@@ -63,21 +63,21 @@ def test_slurm_state_takes_the_jobs_name_nodes_and_account_from_its_record():
 
 
 def test_slurm_state_without_a_record_keeps_the_variables():
-    assert provenance.slurm_job_env({"SLURM_JOB_ID": "42"}, runner=scontrol(returncode=1)) == {}
-    assert provenance.slurm_job_env({}, runner=scontrol()) == {}
-    other_job = {provenance.SLURM_JOB_ENV: json.dumps({"job_id": "7", "job_account": "x"})}
+    assert slurm_job.slurm_job_env({"SLURM_JOB_ID": "42"}, runner=scontrol(returncode=1)) == {}
+    assert slurm_job.slurm_job_env({}, runner=scontrol()) == {}
+    other_job = {slurm_job.SLURM_JOB_ENV: json.dumps({"job_id": "7", "job_account": "x"})}
     failing = scontrol(returncode=1)
-    state = provenance.slurm_state(
+    state = slurm_job.slurm_state(
         {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "job", **other_job}, runner=failing
     )
     assert state["job_name"] == "job" and state["job_account"] is None  # not another job's record
     unused = scontrol()
-    assert provenance.slurm_state({}, runner=unused)["job_id"] is None and not unused.calls
+    assert slurm_job.slurm_state({}, runner=unused)["job_id"] is None and not unused.calls
 
 
 def test_the_attempt_is_recorded():
-    assert provenance.attempt({provenance.ATTEMPT_ENV: "3"}) == 3
-    assert provenance.attempt({}) is None
+    assert slurm_job.attempt({slurm_job.ATTEMPT_ENV: "3"}) == 3
+    assert slurm_job.attempt({}) is None
 
 
 def test_every_attempt_keeps_its_log(tmp_path):
@@ -109,7 +109,7 @@ def test_the_launcher_keeps_the_attempts_log_and_passes_the_attempt_to_the_ranks
     spec = json.dumps({"world_size": 1, "launcher": "local"})
     argv = ["--launch-json", spec, "--log", str(log), "--attempt", "2", "--", "--out-dir", "x"]
     command, env, _ = launch.prepare(argv, {"PATH": os.environ["PATH"]})
-    assert env[provenance.ATTEMPT_ENV] == "2"
+    assert env[slurm_job.ATTEMPT_ENV] == "2"
     assert (tmp_path / "run.attempt2.log").samefile(log)
     assert command[-2:] == ["--out-dir", "x"]
     with pytest.raises(launch.LaunchError, match="--attempt"):

@@ -19,6 +19,7 @@ import pytest
 
 from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.launch import slurm_job
 
 pytest.importorskip("mlflow")
 
@@ -150,7 +151,7 @@ def test_a_run_config_is_flattened_into_params():
 
 def test_tracking_off_imports_no_mlflow():
     code = (
-        "import sys, scalestudy.tracking, scalestudy.tracking.live, scalestudy.train.trainer;"
+        "import sys, scalestudy.tracking, scalestudy.train.journal, scalestudy.train.trainer;"
         "assert not [m for m in sys.modules if m.startswith('mlflow')], 'mlflow imported'"
     )
     result = subprocess.run(
@@ -373,7 +374,7 @@ def preflight_study(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[01-02]"}
-        slurm[provenance.SLURM_JOB_ENV] = json.dumps({"job_id": "4242"})
+        slurm[slurm_job.SLURM_JOB_ENV] = json.dumps({"job_id": "4242"})
         for key, value in slurm.items():
             patch.setenv(key, value)
         assert smoke_io(config, data, "results/smoke/io.json") == 0

@@ -1,4 +1,4 @@
-"""Live tracking without training: rank 0's journal (scalestudy.tracking.live) and the study's
+"""Live tracking without training: rank 0's journal (scalestudy.train.journal) and the study's
 follower (scalestudy.tracking.follow) that replays it into an embedded store or a server. A job
 killed and resumed is one MLflow run, its steps once each, KILLED -> RUNNING -> FINISHED; a failure
 is FAILED with its reason; a replay twice adds nothing; the follower process shows a job RUNNING
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalestudy import provenance, tracking
-from scalestudy.tracking import live
+from scalestudy.train import journal as job_journal
 
 pytest.importorskip("mlflow")
 
@@ -35,7 +35,7 @@ def fake_trainer(root: Path, point: str = POINT, main: bool = True):
         given=GIVEN,
         out_dir=root / "results/runs" / point,
         config={"checkpoint_dir": str(root / "ckpt" / point)},
-        live=live.NULL_RUN,
+        live=job_journal.NULL_RUN,
     )
 
 
@@ -50,7 +50,7 @@ def embedded(tmp_path, monkeypatch):
 def attempt(trainer, steps, code, epochs=(), slurm_job="100"):
     os.environ["SLURM_JOB_ID"] = slurm_job
     try:
-        with live.follow(trainer) as run:
+        with job_journal.follow(trainer) as run:
             for step in steps:
                 run.step(step, {"samples_per_s": 100.0 + step, "train_loss_running": 1.0 / (step + 1)})
             for epoch in epochs:
@@ -109,7 +109,7 @@ def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(embedded, tmp_
 
 def test_an_exception_marks_the_run_failed_with_its_reason(embedded, tmp_path):
     trainer = fake_trainer(tmp_path)
-    with pytest.raises(RuntimeError), live.follow(trainer) as run:
+    with pytest.raises(RuntimeError), job_journal.follow(trainer) as run:
         run.step(0, {"samples_per_s": 1.0})
         raise RuntimeError("CUDA error: an illegal memory access")
     replay(embedded, trainer)
@@ -119,11 +119,11 @@ def test_an_exception_marks_the_run_failed_with_its_reason(embedded, tmp_path):
 
 
 def test_other_ranks_and_tracking_off_journal_nothing(embedded, tmp_path, monkeypatch):
-    with live.follow(fake_trainer(tmp_path, main=False)) as run:
-        assert run is live.NULL_RUN
+    with job_journal.follow(fake_trainer(tmp_path, main=False)) as run:
+        assert run is job_journal.NULL_RUN
     monkeypatch.delenv(tracking.ENV)
-    with live.follow(fake_trainer(tmp_path)) as run:
-        assert run is live.NULL_RUN
+    with job_journal.follow(fake_trainer(tmp_path)) as run:
+        assert run is job_journal.NULL_RUN
     assert not (tmp_path / "results").exists()
 
 
@@ -166,7 +166,7 @@ def test_the_follower_shows_the_grid_and_a_job_live_and_drains_when_stopped(embe
         assert wait_for(lambda: status_of(embedded, "baseline/default")) == "SCHEDULED"
         assert status_of(embedded) == "SCHEDULED"
         trainer = fake_trainer(tmp_path)
-        with live.follow(trainer) as run:  # the job runs: RUNNING, its steps arrive while it does
+        with job_journal.follow(trainer) as run:  # the job runs: RUNNING, its steps arrive while it does
             run.step(1, {"samples_per_s": 5.0})
             assert wait_for(lambda: status_of(embedded) == "RUNNING")
             client, found = the_run(embedded)
@@ -252,8 +252,8 @@ def test_live_off_means_no_journal_and_no_follower(tmp_path, monkeypatch):
     settings = tracking.settings({"study": {"name": "t"}, "tracking": {"live": False}}, tmp_path)
     for name, value in tracking.to_environ(settings).items():
         monkeypatch.setenv(name, value)
-    with live.follow(fake_trainer(tmp_path)) as run:
-        assert run is live.NULL_RUN
+    with job_journal.follow(fake_trainer(tmp_path)) as run:
+        assert run is job_journal.NULL_RUN
     assert tracking.start_follower(settings, tmp_path / "logs", [tmp_path / "results/runs"]) is None
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
 
@@ -264,7 +264,7 @@ def test_a_replaced_journal_is_read_anew_and_the_old_ones_unsent_steps_dropped(e
     trainer = fake_trainer(tmp_path)
     follower = follow.Follower(embedded, [tmp_path / "results/runs"], None, None)
     journal = trainer.out_dir / tracking.JOURNAL
-    run = live.JournalRun({"v": 1}, trainer.out_dir, trainer.config["checkpoint_dir"])
+    run = job_journal.JournalRun({"v": 1}, trainer.out_dir, trainer.config["checkpoint_dir"])
     for step in range(1, 4):
         run.step(step, {"samples_per_s": 1.0})
     follower._pass()  # the start record: sent at once, with steps 1 - 3
@@ -273,7 +273,7 @@ def test_a_replaced_journal_is_read_anew_and_the_old_ones_unsent_steps_dropped(e
     follower._pass()  # steps 4, 5 wait for their batch
     run.close("KILLED")
     journal.unlink()
-    live.JournalRun({"v": 2}, trainer.out_dir, trainer.config["checkpoint_dir"] + "-2")
+    job_journal.JournalRun({"v": 2}, trainer.out_dir, trainer.config["checkpoint_dir"] + "-2")
     follower._pass()
     client = store.client(embedded)
     runs = store.find_runs(client, store.experiment_id(client, embedded), POINT)

@@ -1,4 +1,4 @@
-"""The trainer with tracking on (rank 0's journal, scalestudy.tracking.live, followed into MLflow by
+"""The trainer with tracking on (rank 0's journal, scalestudy.train.journal, followed into MLflow by
 the study's follower): a job stopped by SIGTERM and resumed is one MLflow run, KILLED then RUNNING
 then FINISHED, each step once; with a server unreachable from the start the job never waits for it,
 and the run folder is the one tracking off writes (plus the journal); the sync afterwards adds

@@ -20,7 +20,9 @@ compute-time proposal asks for.
 
     python -m scalestudy.analysis.resources --runs results/tables/runs.csv \
         --scaling results/tables/scaling.csv --prediction results/tables/comm_model_prediction.csv \
-        --out results/tables/resource_estimate.csv --tex results/tables/resource_estimate.tex
+        --out results/tables/resource_estimate.csv
+
+Its LaTeX table is the paper's (scalestudy.paper.tables, results/paper/resource_estimate.tex).
 """
 
 from __future__ import annotations
@@ -245,7 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scaling", required=True, help="scaling.csv (analysis.metrics).")
     parser.add_argument("--prediction", required=True, help="comm_model_prediction.csv (analysis.commmodel).")
     parser.add_argument("--out", required=True, help="Resource estimate CSV to write.")
-    parser.add_argument("--tex", help="Also write it as a booktabs LaTeX table.")
     args = parser.parse_args(argv)
     settings = cli.start(args)
     runs = read_csv(args.runs, ["stage", "world_size", "total_time_s"])
@@ -253,10 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     prediction = read_csv(args.prediction, ["mode", "curve", "world_size", "step_s"])
     table = estimate(runs, scaling, prediction, settings)
     atomic.write_csv(args.out, table)
-    if args.tex:
-        from scalestudy import paper
-
-        atomic.write_text(args.tex, paper.resource_table(table))
     log.info("resource estimate: %d rows -> %s", len(table), args.out)
     return 0
 

@@ -26,6 +26,9 @@ from scalestudy import atomic
 
 DIGEST_DIR = "results/image"
 DIGEST_ENV = "SCALESTUDY_IMAGE_DIGEST"
+# The image a job runs in and its sha256, set by the launcher for its ranks; scalestudy.provenance reads them.
+IMAGE_ENV = "SCALESTUDY_IMAGE"
+IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"
 CHUNK = 1 << 24
 
 

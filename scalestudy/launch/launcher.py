@@ -39,12 +39,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from scalestudy.launch.container_image import IMAGE_ENV, IMAGE_SHA256_ENV
+
 TRAINER_MODULE = "scalestudy.train"
 LAUNCHER_PID_ENV = (
     "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.launch.distributed)
 )
-IMAGE_ENV = "SCALESTUDY_IMAGE"  # scalestudy.provenance reads these two
-IMAGE_SHA256_ENV = "SCALESTUDY_IMAGE_SHA256"
 # What SLURM_STEP_ID holds in a job's batch script or salloc shell: not a step that srun started.
 NOT_A_STEP = {"", "batch", "extern", "interactive", "4294967294", "4294967291", "4294967292"}
 
@@ -316,8 +316,8 @@ def put_interpreter_first(environ=os.environ, workdir: str = ".") -> str:
 def run_record_env(attempt: int, log: str | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The attempt and the Slurm job's record for every rank's provenance (the ranks may run where
     scontrol is not); the attempt's log kept beside the rule's log (scalestudy.launch.attempt_logs)."""
-    from scalestudy import provenance
     from scalestudy.launch import attempt_logs as attemptlog
+    from scalestudy.launch import slurm_job
 
     if attempt < 1:
         raise LaunchError(f"--attempt must be >= 1, got {attempt}")
@@ -329,7 +329,7 @@ def run_record_env(attempt: int, log: str | None, environ: Mapping[str, str]) ->
             job += f" (array task {'_'.join(array_task)})"
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         print(f"launch: attempt {attempt}, Slurm job {job}, {started}; also in {kept}", file=sys.stderr)
-    return {provenance.ATTEMPT_ENV: str(attempt), **provenance.slurm_job_env(environ)}
+    return {slurm_job.ATTEMPT_ENV: str(attempt), **slurm_job.slurm_job_env(environ)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

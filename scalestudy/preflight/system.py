@@ -31,6 +31,8 @@ from typing import Any
 from scalestudy import atomic, provenance
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import launcher as launch
+from scalestudy.launch import slurm_job
+from scalestudy.launch.container_image import IMAGE_ENV, IMAGE_SHA256_ENV
 from scalestudy.preflight import common, machine, nvidia
 from scalestudy.preflight.common import NONE
 
@@ -96,12 +98,12 @@ def describe(results_dir: str, data_dir: str, kind: str, root: Path = Path("/"))
         "topology": nvidia.topology(),
         "network": machine.network(root),
         "os": machine.operating_system(root),
-        "slurm": {"version": slurm.strip() if slurm else None, **provenance.slurm_state()},
+        "slurm": {"version": slurm.strip() if slurm else None, **slurm_job.slurm_state()},
         "filesystems": filesystems,
         "software": software(),
         "image": {
-            "path": os.environ.get(provenance.IMAGE_ENV),
-            "sha256": os.environ.get(provenance.IMAGE_SHA256_ENV),
+            "path": os.environ.get(IMAGE_ENV),
+            "sha256": os.environ.get(IMAGE_SHA256_ENV),
         },
     }
     return common.with_provenance(record)

@@ -4,7 +4,7 @@ one run for the study.
 The run folder stays the source of truth. The study's settings (config `tracking:`) reach a
 training job through one environment variable (ENV, set by rules/track.smk), never through the run
 config, so the run configs and results/ are the same with tracking on or off. Rank 0 of a training
-job appends its run's records to a journal in its run folder (scalestudy.tracking.live); the
+job appends its run's records to a journal in its run folder (scalestudy.train.journal); the
 study's follower on the submit host sends them to MLflow while the jobs run
 (scalestudy.tracking.follow), and `python -m scalestudy.tracking sync` (rule `track`) replays the
 run folders afterwards, adding only what is missing (scalestudy.tracking.sync).
@@ -20,11 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-ENV = "SCALESTUDY_TRACKING"
+from scalestudy.train.journal import ENV, EPOCH_COLUMNS, JOURNAL, from_environ  # noqa: F401 - the job's side
+
 # Beside the point's checkpoints: the MLflow run a retry of the point continues.
 RUN_ID_FILE = "mlflow-run.json"
-# In the run folder, written only with tracking on: the per-step metrics rank 0 streamed.
-JOURNAL = "tracking.jsonl"
 EMBEDDED_DB = "results/mlflow/mlflow.db"
 EMBEDDED_ARTIFACTS = "results/mlflow/artifacts"
 RUNS_ROOT = "results/runs"
@@ -37,16 +36,6 @@ TAG_STUDY_RUN = "scalestudy.study_run"
 TAG_HISTORY = "scalestudy.status_history"
 TAG_SUPERSEDED = "scalestudy.superseded"
 STUDY_POINT = "study"
-# metrics.csv columns logged per epoch (as epoch_<column>, step = epoch), live and by the sync.
-EPOCH_COLUMNS = (
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "images_per_s",
-    "images_per_s_per_gpu",
-    "lr",
-)
 STATUSES = ("SCHEDULED", "RUNNING", "FINISHED", "FAILED", "KILLED")
 
 
@@ -76,18 +65,6 @@ def to_environ(tracking: dict[str, Any] | None) -> dict[str, str]:
         return {}
     text = json.dumps(tracking, sort_keys=True)
     return {ENV: text, f"APPTAINERENV_{ENV}": text}
-
-
-def from_environ(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """The settings a job was given (None: tracking off, or a value that does not parse)."""
-    text = (os.environ if environ is None else environ).get(ENV)
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and value.get("uri") else None
 
 
 def planned_points(config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ One process per Snakemake run, on the submit host (started by the Snakefile's on
 rule `track` and at Snakemake's end: scalestudy.tracking.start_follower, stop_follower), at nice 19:
 it first makes the grid's points SCHEDULED (once a journal appears, or ATTACH_AFTER_SECONDS after
 its start: a short run that trains nothing never imports mlflow), then once a second reads what
-the training jobs' rank 0 appended to their journals (scalestudy.tracking.live) and replays it (a
+the training jobs' rank 0 appended to their journals (scalestudy.train.journal) and replays it (a
 status at once, metrics every BATCH_SECONDS): a `start` record marks the point's run RUNNING
 (found by the run id in the point's checkpoint folder, else by its tags, else created) and adds the
 attempt's Slurm job and nodes, steps and epochs become metrics, an `end` record marks it FINISHED,

@@ -19,7 +19,7 @@ from scalestudy.launch import distributed
 from scalestudy.plan import runconfig
 from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.progress import setup_logging
-from scalestudy.tracking import live as tracking_live
+from scalestudy.train import journal
 from scalestudy.train.datafit import check_batch_fits
 from scalestudy.train.process import exit_now, keep_freed_host_memory, process_settings
 from scalestudy.train.state import StopRequest
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
 def run(trainer: Trainer, config: dict[str, Any]) -> int:
     with process_settings(config), StopRequest() as stop:
         try:
-            with tracking_live.follow(trainer):  # rank 0's MLflow run, where tracking is on
+            with journal.follow(trainer):  # rank 0's MLflow run, where tracking is on
                 trainer.setup()
                 trainer.checkpointer.resume()
                 code = trainer.fit(stop)

@@ -32,11 +32,11 @@ from scalestudy.launch import distributed
 from scalestudy.plan import runfiles, workloads
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
-from scalestudy.tracking.live import NULL_RUN
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import optim, parallel, steady
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint.manager import Checkpointer
+from scalestudy.train.journal import NULL_RUN
 from scalestudy.train.process import autocast_dtype, device_name
 from scalestudy.train.ranges import ProfileWindow, named_range
 from scalestudy.train.results import RunResults, steady_result
@@ -76,7 +76,7 @@ class Trainer:
     steps_per_epoch: int
     total_steps: int
     built: Built  # the bare model and its facts (parameters, FLOPs)
-    # rank 0's MLflow run while program.run tracks it (scalestudy.tracking.live); off: does nothing
+    # rank 0's MLflow run while program.run tracks it (scalestudy.train.journal); off: does nothing
     live: Any = NULL_RUN
     model: torch.nn.Module  # the bare model: evaluation, checkpoints, gradient clipping
     wrapped: parallel.Wrapped

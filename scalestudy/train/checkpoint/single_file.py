@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from scalestudy import atomic, provenance
+from scalestudy import atomic
+from scalestudy.launch import slurm_job
 from scalestudy.plan.runconfig import RunConfigError
 
 FORMAT = 2  # 2: steady-state window in the history; finished runs mark or remove their checkpoints
@@ -140,7 +141,7 @@ def finished(directory: str | Path, config_hash: str, keep: bool) -> None:
 
 
 def finished_mark(config_hash: str | None, keep: bool) -> dict[str, Any]:
-    return {"config_hash": config_hash, "keep": keep, "attempt": provenance.attempt()}
+    return {"config_hash": config_hash, "keep": keep, "attempt": slurm_job.attempt()}
 
 
 def retried(directory: Path) -> bool:
@@ -152,7 +153,7 @@ def retried(directory: Path) -> bool:
         then = json.loads((directory / FINISHED).read_text()).get("attempt")
     except (OSError, ValueError, AttributeError):
         return False
-    now = provenance.attempt()
+    now = slurm_job.attempt()
     retry = isinstance(then, int) and now is not None and now > then
     if retry:
         log.warning(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic, contract, provenance
+from scalestudy.launch import slurm_job
 from scalestudy.plan import runfiles
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
@@ -217,7 +218,7 @@ class Runner:
         self.t0 = time.time()
         atomic.write_json(self.state_dir / "run_config.json", self.config)
         drop_cut_line(self.progress_path)
-        self.append({"event": "attempt", "time": self.t0, "attempt": provenance.attempt()})
+        self.append({"event": "attempt", "time": self.t0, "attempt": slurm_job.attempt()})
 
     def append(self, record: dict[str, Any]) -> None:
         with open(self.progress_path, "a", encoding="utf-8") as handle:

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from scalestudy import provenance
+from scalestudy.launch import slurm_job
 from scalestudy.plan.runconfig import RunConfigError
 
 SUPERSEDED = "superseded"  # another run config's checkpoint_dir content: superseded/<its hash>/
@@ -114,7 +114,7 @@ def launch_id(environ, config_hash: str) -> str:
         name = f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
     else:
         address = f"{environ.get('MASTER_ADDR', '')}-{environ.get('MASTER_PORT', '')}"
-        name = f"{address}-{environ.get(provenance.ATTEMPT_ENV, '')}-{config_hash}"
+        name = f"{address}-{environ.get(slurm_job.ATTEMPT_ENV, '')}-{config_hash}"
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

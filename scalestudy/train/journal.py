@@ -1,5 +1,8 @@
 """The training job's side of live tracking (rank 0, scalestudy.train.program): the run's journal.
 
+The study's tracking settings (config `tracking:`) reach a job in one environment variable (ENV,
+scalestudy.tracking.to_environ); scalestudy.tracking (the follower, rule `track`) reads the journal.
+
 Rank 0 appends to its run folder's journal (tracking.jsonl) a `start` record when the job starts
 (the run config, the checkpoint folder, the attempt, the Slurm job and nodes), a record per logged
 step and per epoch, and an `end` record with the job's outcome: FINISHED, KILLED (stopped for a
@@ -24,7 +27,33 @@ from typing import IO, Any
 
 from scalestudy import provenance
 from scalestudy.contract import EXIT_RESUMABLE
-from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, from_environ
+
+ENV = "SCALESTUDY_TRACKING"  # the study's tracking settings, as JSON (scalestudy.tracking.to_environ)
+# In the run folder, written only with tracking on: the per-step metrics rank 0 streamed.
+JOURNAL = "tracking.jsonl"
+# metrics.csv columns logged per epoch (as epoch_<column>, step = epoch), live and by the sync.
+EPOCH_COLUMNS = (
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "images_per_s",
+    "images_per_s_per_gpu",
+    "lr",
+)
+
+
+def from_environ(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The settings a job was given (None: tracking off, or a value that does not parse)."""
+    text = (os.environ if environ is None else environ).get(ENV)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and value.get("uri") else None
+
 
 log = logging.getLogger("scalestudy.tracking")
 
