@@ -36,6 +36,7 @@ BASE = {
     "global_batch": 16,
     "base_batch": 16,
     "epochs": 2,
+    "precision": "fp32",  # the equivalence tests compare weights in fp32 (the schema's default is bf16)
     "lr": 0.003,
     "weight_decay": 0.1,
     "grad_clip": 1.0,
