@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import accounting, aggregate, settings
+from scalestudy.analysis import accounting, aggregate
 from scalestudy.analysis import constructed_study as synthetic
+from scalestudy.plan import studyconfig
 
 SACCT_OUTPUT = """\
 1001|COMPLETED|00:10:05|
@@ -24,7 +25,7 @@ SACCT_OUTPUT = """\
 def study(tmp_path_factory):
     """A constructed demo-sized study: every grid point's run folder."""
     root = tmp_path_factory.mktemp("study")
-    config = settings.study_config(Path(__file__).resolve().parents[1] / "config/demo.yaml")
+    config = studyconfig.load(Path(__file__).resolve().parents[1] / "config/demo.yaml")
     folders = synthetic.make_study(root, config, synthetic.Truth(gpu=False))
     return root, folders
 

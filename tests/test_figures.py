@@ -9,6 +9,7 @@ import pytest
 
 from scalestudy.analysis import aggregate, commmodel, metrics, settings
 from scalestudy.analysis import constructed_study as synthetic
+from scalestudy.plan import studyconfig
 from scalestudy.plots import comm_model as model
 from scalestudy.plots import curves, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main
@@ -18,7 +19,7 @@ DEMO = Path(__file__).resolve().parents[1] / "config/demo.yaml"
 
 
 def build(root: Path, gpu: bool) -> dict:
-    config = settings.study_config(DEMO)
+    config = studyconfig.load(DEMO)
     config["scaling"]["world_sizes"] = [1, 2, 4]
     config["scaling"]["repeats"] = 2
     folders = synthetic.make_study(root, config, synthetic.Truth(gpu=gpu, noise=0.02))

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.analysis.settings import study_config
 from scalestudy.benchmark import project, studycheck
 from scalestudy.benchmark.__main__ import parse_run_args
 from scalestudy.benchmark.suite import describe_run
 from scalestudy.plan import grid, runfiles
+from scalestudy.plan.studyconfig import load as study_config
 from tests.conftest import REPO
 
 CONFIG = study_config(REPO / "config" / "gpu-one.yaml")

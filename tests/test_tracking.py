@@ -20,6 +20,7 @@ import pytest
 from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import slurm_job
+from scalestudy.plan import studyconfig
 
 pytest.importorskip("mlflow")
 
@@ -341,7 +342,6 @@ def preflight_study(tmp_path_factory):
     """The demo's smoke tests and a world size's collective benchmark, written by their real code in a
     study folder: train_w1 and comm w2 by the rules' commands (with their logs), io in this process
     as a Slurm job's would be (SLURM_* and the launcher's job record in the environment)."""
-    from scalestudy.analysis import settings as study_settings
     from scalestudy.preflight import smoke
 
     root = tmp_path_factory.mktemp("preflight")
@@ -353,7 +353,7 @@ def preflight_study(tmp_path_factory):
         strict=True,
     ):
         np.save(data / f"{name}.npy", array)
-    config = study_settings.study_config(REPO / "config/demo.yaml")
+    config = studyconfig.load(REPO / "config/demo.yaml")
     step = smoke.step_run_config(config, 1) | {"data_dir": str(data)}
     launch = {"launcher": "local", "world_size": 1, "env": {"OMP_NUM_THREADS": "1"}}
     rule_command(

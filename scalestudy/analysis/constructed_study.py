@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import commmodel, contention, modelsize, settings
-from scalestudy.plan import grid, runfiles
+from scalestudy.analysis import commmodel, contention, modelsize
+from scalestudy.plan import grid, runfiles, studyconfig
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
 STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
@@ -265,7 +265,7 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.02, help="Relative step-time noise (default 0.02).")
     args = parser.parse_args()
     truth = Truth(noise=args.noise, gpu=not args.no_gpu)
-    folders = make_study(args.out_dir, settings.study_config(args.config), truth)
+    folders = make_study(args.out_dir, studyconfig.load(args.config), truth)
     print(f"{len(folders)} run folders under {args.out_dir}")
     return 0
 
