@@ -86,4 +86,4 @@ for _name, _figure in FIGURES.items():
             " --unit {params.unit:q} --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
 
 
-FIGURE_TARGETS = [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output]
+provide("figures", [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output])

@@ -17,7 +17,7 @@ from scalestudy import provenance
 from scalestudy.plan.workloads import Workload
 from scalestudy.train import optim
 from scalestudy.train import torch_options as torchopts
-from scalestudy.train.checkpoint import single_file
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.process import effective_precision, fp32_math
 from scalestudy.train.state import RunState
 from scalestudy.train.steady import SteadyWindow
@@ -87,7 +87,7 @@ class RunResults:
             "target_accuracy": c["target_accuracy"],
             "total_time_s": self.state.elapsed_s(),
             # other run configs' checkpoints set aside in checkpoint_dir (the run catalog shows them)
-            "superseded_checkpoints": single_file.superseded(c["checkpoint_dir"]),
+            "superseded_checkpoints": policy.superseded(c["checkpoint_dir"]),
             "resumed_from_step": self.state.resumed_from_step,
             "resumes": self.state.history.resumes,
             "device": self.device.type,
