@@ -222,3 +222,11 @@ def test_the_scaling_columns_summarise_repeats_and_name_the_sources():
 
 def test_the_monitor_columns_hold_energy_last():
     assert COLUMNS[-1] == "energy_j"
+
+
+@pytest.mark.parametrize(
+    ("joules", "unit"),
+    [(2.5e6, (1e6, "MJ")), (812.0, (1.0, "J")), (3.2e-4, (1e-6, "µJ")), (0.0, (1e-6, "µJ"))],
+)
+def test_energy_reads_in_its_own_unit(joules, unit):
+    assert energy.energy_unit(joules) == unit

@@ -63,6 +63,7 @@ ENERGY_KEYS = (
 )
 COUNTER, INTEGRAL, NOT_MEASURED = "counter", "power integral", "not measured"
 NO_CPU_ENERGY = "the study reads GPU energy (NVML) only, no CPU energy (RAPL)"
+ENERGY_UNITS = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ"))
 # Per-run quantities the scaling table summarises over repeats (mean, std, interval).
 SCALING_STATS = (
     "joules_per_sample",
@@ -135,6 +136,11 @@ def hours(results: dict) -> dict[str, float | None]:
         "gpu_hours": world * total / 3600.0 if world and _number(total) else None,
         "gpu_hours_to_target": world * target / 3600.0 if world and _number(target) else None,
     }
+
+
+def energy_unit(joules: float) -> tuple[float, str]:
+    """The unit `joules` reads best in (its size in J, its name): GJ, MJ, kJ, J, mJ or µJ."""
+    return next(((size, name) for size, name in ENERGY_UNITS if abs(joules) >= size), ENERGY_UNITS[-1])
 
 
 def _number(value: Any) -> bool:
