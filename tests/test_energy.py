@@ -230,3 +230,19 @@ def test_the_monitor_columns_hold_energy_last():
 )
 def test_energy_reads_in_its_own_unit(joules, unit):
     assert energy.energy_unit(joules) == unit
+
+
+def test_a_gpu_two_ranks_share_counts_once(tmp_path):
+    """Two ranks on one GPU each sample it (their own monitors): its energy is counted once."""
+    nvml = FakeNvml(energy={0: counter_readings(COUNTER_W[0]) * 2})  # both monitors read the same counter
+    reports = []
+    for rank in (0, 1):
+        nvml.energy_calls[0] = 0
+        node = GpuMonitor(interval_s=0.1, t0=0.0, host="gpu01", rank=rank, gpu_uuids=[UUIDS[0]], nvml=nvml)
+        assert node.open()
+        for now in TIMES:
+            node.sample(now)
+        reports.append(node.stop())
+    monitor.write_outputs(tmp_path, reports, interval_s=0.1)
+    keys = energy.of_folder(tmp_path, results())
+    assert keys["energy_gpus"] == 1 and keys["energy_j"] == pytest.approx(COUNTER_W[0] * 10.0)

@@ -101,9 +101,12 @@ class GpuSeries:
 
 
 def series(samples: pd.DataFrame, source: str | None = None) -> list[GpuSeries]:
-    """Every GPU's series: the counter where it has readings (or `source` forces one), else its power."""
+    """Every GPU's series: the counter where it has readings (or `source` forces one), else its power.
+    A GPU that several ranks sampled (ranks sharing it) counts once: its lowest rank's samples."""
     found = []
     for (host, uuid), rows in samples.groupby(["host", "gpu_uuid"], sort=True):
+        if "rank" in rows and rows["rank"].nunique() > 1:
+            rows = rows[rows["rank"] == rows["rank"].min()]
         times = pd.to_numeric(rows["time_s"], errors="coerce")
         counter = _numeric(rows, "energy_j")
         power = _numeric(rows, "power_w")
