@@ -20,6 +20,8 @@ FIGURES = {
     "efficiency": Figure("Scaling", "efficiency", SCALING_TABLE, sections=("acceptance",)),
     "epoch_time": Figure("Scaling", "epoch-time", SCALING_TABLE),
     "memory": Figure("Scaling", "memory", SCALING_TABLE),
+    # time to accuracy against energy against GPU count (scaling.csv's energy columns)
+    "energy": Figure("Scaling", "energy", SCALING_TABLE),
     # the quality curves: test accuracy (the ResNet), or the losses and perplexity (an LM)
     "accuracy": Figure(
         "Scaling",

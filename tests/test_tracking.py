@@ -233,8 +233,11 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         record["ui"] == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
     )
     assert run.data.params["per_gpu_batch"] == "16" and run.data.params["data_dir"] == config["data_dir"]
-    for key in ("images_per_s", "final_test_acc", "peak_memory_bytes"):
+    for key in ("images_per_s", "final_test_acc", "peak_memory_bytes", "gpu_hours"):
         assert run.data.metrics[f"summary_{key}"] == pytest.approx(summary["results"][key], rel=1e-12)
+    # a CPU run: no energy metric (never a zero), the tag says why
+    assert tags["energy_source"].startswith("not measured: no NVIDIA GPU (device cpu)")
+    assert not {"summary_energy_j", "summary_joules_per_sample"} & set(run.data.metrics)
     metrics = pd.read_csv(out / "metrics.csv")
     history = all_metrics(client, run.info.run_id)
     assert history["epoch_test_acc"] == list(zip(metrics.epoch, metrics.test_acc, strict=True))
@@ -287,6 +290,10 @@ def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
     assert run.data.tags["contended"] == "True"
     assert run.data.tags["contention"] == results["contention"] and "pids 31337" in results["contention"]
     assert run.data.tags["monitor_window_samples"] == str(results["monitor_window_samples"])
+    # its energy (the constructed counter): metrics per point, and where they came from
+    assert run.data.tags["energy_source"] == "counter"
+    for key in ("energy_j", "energy_window_j", "joules_per_sample", "mean_power_w"):
+        assert run.data.metrics[f"summary_{key}"] == pytest.approx(results[key], rel=1e-12), key
 
 
 def test_scheduled_points_become_the_runs_the_sync_finishes(finished, tmp_path):

@@ -53,12 +53,17 @@ class RunResults:
 
     def summary(self, memory: list[dict[str, Any]], run_dir=None) -> dict[str, Any]:
         """`run_dir`: the run folder whose GPU monitor files (written first) judge contention in the
-        reported window (scalestudy.analysis.contention)."""
+        reported window (scalestudy.analysis.contention) and give the run's energy
+        (scalestudy.analysis.energy)."""
         results = self.results(memory)
         if run_dir is not None:
-            from scalestudy.analysis import contention  # pandas: imported at the end, as the files are
+            from scalestudy.analysis import (
+                contention,
+                energy,
+            )  # pandas: imported at the end, as the files are
 
             results.update(contention.of_folder(run_dir, results))
+            results.update(energy.of_folder(run_dir, results))
             if results["contended"]:
                 log.warning("the GPUs were shared while measuring: %s", results["contention"])
         return {"run": self.given, "results": results, "provenance": self.provenance()}
