@@ -275,7 +275,7 @@ def test_launch_starts_the_benchmark_module_as_every_rank(capsys):
     local = launch.build_command(
         {**spec, "launcher": "local"}, ["run"], module="scalestudy.preflight.collectives"
     )
-    assert local[local.index("torch.distributed.run") :][-3:] == [
+    assert local[local.index("scalestudy.launch.torchrun") :][-3:] == [
         "-m",
         "scalestudy.preflight.collectives",
         "run",

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scalestudy import contract
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import distributed
 from scalestudy.launch import launcher as launch
@@ -45,8 +46,8 @@ def test_one_local_rank_is_a_plain_process_of_this_interpreter():
 
 def test_several_local_ranks_use_torchrun_standalone():
     assert command(2) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-        "-m", "scalestudy.train", *TRAIN,
+        sys.executable, "-m", "scalestudy.launch.torchrun", "--standalone", "--nnodes=1",
+        "--nproc-per-node=2", "-m", "scalestudy.train", *TRAIN,
     ]  # fmt: skip
 
 
@@ -83,7 +84,7 @@ def test_the_image_wraps_local_ranks_too_with_its_own_python():
     assert argv[argv.index("/work/study/containers/scalestudy.sif") + 1 :][:3] == [
         "python",
         "-m",
-        "torch.distributed.run",
+        "scalestudy.launch.torchrun",
     ]
 
 
@@ -362,3 +363,37 @@ def test_killing_the_torchrun_agent_of_a_two_rank_run_ends_both_ranks_and_writes
     finally:
         agent.kill()
         _kill_all(ranks)
+
+
+def _local_ranks(script: str) -> subprocess.Popen:
+    """Two local ranks of `script` (python -c) under the launcher's torchrun."""
+    command = [sys.executable, "-m", launch.TORCHRUN_MODULE, "--standalone", "--nproc-per-node", "2"]
+    command += ["--no-python", sys.executable, "-c", script]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize(("rank_exit", "expected"), [(75, 75), (3, 1), (0, 0)])
+def test_local_ranks_exit_resumable_only_where_every_rank_did(rank_exit, expected):
+    """torchrun itself exits 1 when its ranks exit 75; the launcher's exits 75 (the retry resumes),
+    and any other failure stays torchrun's."""
+    ranks = _local_ranks(f"import sys; sys.exit({rank_exit})")
+    output, _ = ranks.communicate(timeout=120)
+    assert ranks.returncode == expected, output[-3000:]
+
+
+def test_local_ranks_stopped_by_sigterm_exit_resumable():
+    """SIGTERM to the agent (Snakemake stopping a local job): the ranks get it, save and exit 75;
+    torchrun would exit 1, the launcher's exits 75."""
+    script = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(75)); "
+        "print('rank ready', flush=True); time.sleep(120)"
+    )
+    ranks = _local_ranks(script)
+    ready = 0
+    for line in ranks.stdout:
+        ready += "rank ready" in line
+        if ready == 2:
+            break
+    ranks.send_signal(signal.SIGTERM)
+    output, _ = ranks.communicate(timeout=120)
+    assert ranks.returncode == contract.EXIT_RESUMABLE, output[-3000:]

@@ -42,6 +42,7 @@ from typing import Any
 from scalestudy.launch.container_image import IMAGE_ENV, IMAGE_SHA256_ENV
 
 TRAINER_MODULE = "scalestudy.train"
+TORCHRUN_MODULE = "scalestudy.launch.torchrun"  # torchrun, exiting 75 where the ranks stopped resumably
 LAUNCHER_PID_ENV = (
     "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.launch.distributed)
 )
@@ -172,11 +173,12 @@ def srun_args(spec: Mapping[str, Any]) -> list[str]:
 def torchrun_args(
     spec: Mapping[str, Any], python: str, rank_prefix: Sequence[str], module: str = TRAINER_MODULE
 ) -> list[str]:
-    """torchrun on this machine (python -m torch.distributed.run: the same interpreter)."""
+    """torchrun on this machine (the same interpreter), exiting 75 where its ranks stopped resumably
+    (scalestudy.launch.torchrun)."""
     args = [
         python,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN_MODULE,
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={spec['world_size']}",

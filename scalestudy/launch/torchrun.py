@@ -1,0 +1,48 @@
+"""torchrun (torch.distributed.run) for the local launcher, exiting as its ranks do.
+
+A run stopped by SIGTERM or SIGUSR1 (Snakemake stopping, Slurm's warning signal) saves a checkpoint
+on every rank, and the ranks exit EXIT_RESUMABLE (75) so that the retry resumes. torchrun itself
+turns the signal into an exception and exits 1, and a run whose ranks all exited 75 into a failure
+(exit 1): a stopped 2-rank run then looks like a broken one. Here both exit EXIT_RESUMABLE, as a
+one-rank run does; every other outcome is torchrun's own.
+
+    python -m scalestudy.launch.torchrun [torchrun's arguments]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from scalestudy.contract import EXIT_RESUMABLE, STOP_SIGNALS
+
+
+def resumable(error: BaseException) -> bool:
+    """The agent was stopped by a stop signal, or every failed rank exited EXIT_RESUMABLE."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(error, SignalException):
+        return error.sigval in STOP_SIGNALS
+    if isinstance(error, ChildFailedError):
+        codes = {failure.exitcode for failure in error.failures.values()}
+        return codes == {EXIT_RESUMABLE}
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed import run
+
+    try:
+        run.main(list(sys.argv[1:] if argv is None else argv))
+    except Exception as error:
+        if not resumable(error):
+            raise
+        stopped = error.__class__.__name__
+        print(f"torchrun: stopped ({stopped}): exit {EXIT_RESUMABLE}, resumable", file=sys.stderr)
+        return EXIT_RESUMABLE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
