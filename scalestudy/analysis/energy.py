@@ -48,19 +48,7 @@ from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, read_json
 from scalestudy.plan import runfiles
 
-ENERGY_KEYS = (
-    "energy_source",
-    "energy_note",
-    "energy_gpus",
-    "energy_j",
-    "energy_window_j",
-    "mean_power_w",
-    "joules_per_sample",
-    "joules_per_sample_run",
-    "energy_to_target_j",
-    "gpu_hours",
-    "gpu_hours_to_target",
-)
+ENERGY_KEYS = ("energy_source", "energy_note", "energy_gpus", *runfiles.ENERGY_MEASURES)
 COUNTER, INTEGRAL, NOT_MEASURED = "counter", "power integral", "not measured"
 NO_CPU_ENERGY = "the study reads GPU energy (NVML) only, no CPU energy (RAPL)"
 ENERGY_UNITS = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ"))

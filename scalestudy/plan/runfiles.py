@@ -63,3 +63,14 @@ MONITOR_COLUMNS = (
 # trainer's named range whose op launched it ("data": the loader's; "" outside every range, as the
 # backward's kernels, which autograd launches from its own thread); count and total device time.
 PROFILE_KERNEL_COLUMNS = ("name", "range", "count", "device_us")
+# summary.json's energy measures (scalestudy.analysis.energy): absent or None where not measured
+ENERGY_MEASURES = (
+    "energy_j",
+    "energy_window_j",
+    "mean_power_w",
+    "joules_per_sample",
+    "joules_per_sample_run",
+    "energy_to_target_j",
+    "gpu_hours",
+    "gpu_hours_to_target",
+)

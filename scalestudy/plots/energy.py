@@ -15,7 +15,7 @@ import pandas as pd
 
 from scalestudy.analysis import energy
 from scalestudy.plots import style
-from scalestudy.plots.scaling import series
+from scalestudy.plots.scaling import series, series_line
 
 ENERGY, HOURS, TIME = "energy_to_target_j_mean", "gpu_hours_to_target_mean", "time_to_target_s_mean"
 CHEAPEST = {
@@ -83,16 +83,7 @@ def figure(scaling: pd.DataFrame, png, pdf=None) -> None:
 def _time_against_energy(ax, frame: pd.DataFrame, unit: str, time_unit: str) -> None:
     for _, _, group, look in series(frame):
         group = group.dropna(subset=["energy_shown", "time_shown"])
-        ax.plot(
-            group["energy_shown"],
-            group["time_shown"],
-            color=look["color"],
-            marker=look["marker"],
-            linestyle=look["linestyle"],
-            markersize=style.MARKER_SIZE,
-            linewidth=1.0,
-            label=look["label"],
-        )
+        series_line(ax, group["energy_shown"], group["time_shown"], look, linewidth=1.0)
         for _, row in group.iterrows():
             ax.annotate(
                 str(int(row["world_size"])),
@@ -112,16 +103,7 @@ def _against_world(ax, frame: pd.DataFrame, column: str, label: str, cheapest: s
         group = group.dropna(subset=[column])
         if group.empty:
             continue
-        ax.plot(
-            group["world_size"],
-            group[column],
-            color=look["color"],
-            marker=look["marker"],
-            linestyle=look["linestyle"],
-            markersize=style.MARKER_SIZE,
-            linewidth=1.2,
-            label=look["label"],
-        )
+        series_line(ax, group["world_size"], group[column], look)
         best = group.loc[group[column].idxmin()]
         ax.plot([best["world_size"]], [best[column]], color=look["color"], **CHEAPEST)
     ax.plot([], [], color="0.35", label=f"cheapest: {cheapest}", **CHEAPEST)

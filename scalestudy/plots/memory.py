@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalestudy.plots import style
-from scalestudy.plots.scaling import series
+from scalestudy.plots.scaling import series, series_line
 
 MIB = 1 << 20
 PANELS = (
@@ -39,16 +39,7 @@ def memory(scaling: pd.DataFrame, png, pdf=None) -> None:
         frame = scaling.assign(**{column: values / MIB})
         for _, _, group, look in series(frame):
             group = group.dropna(subset=[column])
-            ax.plot(
-                group["world_size"],
-                group[column],
-                color=look["color"],
-                marker=look["marker"],
-                linestyle=look["linestyle"],
-                markersize=style.MARKER_SIZE,
-                linewidth=1.2,
-                label=look["label"],
-            )
+            series_line(ax, group["world_size"], group[column], look)
         style.world_axis(ax, scaling["world_size"])
         ax.set_ylabel(label.format(word=style.UNIT["word"]))
         ax.set_ylim(bottom=0)

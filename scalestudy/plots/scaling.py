@@ -38,6 +38,20 @@ def series(scaling: pd.DataFrame):
         yield mode, parallelism, group, style.series_style(mode, parallelism, named)
 
 
+def series_line(ax, x, y, look: dict, linewidth: float = 1.2) -> None:
+    """One series' points joined by its line, in its look (colour, marker, line style, label)."""
+    ax.plot(
+        x,
+        y,
+        color=look["color"],
+        marker=look["marker"],
+        linestyle=look["linestyle"],
+        markersize=style.MARKER_SIZE,
+        linewidth=linewidth,
+        label=look["label"],
+    )
+
+
 def _stat(ax, group, stem, look, windowed: bool = True):
     """Mean and interval over repeats of `stem` in the series' look; `windowed`: the quantity comes
     from the measurement window, so points without a filled one are drawn hollow; contended points

@@ -50,14 +50,7 @@ SUMMARY_METRICS = (
     "peak_memory_bytes",
     "model_state_bytes_per_rank",
     # energy (scalestudy.analysis.energy): absent where not measured, the tag energy_source says why
-    "energy_j",
-    "energy_window_j",
-    "mean_power_w",
-    "joules_per_sample",
-    "joules_per_sample_run",
-    "energy_to_target_j",
-    "gpu_hours",
-    "gpu_hours_to_target",
+    *runfiles.ENERGY_MEASURES,
 )
 RUN_ARTIFACTS = (
     runfiles.SUMMARY,
