@@ -254,8 +254,8 @@ def test_a_window_longer_than_an_epoch_measures_its_steps_across_the_epoch_bound
 def test_the_window_reports_where_its_steps_went_on_the_cpu(reference):
     """One rank's parts (scalestudy.train.step_parts): its step time is the window's, the loader's
     wait and the time after its last gradient are parts of it, and the CPU has no device span."""
-    parts = _results(reference[0])["step_parts"]
     r = _results(reference[0])
+    parts = r["step_parts"]
     assert parts["step_s"] == [pytest.approx(r["step_time_s"])]
     assert 0 < parts["data_wait_s"][0] < parts["step_s"][0]
     assert 0 < parts["gradient_wait_s"][0] < parts["step_s"][0]  # the hook on the stem's weight fired

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, commmodel, modelsize, settings, waterfall
+from scalestudy.analysis import aggregate, commmodel, metrics, modelsize, settings, waterfall
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.paper import draft, numbers
 from scalestudy.plots import style
@@ -103,8 +104,18 @@ def test_every_part_of_every_point_is_recovered_from_a_constructed_gpu_study(gpu
     # where N was profiled (8) its exposed communication is the profile's; elsewhere the model's
     how = table.set_index(["mode", "world_size"])["exposed_comm_how"]
     assert how[("weak", 8)].startswith("profile at N=8")
-    assert "comm_bench intra-node" in how[("weak", 4)] and "overlap measured by the profile" in how[("weak", 4)]
+    assert (
+        "comm_bench intra-node" in how[("weak", 4)] and "overlap measured by the profile" in how[("weak", 4)]
+    )
     assert "inter-node" in how[("strong", 16)]  # 16 > 8 GPUs per node
+    # each row names its runs and its reference's, as runs.csv has them
+    row = table[(table["mode"] == "weak") & (table["world_size"] == 4)].iloc[0]
+    scaling = runs[(runs["stage"] == "scaling") & (runs["config.mode"] == "weak")]
+    at, one = (sorted(scaling.loc[scaling["world_size"] == n, "point"]) for n in (4, 1))
+    assert len(at) == len(one) == 2
+    assert row["runs"] == ", ".join(f"scaling/{p}" for p in at) + "; 1-rank reference: " + ", ".join(
+        f"scaling/{p}" for p in one
+    )
 
 
 def test_the_loss_is_the_ideal_throughputs_gap_and_the_points_are_the_efficiency_lost(gpu_study, config):
@@ -114,7 +125,9 @@ def test_the_loss_is_the_ideal_throughputs_gap_and_the_points_are_the_efficiency
         mode, world = row["mode"], row["world_size"]
         one = runs[(runs["stage"] == "scaling") & (runs["config.mode"] == mode) & (runs["world_size"] == 1)]
         ideal = world * one["images_per_s"].mean()  # weak: the 1-GPU point x N; strong: the same batch, x N
-        at = runs[(runs["stage"] == "scaling") & (runs["config.mode"] == mode) & (runs["world_size"] == world)]
+        at = runs[
+            (runs["stage"] == "scaling") & (runs["config.mode"] == mode) & (runs["world_size"] == world)
+        ]
         assert row["efficiency"] == pytest.approx((at["images_per_s"] / ideal).mean())
         assert row["ideal_step_time_s"] == pytest.approx(row["global_batch"] / ideal)
 
@@ -207,7 +220,9 @@ def test_runs_without_step_parts_say_so_and_fsdp_has_no_modelled_communication(g
     assert_adds_up(table)
     fsdp = runs.assign(parallelism="fsdp")
     table = waterfall.analyse(fsdp, settings_of(config))
-    assert (table["parallelism"] == "fsdp").all() and (table["exposed_comm_how"] == waterfall.NOT_MODELLED).all()
+    assert (table["parallelism"] == "fsdp").all() and (
+        table["exposed_comm_how"] == waterfall.NOT_MODELLED
+    ).all()
     assert_adds_up(table)
 
 
@@ -274,8 +289,8 @@ def test_the_paper_quotes_the_largest_points_parts_and_names_a_large_remainder(g
     assert value["WaterfallStrongLoss"] == f"{row['loss_points']:.2g}"
     comm = f"{row['exposed_comm_points']:.2g}"
     assert value["WaterfallStrongSummary"].startswith(
-        f"In strong scaling at 16 GPUs, {comm} of the {value['WaterfallStrongLoss']} points of efficiency lost"
-        " are exposed all-reduce"
+        f"In strong scaling at 16 GPUs, {comm} of the {value['WaterfallStrongLoss']} points"
+        " of efficiency lost are exposed all-reduce"
     )
     assert "remain unexplained" in value["WaterfallStrongSummary"]
     assert "mode=strong world_size=16" in built.macros["WaterfallStrongComm"].source
@@ -297,3 +312,102 @@ def test_the_paper_says_what_the_cpu_did_not_measure_and_the_draft_has_no_typed_
     template = (REPO / "report/paper/template.tex").read_text()
     assert r"\WaterfallStrongSummary" in template and draft.hand_typed_numbers(template) == []
     assert draft.undefined_macros(template, set(numbers.build({}, {}).macros)) == {}
+
+
+# --- the demo's waterfall (checked on the real demo by tests/test_workflow.py) ----------------------------
+
+DEMO = REPO / "config/demo.yaml"  # CPU ranks, gloo, world sizes 1 and 2, profiled at 1 and 2
+
+
+def _lists(run: pd.Series, key: str) -> np.ndarray | None:
+    cell = run.get(waterfall.STEP_PARTS + key)
+    return None if pd.isna(cell) else np.asarray(json.loads(cell), dtype=float)
+
+
+def check_cpu_waterfall(
+    runs: pd.DataFrame, scaling: pd.DataFrame, overlap: pd.DataFrame, table: pd.DataFrame
+):
+    """A CPU study's waterfall at world sizes 1 and 2 (the demo's), recomputed from runs.csv's raw
+    step parts, scaling.csv's efficiency and the profile's overlap.csv: every row adds up, every
+    part is what the raw measurements give, host overhead is not measured (no device timeline)."""
+    assert sorted(zip(table["mode"], table["world_size"], strict=True)) == [("strong", 2), ("weak", 2)]
+    assert_adds_up(table)
+    for _, row in table.iterrows():
+        mode = row["mode"]
+        series = runs[(runs["stage"] == "scaling") & (runs["config.mode"] == mode)]
+        (at,) = (r for _, r in series[series["world_size"] == 2].iterrows())
+        (one,) = (r for _, r in series[series["world_size"] == 1].iterrows())
+        step, data, gradient = (_lists(at, key) for key in ("step_s", "data_wait_s", "gradient_wait_s"))
+        assert len(step) == len(data) == len(gradient) == 2  # every rank's, gathered
+        assert ((gradient > 0) & (gradient < step)).all() and ((data >= 0) & (data < step)).all()
+        assert _lists(at, "device_busy_s") is None and _lists(one, "device_busy_s") is None
+        share = 0.5 if mode == "strong" else 1.0  # of the 1-rank reference's data wait
+        want_data = np.median(data) - share * np.median(_lists(one, "data_wait_s"))
+        own = step - gradient
+        assert row["data_wait_s"] == pytest.approx(want_data, rel=1e-9, abs=1e-15)
+        assert row["straggler_s"] == pytest.approx(abs(own[0] - own[1]) / 2, rel=1e-9, abs=1e-15)
+        assert np.isnan(row["host_overhead_s"]) and row["host_overhead_how"] == waterfall.NO_DEVICE_TIMELINE
+        profiled = overlap[overlap["world_size"] == 2]
+        exposed = (profiled["exposed_communication_s"] / profiled["steps"]).mean()
+        assert row["exposed_comm_how"].startswith("profile at N=2")
+        assert row["exposed_comm_s"] == pytest.approx(exposed, rel=1e-9, abs=1e-15) and exposed >= 0
+        (point,) = scaling[(scaling["mode"] == mode) & (scaling["world_size"] == 2)].itertuples()
+        assert row["efficiency"] == pytest.approx(point.efficiency_mean, rel=1e-9)
+        assert row["step_time_s"] == pytest.approx(point.time_per_step_s_mean, rel=1e-9)
+        assert row["remainder_share"] == pytest.approx(row["remainder_s"] / row["loss_s"], rel=1e-9)
+        assert row["unexplained_flagged"] == (abs(row["remainder_share"]) > row["unexplained_share_max"])
+        assert row["runs"] == f"scaling/{at['point']}; 1-rank reference: scaling/{one['point']}"
+
+
+def check_cpu_waterfall_paper(table: pd.DataFrame, numbers_tex: str, paper_tex: str) -> None:
+    """The paper's waterfall paragraph: its numbers are numbers.tex's macros, the CPU's missing
+    host overhead is said, and a remainder beyond its bound is named."""
+    value = dict(re.findall(r"^\\newcommand\{\\(Waterfall[A-Za-z]+)\}\{(.*)\}%", numbers_tex, re.M))
+    for mode in ("strong", "weak"):
+        row = table[table["mode"] == mode].iloc[0]
+        Mode = mode.capitalize()
+        assert value[f"Waterfall{Mode}World"] == "2" and value[f"Waterfall{Mode}Host"] == "not measured"
+        assert value[f"Waterfall{Mode}Loss"] == f"{row['loss_points']:.2g}"
+        assert value[f"Waterfall{Mode}Summary"].startswith(f"In {mode} scaling at 2 CPU ranks")
+        assert "host and launch overhead was not measured (on the CPU" in value[f"Waterfall{Mode}Summary"]
+    bound = f"{100 * table['unexplained_share_max'].iloc[0]:.0f}\\,\\%"
+    if table["unexplained_flagged"].any():
+        assert value["WaterfallUnexplained"].startswith(f"The remainder exceeds {bound} of the loss at")
+        for _, row in table[table["unexplained_flagged"]].iterrows():
+            assert f"{row['mode']} scaling at 2 CPU ranks" in value["WaterfallUnexplained"]
+    else:
+        assert (
+            value["WaterfallUnexplained"] == f"At every point the remainder stays within {bound} of the loss."
+        )
+    section = paper_tex[paper_tex.index(r"\section{Where the efficiency goes}") :]
+    section = section[: section.index(r"\section", 1)]
+    for macro in (r"\WaterfallStrongSummary", r"\WaterfallWeakSummary", r"\WaterfallUnexplained"):
+        assert macro in section
+    assert "figures/waterfall.pdf" in section
+
+
+def test_the_demo_checks_hold_on_a_constructed_cpu_study_of_the_demos_grid(tmp_path):
+    """The checks tests/test_workflow.py runs on the real demo, run here on a constructed study of
+    its grid (so that they are known to pass on a right waterfall and to read the demo's files)."""
+    config = settings.study_config(DEMO)
+    truth = constructed.Truth(**PARTS_TRUTH, gpu=False)
+    runs = catalog(tmp_path, config, truth)
+    analysis = settings_of(config)
+    overlap = constructed.profile_overlap(truth, config)
+    table = waterfall.analyse(runs, analysis, overlap=overlap)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, analysis), analysis)
+    check_cpu_waterfall(runs, scaling, overlap, table)
+    built = numbers.build({"waterfall": table, "runs": runs}, {"device": "cpu"})
+    template = (REPO / "report/paper/template.tex").read_text()
+    check_cpu_waterfall_paper(table, built.render(), draft.render(template, "template.tex"))
+    assert table["unexplained_flagged"].all()  # the host overhead is in the remainder: named
+    lenient = {**analysis, "waterfall": {"unexplained_share_max": 5.0}}
+    within = waterfall.analyse(runs, lenient, overlap=overlap)
+    assert not within["unexplained_flagged"].any()
+    built = numbers.build({"waterfall": within, "runs": runs}, {"device": "cpu"})
+    check_cpu_waterfall_paper(within, built.render(), draft.render(template, "template.tex"))
+    # a part moved into the remainder still adds up, but is not what the raw measurements give
+    moved = table.assign(straggler_s=table["straggler_s"] + 1e-3, remainder_s=table["remainder_s"] - 1e-3)
+    with pytest.raises(AssertionError) as failed:
+        check_cpu_waterfall(runs, scaling, overlap, moved)
+    assert "straggler_s" in str(failed.traceback[-1].statement)  # caught where the straggler is checked

@@ -42,7 +42,8 @@ the point's repeats of each run's loss and parts (a part some repeat lacks is no
 point) and its remainder the mean loss less the mean parts, so a row adds up too. The remainder's
 share of the loss is reported (negative where the parts over-explain it); `unexplained_flagged`
 marks a row whose share exceeds analysis.waterfall.unexplained_share_max in size, and the paper
-says so.
+says so. `runs` names the row's runs and its 1-rank reference's (runs.csv's stage/point), where
+their provenance is.
 
 Example (weak scaling, N = 8, T(1) = 100 ms, T(8) = 139 ms: E = 72 %, L = 39 ms = 28 points): c =
 26.4 ms (19 points), d(8) - d(1) = 2.8 ms (2 points), h(8) - h(1) = 1.4 ms (1 point), g = 5.6 ms
@@ -111,6 +112,7 @@ COLUMNS = (
     "unexplained_share_max",
     *(f"{part}_how" for part in PARTS),
     "sample_unit",
+    "runs",
     "note",
 )
 
@@ -269,10 +271,16 @@ def run_terms(runs: pd.DataFrame, settings: dict, comm: ExposedComm) -> pd.DataF
             )
             continue
         base = {part: reference[f"{part}_s"].mean(skipna=False) for part in ("data_wait", "host_overhead")}
+        base["runs"] = run_ids(reference)
         for index in group.index[group["world_size"] > 1]:
             exposed = comm.of(scaling, index) if parallelism == series.DDP else (math.nan, NOT_MODELLED)
             rows.append(_run_row(scaling.loc[index], mode, parallelism, base, exposed))
     return pd.DataFrame(rows)
+
+
+def run_ids(runs: pd.DataFrame) -> str:
+    """The runs' ids in runs.csv (stage/point), the provenance of a row made of them."""
+    return ", ".join(f"{stage}/{point}" for stage, point in zip(runs["stage"], runs["point"], strict=True))
 
 
 def _run_row(run: pd.Series, mode: str, parallelism: str, base: dict, exposed: tuple[float, str]) -> dict:
@@ -294,6 +302,8 @@ def _run_row(run: pd.Series, mode: str, parallelism: str, base: dict, exposed: t
         "straggler_s": run["straggler_s"],
         "straggler_how": run["straggler_how"],
         "sample_unit": run["sample_unit"],
+        "run": f"{run['stage']}/{run['point']}",
+        "reference_runs": base["runs"],
         "note": run["note"],
     }
     for part in ("data_wait", "host_overhead"):
@@ -323,6 +333,7 @@ def waterfall_table(terms: pd.DataFrame, share_max: float) -> pd.DataFrame:
             )
         share = row["remainder_s"] / row["loss_s"] if row["loss_s"] > 0 else math.nan
         notes = [*dict.fromkeys(note for note in group["note"].fillna("").astype(str) if note)]
+        row["runs"] = f"{', '.join(group['run'])}; 1-rank reference: {group['reference_runs'].iloc[0]}"
         row |= {
             "remainder_share": share,
             "unexplained_flagged": bool(abs(share) > share_max) if pd.notna(share) else False,
