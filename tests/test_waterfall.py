@@ -341,8 +341,8 @@ def check_cpu_waterfall(
         assert len(step) == len(data) == len(gradient) == 2  # every rank's, gathered
         assert ((gradient > 0) & (gradient < step)).all() and ((data >= 0) & (data < step)).all()
         assert _lists(at, "device_busy_s") is None and _lists(one, "device_busy_s") is None
-        share = 0.5 if mode == "strong" else 1.0  # of the 1-rank reference's data wait
-        want_data = np.median(data) - share * np.median(_lists(one, "data_wait_s"))
+        reference_share = 0.5 if mode == "strong" else 1.0  # of the 1-rank reference's data wait
+        want_data = np.median(data) - reference_share * np.median(_lists(one, "data_wait_s"))
         own = step - gradient
         assert row["data_wait_s"] == pytest.approx(want_data, rel=1e-9, abs=1e-15)
         assert row["straggler_s"] == pytest.approx(abs(own[0] - own[1]) / 2, rel=1e-9, abs=1e-15)
@@ -354,7 +354,8 @@ def check_cpu_waterfall(
         (point,) = scaling[(scaling["mode"] == mode) & (scaling["world_size"] == 2)].itertuples()
         assert row["efficiency"] == pytest.approx(point.efficiency_mean, rel=1e-9)
         assert row["step_time_s"] == pytest.approx(point.time_per_step_s_mean, rel=1e-9)
-        assert row["remainder_share"] == pytest.approx(row["remainder_s"] / row["loss_s"], rel=1e-9)
+        share = row["remainder_s"] / row["loss_s"] if row["loss_s"] > 0 else math.nan  # no loss: no share
+        assert row["remainder_share"] == pytest.approx(share, rel=1e-9, nan_ok=True)
         assert row["unexplained_flagged"] == (abs(row["remainder_share"]) > row["unexplained_share_max"])
         assert row["runs"] == f"scaling/{at['point']}; 1-rank reference: scaling/{one['point']}"
 
@@ -368,8 +369,12 @@ def check_cpu_waterfall_paper(table: pd.DataFrame, numbers_tex: str, paper_tex: 
         Mode = mode.capitalize()
         assert value[f"Waterfall{Mode}World"] == "2" and value[f"Waterfall{Mode}Host"] == "not measured"
         assert value[f"Waterfall{Mode}Loss"] == f"{row['loss_points']:.2g}"
-        assert value[f"Waterfall{Mode}Summary"].startswith(f"In {mode} scaling at 2 CPU ranks")
-        assert "host and launch overhead was not measured (on the CPU" in value[f"Waterfall{Mode}Summary"]
+        summary = value[f"Waterfall{Mode}Summary"]
+        assert summary.startswith(f"In {mode} scaling at 2 CPU ranks")
+        if row["loss_points"] > 0:
+            assert "host and launch overhead was not measured (on the CPU: no device timeline)" in summary
+        else:  # a loaded machine may measure the 2-rank point at or above its ideal
+            assert "no efficiency is lost against the ideal" in summary
     bound = f"{100 * table['unexplained_share_max'].iloc[0]:.0f}\\,\\%"
     if table["unexplained_flagged"].any():
         assert value["WaterfallUnexplained"].startswith(f"The remainder exceeds {bound} of the loss at")
