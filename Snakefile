@@ -38,7 +38,7 @@ include: "rules/common.smk"
 include: "rules/container.smk"
 include: "rules/fetch.smk"
 include: "rules/preprocess.smk"
-# Checks before any training job (their results: TRAINING_GATES, common.smk).
+# Checks before any training job (gate_training_on, rules/common.smk).
 include: "rules/sitecheck.smk"
 include: "rules/system.smk"
 include: "rules/smoke.smk"
@@ -56,33 +56,27 @@ include: "rules/track.smk"
 include: "rules/crate.smk"
 
 
-rule all:
-    input:
-        PROFILE_TARGETS,
-        ANALYSIS_TARGETS,
-        FIGURE_TARGETS,
-        PAPER_TARGETS,
-        TRACK_TARGETS,
-        COMPARE_TARGETS,
-        CRATE_TARGETS,
-    default_target: True
-
-
-# The rules that run on the submit host (Snakemake's localrules), from one list (rules/common.smk),
-# once every rule exists; the `localrules:` keyword itself takes only literal names.
+# Once every rule exists: the environment the jobs inherit, the GPUs the local executor schedules
+# (rules/common.smk, prepare_workflow), and the rules that run on the submit host (Snakemake's
+# localrules, from one list; the `localrules:` keyword itself takes only literal names).
+prepare_workflow()
 workflow.localrules(*submit_host_rules())
 
 
+rule all:
+    input:
+        # what each rule file registered for the study (provide(), rules/common.smk)
+        provided("profile", "analysis", "figures", "paper", "track", "compare", "crate"),
+    default_target: True
+
+
 onstart:
-    for hook in ONSTART_HOOKS:  # rules/common.smk
-        hook()
+    run_hooks("start")  # rules/common.smk: on_start()
 
 
 onsuccess:
-    for hook in ONEXIT_HOOKS:  # rules/common.smk
-        hook()
+    run_hooks("exit")  # on_exit()
 
 
 onerror:
-    for hook in ONEXIT_HOOKS:
-        hook()
+    run_hooks("exit")

@@ -3,6 +3,7 @@
 
 ANALYSIS_LOGS = f"{paths.LOGS_DIR}/analysis"
 RUN_SUMMARIES = [path for stage in grid.STAGES for path in run_files(stage, runfiles.SUMMARY)]
+provide("run_summaries", RUN_SUMMARIES)
 
 
 rule table_accounting:
@@ -71,14 +72,13 @@ rule table_acceptance:
         sensitivity=rules.table_metrics.output.sensitivity,
         monitor=run_files("scaling", runfiles.GPU_MONITOR),
         busbw=rules.table_comm_bench.output.busbw,
-        loader_smoke=rules.smoke_io.output.result if SMOKE_IO else [],
+        loader_smoke=provided("loader_smoke"),  # none for a command workload (rules/smoke.smk)
     output:
         csv=f"{TABLES_DIR}/acceptance.csv",
         html=table_report("acceptance.html", "Acceptance", "Criteria"),
     params:
         analysis=analysis_json("acceptance", "monitor"),
-        # a command workload has no loader smoke test (rules/smoke.smk)
-        loader_smoke=lambda wc, input: ["--loader-smoke", input.loader_smoke] if SMOKE_IO else [],
+        loader_smoke=lambda wc, input: ["--loader-smoke", *input.loader_smoke] if input.loader_smoke else [],
     log:
         f"{ANALYSIS_LOGS}/acceptance.log",
     resources:
@@ -163,15 +163,15 @@ rule table_resources:
         " --out {output.csv:q} > {log:q} 2>&1"
 
 
-ANALYSIS_TARGETS = [
-    *rules.table_accounting.output,
-    rules.table_runs.output.runs,
-    *rules.table_metrics.output,
-    *rules.table_acceptance.output,
-    *rules.table_comm_model.output,
-    *rules.table_waterfall.output,
-    *rules.table_resources.output,
-    *SYSTEM_TARGETS,
-    *SMOKE_TARGETS,
-    *COMM_TARGETS,
-]
+provide(
+    "analysis",
+    [
+        *rules.table_accounting.output,
+        rules.table_runs.output.runs,
+        *rules.table_metrics.output,
+        *rules.table_acceptance.output,
+        *rules.table_comm_model.output,
+        *rules.table_waterfall.output,
+        *rules.table_resources.output,
+    ],
+)

@@ -60,4 +60,5 @@ rule table_comm_bench:
         " --fit-out {output.fit:q} > {log:q} 2>&1"
 
 
-COMM_TARGETS = [*rules.table_comm_bench.output]
+provide("comm_results", rules.table_comm_bench.input.bench)  # rule track sends them to MLflow
+provide("analysis", rules.table_comm_bench.output)

@@ -15,13 +15,13 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
-from scalestudy.plan import workloads
+from scalestudy import compare as _compare
 from scalestudy.launch import attempt_logs
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.launch import gpus as _gpus
 from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
-from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names, windowtime
+from scalestudy.plan import arrays, cluster, grid, groups, paths, runfiles, slurm_names, windowtime, workloads
 from scalestudy.preflight import site as sitecheck
 
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
@@ -61,11 +61,6 @@ def warn_grid_points(problems, shown=5):
         logger.warning(f"warning: ... and {len(problems) - shown} more grid points like these")
 
 
-# Grid points too short for train.measure's window: their throughput would be marked, not used.
-warn_grid_points(grid.window_problems(config))
-# Windows that would hold fewer GPU monitor samples than analysis.monitor.min_window_samples at the
-# smoke test's step time (once it ran on a GPU): their GPU would be judged on a handful of samples.
-warn_grid_points(windowtime.short_window_problems(config))
 
 PROFILE_WORLDS = config["profiling"]["world_sizes"]
 
@@ -80,23 +75,12 @@ CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deplo
 # same), so that a venv's snakemake started without activating the venv (cron, an editor) runs the
 # venv's packages, not the system's. Not a params value: another venv path must not look like a
 # changed job. Under --sdm apptainer each containerised job runs the image's own `python`.
-if not CONTAINERIZED:
-    _launch.put_interpreter_first()
 # An sbatch that Slurm refuses for a submit limit (the site's MaxSubmitJobs) waits and tries again for
 # cluster.submit_retry_minutes instead of failing the job (the Slurm plugin would count it as a failed
 # attempt): a wrapper `sbatch` first on the PATH of the Snakemake that submits, wherever sbatch exists
 # (only the Slurm executor calls it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
 SBATCH_LOG = os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log")  # the wrapper's waits and refusals
 RUN_STARTED = time.time()
-if workflow.is_main_process and shutil.which("sbatch"):
-    _submit_retry.put_first(
-        os.environ,
-        _submit_retry.install(
-            os.path.join(".snakemake", "scalestudy-sbatch"),
-            patience_minutes=cluster.settings(config)["submit_retry_minutes"],
-            log_path=SBATCH_LOG,
-        ),
-    )
 IMAGE = cluster.container_image(config)
 IMAGE_BUILD = cluster.image_build_target(config)
 CONTAINER = cluster.container_settings(config)
@@ -109,10 +93,6 @@ SITE_NAME = sitecheck.site_name(cluster.settings(config)["partition"])
 SITE_RESULT = f"{paths.SITE_DIR}/{{site}}.json"
 SITE_CHECKED = [SITE_RESULT.format(site=SITE_NAME)] if SITE_CHECK["enabled"] else []
 
-# The checks every training job waits for, so that a wrong site or a broken setting fails in
-# minutes, before the grid queues (rules/smoke.smk adds its output; rules/gate.smk collects them in
-# the checkpoint `training_gate`).
-TRAINING_GATES = [*SITE_CHECKED]
 
 
 def after_training_gate(wildcards):
@@ -136,12 +116,6 @@ def image_input():
 # its sha256, which rule image_digest (container.smk) computes once per image; nothing is hashed
 # here. APPTAINERENV_* survive apptainer's --cleanenv.
 IMAGE_DIGEST = imagedigest.digest_path(IMAGE)
-if CONTAINERIZED:
-    for _name, _value in {
-        imagedigest.IMAGE_ENV: os.path.abspath(IMAGE),
-        imagedigest.DIGEST_ENV: os.path.abspath(IMAGE_DIGEST),
-    }.items():
-        os.environ[_name] = os.environ[f"APPTAINERENV_{_name}"] = _value
 
 
 wildcard_constraints:
@@ -242,7 +216,7 @@ def schedule_local_gpus():
     return count
 
 
-LOCAL_GPUS = schedule_local_gpus()
+LOCAL_GPUS = 0  # the GPUs the local executor schedules: set by prepare_workflow()
 
 
 def gpu_resource(world_of):
@@ -347,11 +321,6 @@ def report_sbatch_refusals():
         logger.error("sbatch refused these submissions of this run:\n  " + "\n  ".join(refusals))
 
 
-# Run in order before the first job is scheduled (the Snakefile's one `onstart:`; not in dry runs,
-# not inside a job): checks first, then what other rule files add (rules/track.smk).
-ONSTART_HOOKS = [check_array_setting, check_slurm_names, set_aside_earlier_logs]
-# Run when Snakemake ends, after success or failure (the Snakefile's `onsuccess:` and `onerror:`).
-ONEXIT_HOOKS = [report_sbatch_refusals]
 
 
 def is_array_task(rule_name):
@@ -441,6 +410,15 @@ def submit_host_rules():
     return cluster.submit_host_rules(config, defined, optional=OPTIONAL_RULES)
 
 
+def compared_label():
+    """The study this one is compared with (compare.against): compare.label, else its folder's name
+    (scalestudy.compare.default_label); None without a comparison."""
+    compare = config["compare"]
+    if not compare["against"]:
+        return None
+    return compare["label"] or _compare.default_label(compare["against"])
+
+
 def container_image():
     """The image CPU rules run in under --sdm apptainer (training ranks get it from launch)."""
     return cluster.container_image(config)
@@ -524,3 +502,91 @@ def fetch_args(wildcards):
     for mirror in data["mirrors"]:
         args += ["--mirror", mirror]
     return [str(arg) for arg in args]
+
+
+# --- shared by the rule files, each registering by one explicit call (none reads another's globals) --
+#
+# provide(kind, paths): the outputs a rule file makes for the study, by kind ("analysis", "figures",
+# "paper", ...); provided(*kinds) reads them as an input function, evaluated once every rule file is
+# included, so the include order does not matter. gate_training_on(path): a check every training
+# job waits for (rules/gate.smk). on_start(hook), on_exit(hook): run by the Snakefile's onstart and
+# onsuccess/onerror, in the order registered (not in dry runs, not inside a job).
+_PROVIDED: dict[str, list] = {}
+_TRAINING_GATES: list = []
+_HOOKS: dict[str, list] = {"start": [], "exit": []}
+
+
+def provide(kind, paths):
+    _PROVIDED.setdefault(kind, []).extend(paths)
+
+
+def provided(*kinds, keep=lambda path: True):
+    """An input function: the outputs registered under `kinds` (those `keep` accepts)."""
+    return lambda wildcards: [path for kind in kinds for path in _PROVIDED.get(kind, []) if keep(path)]
+
+
+def gate_training_on(path):
+    _TRAINING_GATES.append(path)
+
+
+def training_gates():
+    return list(_TRAINING_GATES)
+
+
+def on_start(hook):
+    _HOOKS["start"].append(hook)
+
+
+def on_exit(hook):
+    _HOOKS["exit"].append(hook)
+
+
+def run_hooks(when):
+    for hook in _HOOKS[when]:
+        hook()
+
+
+for _path in SITE_CHECKED:  # the site check's result: every training job waits for it
+    gate_training_on(_path)
+for _hook in (check_array_setting, check_slurm_names, set_aside_earlier_logs):
+    on_start(_hook)
+on_exit(report_sbatch_refusals)
+
+
+def prepare_workflow():
+    """What the workflow changes beyond its rules, called once by the Snakefile after every rule
+    file is included: the warnings about the grid, the environment the jobs inherit (the rules'
+    `python`, the sbatch wrapper, the image's variables) and the GPUs the local executor schedules."""
+    global LOCAL_GPUS
+    # Grid points too short for train.measure's window: their throughput would be marked, not used.
+    warn_grid_points(grid.window_problems(config))
+    # Windows that would hold fewer GPU monitor samples than analysis.monitor.min_window_samples at
+    # the smoke test's step time (once it ran on a GPU): their GPU would be judged on a handful.
+    warn_grid_points(windowtime.short_window_problems(config))
+    # The rules' `python` (issue 23, item 10): outside a container, the interpreter Snakemake runs
+    # in, first on the PATH its jobs inherit (a Slurm job's Snakemake reads the workflow again and
+    # does the same), so that a venv's snakemake started without activating the venv (cron, an
+    # editor) runs the venv's packages, not the system's. Not a params value: another venv path must
+    # not look like a changed job. Under --sdm apptainer each containerised job runs the image's.
+    if not CONTAINERIZED:
+        _launch.put_interpreter_first()
+    # An sbatch that Slurm refuses for a submit limit (the site's MaxSubmitJobs) waits and tries
+    # again for cluster.submit_retry_minutes instead of failing the job: a wrapper `sbatch` first on
+    # the PATH of the Snakemake that submits, wherever sbatch exists (only the Slurm executor calls
+    # it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
+    if workflow.is_main_process and shutil.which("sbatch"):
+        wrapper = _submit_retry.install(
+            os.path.join(".snakemake", "scalestudy-sbatch"),
+            patience_minutes=cluster.settings(config)["submit_retry_minutes"],
+            log_path=SBATCH_LOG,
+        )
+        _submit_retry.put_first(os.environ, wrapper)
+    # Provenance (scalestudy.launch.launcher and scalestudy.provenance read these): the image, and
+    # the file with its sha256 (rule image_digest); APPTAINERENV_* survive apptainer's --cleanenv.
+    if CONTAINERIZED:
+        for name, value in {
+            imagedigest.IMAGE_ENV: os.path.abspath(IMAGE),
+            imagedigest.DIGEST_ENV: os.path.abspath(IMAGE_DIGEST),
+        }.items():
+            os.environ[name] = os.environ[f"APPTAINERENV_{name}"] = value
+    LOCAL_GPUS = schedule_local_gpus()

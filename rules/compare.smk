@@ -9,10 +9,7 @@ from pathlib import Path
 from scalestudy import compare as _compare
 
 COMPARE = config["compare"]
-COMPARE_TARGETS = []
 COMPARE_LOGS = f"{paths.LOGS_DIR}/compare"
-# the other study's name where compare.label is not set: its folder's (scalestudy.compare.study)
-COMPARE_LABEL = _compare.default_label(Path(COMPARE["against"])) if COMPARE["against"] else None
 
 
 if COMPARE["against"]:
@@ -22,7 +19,7 @@ if COMPARE["against"]:
             runs=rules.table_runs.output.runs,
             other=_compare.study_file(COMPARE["against"]),
         output:
-            table=table_report("comparison.csv", "Comparison"),
+            table=table_report(os.path.basename(paths.COMPARISON_TABLE), "Comparison"),
             summary=f"{paths.COMPARE_DIR}/summary.json",
             markdown=f"{paths.COMPARE_DIR}/comparison.md",
             png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison"),
@@ -46,4 +43,4 @@ if COMPARE["against"]:
             " --table {output.table:q} --summary {output.summary:q} --markdown {output.markdown:q}"
             " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
 
-    COMPARE_TARGETS = [*rules.compare.output]
+    provide("compare", rules.compare.output)

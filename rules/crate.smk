@@ -8,7 +8,6 @@ import glob
 import scalestudy.crate as _crate
 
 CRATE = config["crate"]
-CRATE_TARGETS = []
 # The workflow's own files, carried in the crate (the main workflow, its rules, its pins).
 CRATE_SOURCES = sorted(["Snakefile", *glob.glob("rules/*.smk"), "envs/requirements.txt", "envs/scalestudy.yaml"])
 
@@ -30,15 +29,8 @@ if CRATE["enabled"]:
 
     rule crate:
         input:
-            study=[
-                *RUN_SUMMARIES,
-                *rules.training_gate.output,
-                *PROFILE_TARGETS,
-                *ANALYSIS_TARGETS,
-                *FIGURE_TARGETS,
-                *PAPER_TARGETS,
-                *COMPARE_TARGETS,
-            ],
+            study=provided("run_summaries", "profile", "analysis", "figures", "paper", "compare"),
+            gate=rules.training_gate.output,
             sources=CRATE_SOURCES,
         output:
             folder=directory(paths.CRATE_DIR),
@@ -58,8 +50,8 @@ if CRATE["enabled"]:
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.crate write --out-dir {output.folder:q} --zip {output.zip:q}"
-            " --metadata-dir {params.metadata:q} --targets {input.study:q} --rules-json {params.rules:q}"
+            " --metadata-dir {params.metadata:q} --targets {input.study:q} {input.gate:q} --rules-json {params.rules:q}"
             " --sources {input.sources:q} --config-files {params.config_files:q}"
             " --config-json {params.config:q} --study-json {params.study:q} {params.exclude:q} > {log:q} 2>&1"
 
-    CRATE_TARGETS = [*rules.crate.output]
+    provide("crate", rules.crate.output)

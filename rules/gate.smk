@@ -7,7 +7,7 @@
 
 checkpoint training_gate:
     input:
-        [ancient(path) for path in TRAINING_GATES],
+        lambda wildcards: [ancient(path) for path in training_gates()],
     output:
         f"{paths.GATES_DIR}/training.ok",
     log:

@@ -30,7 +30,7 @@ PAPER_DATA = {
     "system": rules.table_system.output[0],
     "comm_bench_fit": rules.table_comm_bench.output.fit,
     "waterfall": rules.table_waterfall.output.csv,
-    **({"comparison": rules.compare.output.table} if COMPARE["against"] else {}),
+    **({"comparison": paths.COMPARISON_TABLE} if config["compare"]["against"] else {}),
 }
 # What the paper says that no table records (a params value: changing one re-writes only the paper).
 PAPER_CONTEXT = {
@@ -42,12 +42,11 @@ PAPER_CONTEXT = {
     "sample_unit": WORKLOAD.sample_unit,
     "parallelism": list(config["scaling"].get("parallelism") or ["ddp"]),
     "sensitivity_axes": SENSITIVITY_AXES,
-    "compared_with": COMPARE["label"] or COMPARE_LABEL or "",
+    "compared_with": compared_label() or "",
     "min_window_samples": config["analysis"]["monitor"]["min_window_samples"],
 }
-PAPER_FIGURES = sorted(
-    {path for path in [*FIGURE_TARGETS, *PROFILE_TARGETS] if path.startswith(f"{paths.PAPER_FIGURES_DIR}/")}
-)
+# The figures' vector PDFs (rules/plots.smk, rules/profile.smk)
+PAPER_FIGURES = provided("figures", "profile", keep=lambda path: path.startswith(f"{paths.PAPER_FIGURES_DIR}/"))
 
 # The PDF needs TeX on the host that runs this workflow (it is not in the training image). paper.pdf:
 # "auto" builds it where latexmk is on PATH and otherwise leaves it out of `all`, saying so here;
@@ -147,10 +146,12 @@ rule paper_pdf:
         "python -m scalestudy.paper.build --tex {input.tex:q} --pdf {output:q} > {log:q} 2>&1"
 
 
-PAPER_TARGETS = [
-    *rules.paper_tables.output,
-    *PAPER_FIGURES,
-    *rules.paper_numbers.output,
-    *rules.paper_draft.output,
-    *(rules.paper_pdf.output if PAPER_PDF else []),
-]
+provide(
+    "paper",
+    [
+        *rules.paper_tables.output,
+        *rules.paper_numbers.output,
+        *rules.paper_draft.output,
+        *(rules.paper_pdf.output if PAPER_PDF else []),
+    ],
+)

@@ -20,6 +20,8 @@ FIGURES = {
     "efficiency": Figure("Scaling", "efficiency", SCALING_TABLE, sections=("acceptance",)),
     "epoch_time": Figure("Scaling", "epoch-time", SCALING_TABLE),
     "memory": Figure("Scaling", "memory", SCALING_TABLE),
+    # time to accuracy against energy against GPU count (scaling.csv's energy columns)
+    "energy": Figure("Scaling", "energy", SCALING_TABLE),
     # the quality curves: test accuracy (the ResNet), or the losses and perplexity (an LM)
     "accuracy": Figure(
         "Scaling",
@@ -88,4 +90,4 @@ for _name, _figure in FIGURES.items():
             " --unit {params.unit:q} --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
 
 
-FIGURE_TARGETS = [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output]
+provide("figures", [path for name in FIGURES for path in getattr(rules, f"figure_{name}").output])

@@ -246,8 +246,11 @@ rule figure_profile_ncu:
 
 
 # Every final output of the stage (rule all includes it).
-PROFILE_TARGETS = [
-    *rules.profile_combine.output,
-    *(path for files in PROFILE_FIGURE_FILES.values() for path in files.values()),
-    *NCU_TARGETS.values(),
-]
+provide(
+    "profile",
+    [
+        *rules.profile_combine.output,
+        *(path for files in PROFILE_FIGURE_FILES.values() for path in files.values()),
+        *NCU_TARGETS.values(),
+    ],
+)

@@ -1,7 +1,7 @@
 # smoke: minutes of checks before the study (scalestudy/preflight/smoke.py). The data loader alone and the
 # checkpoint's size and bandwidth (smoke_io, a one-rank job), and a few training steps through
 # scalestudy.launch.launcher at world size 1 and at the grid's largest (smoke_step, jobs shaped like those
-# training jobs; NCCL_DEBUG=INFO on GPUs). Every training job waits for them (TRAINING_GATES).
+# training jobs; NCCL_DEBUG=INFO on GPUs). Every training job waits for them (gate_training_on).
 
 from scalestudy.preflight import smoke as _smoke
 
@@ -104,6 +104,8 @@ rule table_smoke:
         " && printf '%s\\n' {input.results:q} > {output.passed:q}"
 
 
-SMOKE_TARGETS = [rules.table_smoke.output.table]
+provide("smoke_results", SMOKE_OUTPUTS)  # rule track sends them to MLflow
+provide("loader_smoke", [rules.smoke_io.output.result] if SMOKE_IO else [])  # the loader criterion
+provide("analysis", [rules.table_smoke.output.table])
 # Training waits for every smoke test to have passed (rules/gate.smk).
-TRAINING_GATES.append(rules.table_smoke.output.passed)
+gate_training_on(rules.table_smoke.output.passed)

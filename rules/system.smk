@@ -71,4 +71,4 @@ rule table_system:
         "python -m scalestudy.preflight.system table --index {input.index:q} --out {output:q} > {log:q} 2>&1"
 
 
-SYSTEM_TARGETS = [rules.table_system.output[0]]
+provide("analysis", [rules.table_system.output[0]])

@@ -10,30 +10,30 @@ from scalestudy import tracking as _tracking
 
 TRACKING = _tracking.settings(config, os.getcwd())
 TRACK_LOGS = f"{paths.LOGS_DIR}/tracking"
-TRACK_TARGETS = []
 
 if TRACKING:
-    # Inherited by every job (local, sbatch --export=ALL) and, as APPTAINERENV_*, inside the image.
-    os.environ.update(_tracking.to_environ(TRACKING))
+    # Inherited by every job (local, sbatch --export=ALL) and, as APPTAINERENV_*, inside the image:
+    # set before the first job starts.
+    on_start(lambda: os.environ.update(_tracking.to_environ(TRACKING)))
     TRACKING_JSON = json.dumps(TRACKING, sort_keys=True)
 
     # The study's follower (scalestudy.tracking.follow) beside this Snakemake process, from before
     # the first job (not in dry runs) to its end: SCHEDULED runs for the grid's points, then the
     # training jobs' journals into MLflow while they run. Rule track stops it before its replay.
     FOLLOWER_PID = f"{TRACK_LOGS}/{_tracking.FOLLOWER_PID}"
-    ONSTART_HOOKS.append(
+    on_start(
         lambda: _tracking.start_follower(
             TRACKING, TRACK_LOGS, [paths.RUNS_DIR, paths.SMOKE_DIR], _tracking.planned_points(config)
         )
     )
-    ONEXIT_HOOKS.append(lambda: _tracking.stop_follower(FOLLOWER_PID))
+    on_exit(lambda: _tracking.stop_follower(FOLLOWER_PID))
 
     rule track:
         input:
-            summaries=RUN_SUMMARIES,
-            smoke=SMOKE_OUTPUTS,
-            comm=expand(rules.comm_bench.output[0], world=COMM_WORLDS),
-            study=[*ANALYSIS_TARGETS, *FIGURE_TARGETS, *PAPER_TARGETS],
+            summaries=provided("run_summaries"),
+            smoke=provided("smoke_results"),
+            comm=provided("comm_results"),
+            study=provided("analysis", "figures", "paper"),
         output:
             f"{TRACK_LOGS}/sync.json",
         params:
@@ -52,4 +52,4 @@ if TRACKING:
             " --study-files {input.study:q} --optional-files results/report.html --stop-follower {params.follower:q}"
             " --out {output:q} > {log:q} 2>&1"
 
-    TRACK_TARGETS = [rules.track.output[0]]
+    provide("track", rules.track.output)

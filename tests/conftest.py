@@ -65,7 +65,7 @@ def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 
 @pytest.fixture
 def demo_config() -> dict:
     """config/demo.yaml with every schema default filled in, as the Snakefile reads it (a fresh copy)."""
-    from scalestudy.analysis.settings import study_config
+    from scalestudy.plan.studyconfig import load as study_config
 
     return study_config(REPO / "config/demo.yaml")
 

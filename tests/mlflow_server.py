@@ -7,6 +7,7 @@ prefix, e.g. `bash tests/slurm/cluster.sh exec` (the cluster's head network name
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -86,11 +87,17 @@ def chromium_page(
     return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
 
+def holds(dom: str, wanted: str) -> bool:
+    """`wanted` is in the page's markup or in its text (`<strong>10</strong> matching runs` holds
+    "10 matching runs")."""
+    return wanted in dom or wanted in re.sub(r"<[^>]*>", "", dom)
+
+
 def rendered(chromium: str, url: str, profile: Path, *wanted: str, via: Sequence[str] = ()) -> str:
     """The page's DOM once it holds every `wanted` string (a loaded machine renders late: 3 tries)."""
     for _ in range(3):
         page = chromium_page(chromium, url, profile, "--dump-dom", via=via)
-        if all(text in page.stdout for text in wanted):
+        if all(holds(page.stdout, text) for text in wanted):
             break
     return page.stdout
 
@@ -108,7 +115,7 @@ def check_ui(
     page = store.runs_page(f"http://127.0.0.1:{port}", experiment)
     base = f"http://127.0.0.1:{port}/#/experiments/{experiment}"
     listing = rendered(chromium, page, scratch / "profile", study_run, f"{runs} matching runs", via=via)
-    assert study_run in listing and f"{runs} matching runs" in listing, listing[-3000:]
+    assert holds(listing, study_run) and holds(listing, f"{runs} matching runs"), listing[-3000:]
     assert "Token Usage" not in listing  # not the GenAI overview (traces, tokens)
     # the charts come in the metrics' order, drawn as they scroll into view: the first are epoch_*
     metrics = f"{base}/runs/{run_id}/model-metrics"

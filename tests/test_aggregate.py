@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import accounting, aggregate, settings
+from scalestudy.analysis import accounting, aggregate, energy
 from scalestudy.analysis import constructed_study as synthetic
+from scalestudy.plan import studyconfig
 
 SACCT_OUTPUT = """\
 1001|COMPLETED|00:10:05|
@@ -24,7 +25,7 @@ SACCT_OUTPUT = """\
 def study(tmp_path_factory):
     """A constructed demo-sized study: every grid point's run folder."""
     root = tmp_path_factory.mktemp("study")
-    config = settings.study_config(Path(__file__).resolve().parents[1] / "config/demo.yaml")
+    config = studyconfig.load(Path(__file__).resolve().parents[1] / "config/demo.yaml")
     folders = synthetic.make_study(root, config, synthetic.Truth(gpu=False))
     return root, folders
 
@@ -46,9 +47,32 @@ def fake_sacct(stdout: str, returncode: int = 0, stderr: str = ""):
 
 def test_parse_sacct_takes_state_from_job_and_rss_from_steps():
     jobs = accounting.parse_sacct(SACCT_OUTPUT)
-    assert jobs["1001"] == {"state": "COMPLETED", "elapsed_s": 605.0, "max_rss_mb": pytest.approx(1536.0)}
+    assert jobs["1001"] == {
+        "state": "COMPLETED",
+        "elapsed_s": 605.0,
+        "max_rss_mb": pytest.approx(1536.0),
+        "consumed_energy_j": None,  # four fields: a query without ConsumedEnergyRaw
+    }
     assert jobs["1002"]["elapsed_s"] == 86400 + 2 * 3600 + 3 * 60 + 4
     assert jobs["1002"]["max_rss_mb"] is None
+
+
+def test_parse_sacct_takes_the_jobs_consumed_energy_where_the_site_accounts_it():
+    jobs = accounting.parse_sacct(
+        "2001|COMPLETED|00:10:00||5400000\n"  # the allocation's: the job's total
+        "2001.batch|COMPLETED|00:10:00|2048K|5400000\n"
+        "2001.0|COMPLETED|00:09:58|1.5G|5390000\n"
+        "2002|COMPLETED|00:10:00||0\n"  # no energy plugin: 0
+        "2002.0|COMPLETED|00:10:00|1G|0\n"
+        "2003|COMPLETED|00:10:00||\n"  # the allocation line without a figure: the largest step's
+        "2003.batch|COMPLETED|00:10:00|1G|1200\n"
+        "2003.0|COMPLETED|00:10:00|1G|3400\n"
+        f"2004|COMPLETED|00:10:00||{2**64 - 2}\n"  # NO_VAL64: unknown
+    )
+    assert jobs["2001"]["consumed_energy_j"] == 5_400_000.0
+    assert jobs["2002"]["consumed_energy_j"] is None and jobs["2004"]["consumed_energy_j"] is None
+    assert jobs["2003"]["consumed_energy_j"] == 3400.0
+    assert accounting.SACCT_FIELDS.endswith(",ConsumedEnergyRaw")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("00:01:02", 62), ("05:30.5", 330.5), ("2-00:00:00", 172800)])
@@ -72,10 +96,11 @@ def test_catalog_with_sacct_answers(study):
     paths = summaries(folders)[:2]
     ids = accounting.job_ids(paths)
     first_id = accounting.job_id(json.loads(paths[0].read_text()))
-    output = f"{first_id}|COMPLETED|00:02:00|\n{first_id}.0|COMPLETED|00:01:59|100M\n"
+    output = f"{first_id}|COMPLETED|00:02:00||0\n{first_id}.0|COMPLETED|00:01:59|100M|0\n"
     runner = fake_sacct(output)
     record = accounting.query_sacct(ids, runner)
     assert runner.calls[0][:2] == ["sacct", "--parsable2"] and runner.calls[0][-1] == ",".join(ids)
+    assert accounting.SACCT_FIELDS in runner.calls[0]
     catalog = aggregate.build_catalog(paths, json.loads(json.dumps(record)))  # as it travels: via JSON
     first, second = catalog.iloc[0], catalog.iloc[1]
     assert (first["sacct.elapsed_s"], first["sacct.state"], first["sacct.max_rss_mb"]) == (
@@ -83,7 +108,21 @@ def test_catalog_with_sacct_answers(study):
         "COMPLETED",
         100.0,
     )
+    assert (
+        pd.isna(first["sacct.energy_consumed_j"]) and first["sacct.energy_note"] == aggregate.NO_SITE_ENERGY
+    )
     assert pd.isna(second["sacct.elapsed_s"]) and second["sacct.note"] == "no sacct record"
+
+
+def test_the_sites_energy_sits_beside_nvmls(tmp_path):
+    """A GPU study's run with NVML's energy and the job's ConsumedEnergy from sacct, in one row."""
+    config = studyconfig.load(Path(__file__).resolve().parents[1] / "config/demo.yaml")
+    (folder, *_) = synthetic.make_study(tmp_path, config, synthetic.Truth(gpu=True))
+    job = accounting.job_id(json.loads((folder / "summary.json").read_text()))
+    record = {"note": None, "jobs": {job: {"state": "COMPLETED", "consumed_energy_j": 9.5e5}}}
+    row = aggregate.build_catalog([folder / "summary.json"], record).iloc[0]
+    assert row["sacct.energy_consumed_j"] == 9.5e5 and pd.isna(row["sacct.energy_note"])
+    assert row["energy_source"] == "counter" and row["energy_j"] > 0
 
 
 def test_sacct_failure_leaves_columns_empty_with_a_note(study):
@@ -147,6 +186,32 @@ def test_cli_writes_catalog(study, tmp_path):
     catalog = pd.read_csv(out)
     assert len(catalog) == 15 and "sacct.max_rss_mb" in catalog.columns
     assert (catalog["sacct.note"] == "sacct not found on this host").all()
+    # a CPU study: every energy figure empty, energy_source saying why, never a zero
+    assert catalog["energy_source"].str.startswith("not measured: no NVIDIA GPU (device cpu)").all()
+    assert catalog["energy_source"].str.contains("RAPL").all()
+    for column in ("energy_j", "energy_window_j", "joules_per_sample", "energy_to_target_j"):
+        assert catalog[column].isna().all(), column
+    assert (catalog["gpu_hours"] > 0).all()
+
+
+def test_a_summary_from_before_energy_is_measured_from_its_run_folder(tmp_path):
+    """aggregate measures an older summary (no energy keys) from the monitor files beside it."""
+    config = studyconfig.load(Path(__file__).resolve().parents[1] / "config/demo.yaml")
+    (folder, *_) = synthetic.make_study(tmp_path, config, synthetic.Truth(gpu=True))
+    written = json.loads((folder / "summary.json").read_text())
+    older = {
+        **written,
+        "results": {k: v for k, v in written["results"].items() if k not in energy.ENERGY_KEYS},
+    }
+    (folder / "summary.json").write_text(json.dumps(older))
+    row = aggregate.build_catalog([folder / "summary.json"]).iloc[0]
+    assert row["energy_source"] == "counter"
+    assert row["energy_j"] == pytest.approx(written["results"]["energy_j"])
+    (folder / "gpu_monitor.csv").unlink()
+    row = aggregate.build_catalog([folder / "summary.json"]).iloc[0]
+    assert row["energy_source"] == f"not measured: no gpu_monitor.csv in {folder}" and pd.isna(
+        row["energy_j"]
+    )
 
 
 def test_the_window_columns_reach_the_catalog(tmp_path, capsys):

@@ -134,3 +134,79 @@ def test_an_lm_counts_tokens_in_model_rows_and_words():
     assert model["images_per_s"] == pytest.approx(128 * 8 * 16 / step)
     assert model["what"] == "200 epochs of 1,000,000 tokens"
     assert resources.units_per_sample(as_tokens, "tokens") == pytest.approx(128)
+
+
+# -- energy: kWh beside the GPU-hours --
+
+
+def test_grid_kwh_is_the_runs_measured_energy():
+    runs = pd.DataFrame(
+        [
+            run_row("scaling", 4, 64, 0.1, mode="strong", energy_j=3.6e6, energy_source="counter"),
+            run_row("scaling", 1, 256, 0.1, mode="strong", energy_j=7.2e6, energy_source="counter"),
+        ]
+    )
+    total = pd.DataFrame(resources.grid_rows(runs, 2, 1.0)).set_index("what").loc["whole grid"]
+    assert total["kwh"] == pytest.approx(3.0) and total["energy_source"].startswith("measured")
+
+
+def test_grid_kwh_is_not_measured_where_a_run_lacks_energy_unless_a_power_is_assumed():
+    runs = pd.DataFrame(
+        [
+            run_row("scaling", 4, 64, 0.1, mode="strong", energy_j=3.6e6, energy_source="counter"),
+            run_row(
+                "scaling",
+                1,
+                256,
+                0.1,
+                mode="strong",
+                energy_source="not measured: no NVIDIA GPU (device cpu)",
+            ),
+        ]
+    )
+    total = pd.DataFrame(resources.grid_rows(runs, 2, 1.0)).set_index("what").loc["whole grid"]
+    assert pd.isna(total["kwh"])  # never a partial sum, never a zero
+    assert (
+        total["energy_source"]
+        == "not measured: 1 of 2 runs without energy (not measured: no NVIDIA GPU (device cpu))"
+    )
+    assumed = pd.DataFrame(resources.grid_rows(runs, 2, 1.0, assumed_w=500.0)).set_index("what")
+    whole = assumed.loc["whole grid"]
+    assert whole["kwh"] == pytest.approx(whole["gpu_hours"] * 0.5)  # 500 W per GPU
+    assert whole["energy_source"].startswith("assumed: 500 W per GPU")
+
+
+def test_full_training_kwh_at_the_points_measured_power_and_model_rows_per_gpu():
+    settings_ = analysis(
+        full_training_epochs=10, train_images=36_000, overhead_factor=1.0, model_world_sizes=[16]
+    )
+    runs = pd.DataFrame([run_row("scaling", n, 256, 0.1 + 0.01 * (n - 1), mode="weak") for n in (1, 2, 4)])
+    _, _, prediction = commmodel.analyse(runs, settings_)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
+    scaling["mean_power_w_mean"] = 600.0 * scaling["world_size"]  # 600 W per GPU, measured
+    table = resources.estimate(runs, scaling, prediction, settings_)
+    full = table[table["scope"] == "full training"]
+    assert full["kwh"].to_numpy() == pytest.approx((full["wall_hours"] * 0.6 * full["world_size"]).to_numpy())
+    assert full["energy_source"].str.startswith("measured power").all()
+    model = table[table["scope"] == "model"].iloc[0]
+    assert model["kwh"] == pytest.approx(model["gpu_hours"] * 0.6)
+    assert model["energy_source"].startswith("estimate: 600 W per GPU")
+
+
+def test_without_measured_power_the_kwh_say_not_measured_and_why():
+    settings_ = analysis(model_world_sizes=[16])
+    runs = pd.DataFrame([run_row("scaling", n, 256, 0.1, mode="weak") for n in (1, 2)])
+    _, _, prediction = commmodel.analyse(runs, settings_)
+    scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
+    table = resources.estimate(runs, scaling, prediction, settings_)
+    assert table["kwh"].isna().all()
+    assert table["energy_source"].str.startswith("not measured").all()
+    assert "no energy_source column" in table.loc[table["scope"] == "full training", "energy_source"].iloc[0]
+    assumed = resources.estimate(
+        runs,
+        scaling,
+        prediction,
+        {**settings_, "resources": {**settings_["resources"], "assumed_gpu_power_w": 300.0}},
+    )
+    assert assumed["kwh"].to_numpy() == pytest.approx((assumed["gpu_hours"] * 0.3).to_numpy())
+    assert assumed["energy_source"].str.startswith("assumed: 300 W per GPU").all()

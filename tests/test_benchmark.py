@@ -21,6 +21,7 @@ from scalestudy.benchmark.__main__ import main
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row, Target
 from scalestudy.benchmark.suite import Variant, project_variants, window_settings
+from scalestudy.plan import studyconfig as plan_studyconfig
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +215,9 @@ def test_reference_trainer_really_trains(packed, one_thread):
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "config.yaml", "demo-gpt.yaml"])
-def test_the_benchmark_reads_a_study_config_as_snakemake_does_without_importing_it(name):
-    """A GPU node runs the benchmark without Snakemake (the first H100 run failed on its import)."""
+def test_a_study_config_is_read_as_snakemake_does_without_importing_it(name):
+    """scalestudy.plan.studyconfig.load, the one reader outside Snakemake: a GPU node runs the
+    benchmark without Snakemake (the first H100 run failed on its import)."""
     import subprocess
     import sys
 
@@ -227,9 +229,9 @@ def test_the_benchmark_reads_a_study_config_as_snakemake_does_without_importing_
     path = studyconfig.REPO / "config" / name
     expected = yaml.safe_load(path.read_text())
     validate(expected, schema.PATH)
-    assert studyconfig.load_config(path) == expected
-    probe = "import sys; from scalestudy.benchmark import studyconfig; "
-    probe += f"studyconfig.load_config({str(path)!r}); "
+    assert plan_studyconfig.load(path) == expected
+    probe = "import sys; from scalestudy.plan import studyconfig; "
+    probe += f"studyconfig.load({str(path)!r}); "
     probe += "print(sorted(m for m in sys.modules if m.startswith('snakemake')))"
     result = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
     assert result.stdout.strip() == "[]"
@@ -337,7 +339,7 @@ def test_import_probe_times_the_import_inside_the_whole_process():
 
 
 def test_bench_grid_is_a_valid_config_with_at_least_1000_points():
-    config = studyconfig.load_config(studyconfig.REPO / "config" / "bench-grid.yaml")
+    config = plan_studyconfig.load(studyconfig.REPO / "config" / "bench-grid.yaml")
     assert dag.count_points(config) >= 1000
 
 
@@ -352,7 +354,7 @@ def test_workflow_hotspots_keep_only_the_workflows_own_code(tmp_path):
     import pstats
 
     profiler = cProfile.Profile()
-    profiler.runcall(dag.count_points, studyconfig.load_config())
+    profiler.runcall(dag.count_points, plan_studyconfig.load(studyconfig.DEMO_CONFIG))
     stats = pstats.Stats(profiler)
     hotspots = dag.workflow_hotspots(stats)
     assert hotspots and all("scalestudy/" in name for name, *_ in hotspots)
@@ -385,7 +387,7 @@ def test_every_run_config_the_benchmark_spawns_passes_the_trainers_rules(device,
     from scalestudy.benchmark.__main__ import SECTIONS, choose_settings, default_config, parse_run_args
     from scalestudy.plan import runconfig
 
-    config = studyconfig.load_config(default_config(device))
+    config = plan_studyconfig.load(default_config(device))
     settings = choose_settings(parse_run_args(["--device", device]), config)
     runs = suite.run_configs(settings, config, tmp_path, SECTIONS)
     assert len(runs) == len(settings.variants) + 1

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
 
 
@@ -38,18 +39,18 @@ def test_nothing_to_resume_from(tmp_path):
 
 def test_rng_states_come_back():
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    saved = checkpoint.rng_state()
+    saved = policy.rng_state()
     expected = (random.random(), np.random.rand(), torch.rand(3))
     random.seed(2), np.random.seed(2), torch.manual_seed(2)
-    checkpoint.set_rng_state(saved)
+    policy.set_rng_state(saved)
     assert (random.random(), np.random.rand()) == expected[:2]
     assert torch.equal(torch.rand(3), expected[2])
 
 
 def test_rng_states_survive_a_weights_only_save(tmp_path):
-    checkpoint.save(tmp_path, {"rng": checkpoint.rng_state()}, 1)
+    checkpoint.save(tmp_path, {"rng": policy.rng_state()}, 1)
     state, _ = checkpoint.load_latest(tmp_path)
-    checkpoint.set_rng_state(state["rng"])
+    policy.set_rng_state(state["rng"])
 
 
 def test_only_the_newest_two_are_kept_and_leftover_temp_files_go(tmp_path):
@@ -115,7 +116,7 @@ def test_a_checkpoint_of_another_run_config_is_set_aside_with_a_warning(tmp_path
     (folder / ".ckpt-000000011-0000000000000000.pt.x.tmp").write_bytes(b"partial")
     with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.claim(folder, "new2", epochs=2, config={"lr": 0.2}) is None
-    kept = folder / checkpoint.SUPERSEDED / "old1" / newest.name
+    kept = folder / policy.SUPERSEDED / "old1" / newest.name
     assert [p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file()] == [
         kept.relative_to(folder)
     ]
@@ -124,7 +125,7 @@ def test_a_checkpoint_of_another_run_config_is_set_aside_with_a_warning(tmp_path
     checkpoint.save(folder, _run_state(3, epoch=0, config_hash="new2"), 3)  # this run goes on beside it
     assert checkpoint.claim(folder, "new2", epochs=2)[0]["step"] == 3
     assert checkpoint.claim(folder, "new3", epochs=2) is None  # a third run config: both kept
-    assert sorted(p.name for p in (folder / checkpoint.SUPERSEDED).iterdir()) == ["new2", "old1"]
+    assert sorted(p.name for p in (folder / policy.SUPERSEDED).iterdir()) == ["new2", "old1"]
 
 
 def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):
@@ -133,7 +134,7 @@ def test_the_end_of_a_finished_run_is_not_resumed(tmp_path, caplog):
     checkpoint.save(folder, _run_state(10, epoch=1), 10)
     last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
     checkpoint.finished(folder, "abc", keep=True)
-    assert {path.name for path in folder.iterdir()} >= {last.name, checkpoint.FINISHED}
+    assert {path.name for path in folder.iterdir()} >= {last.name, policy.FINISHED}
     with caplog.at_level(logging.WARNING, logger="scalestudy.train.checkpoint.single_file"):
         assert checkpoint.claim(folder, "abc", epochs=2) is None
     assert not folder.exists() and last.name in caplog.text and "finished" in caplog.text
@@ -147,7 +148,7 @@ def test_a_finished_run_that_keeps_nothing_keeps_its_last_checkpoint_until_asked
     checkpoint.save(folder, _run_state(10, epoch=1), 10)
     last = checkpoint.save(folder, _run_state(20, epoch=2), 20)
     checkpoint.finished(folder, "abc", keep=False)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([last.name, checkpoint.FINISHED])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([last.name, policy.FINISHED])
     assert checkpoint.claim(folder, "abc", epochs=2) is None  # attempt 1 of a new workflow run
     assert not folder.exists()
 

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from scalestudy import compare
-from scalestudy.analysis import aggregate, settings, stats
+from scalestudy.analysis import aggregate, stats
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.compare import __main__ as compare_cli
 from scalestudy.compare import points
+from scalestudy.plan import studyconfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCALED = ("strong/w2_r", "weak/w1_r")  # the points whose throughput the copy scales by 0.8
@@ -22,7 +23,7 @@ SCALED = ("strong/w2_r", "weak/w1_r")  # the points whose throughput the copy sc
 
 def write_study(root: Path, repeats: int = 3) -> Path:
     """A constructed demo-shaped study with `repeats` repeats and step-time noise: root/results/."""
-    config = settings.study_config(REPO / "config/demo.yaml")
+    config = studyconfig.load(REPO / "config/demo.yaml")
     config["scaling"]["repeats"] = repeats
     folders = constructed.make_study(root, config, constructed.Truth(gpu=False, noise=0.03, seed=3))
     catalog = aggregate.build_catalog([folder / "summary.json" for folder in folders])

@@ -89,7 +89,7 @@ def test_a_run_started_each_way_gets_the_same_effective_config(tmp_path):
     the grid (Snakemake), by `python -m scalestudy.train` with only the keys the trainer requires, and
     by the benchmark (which starts from the baseline point and changes what it says it changes):
     one effective config of the study's settings."""
-    from scalestudy.analysis.settings import study_config
+    from scalestudy.plan.studyconfig import load as study_config
 
     path = tmp_path / "defaults.yaml"
     required = schema.load()["required"]

@@ -491,7 +491,7 @@ def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_named(tmp_path):
 
     from scalestudy.plan.runconfig import RunConfigError
     from scalestudy.train.checkpoint import dcp as sharded
-    from scalestudy.train.checkpoint import single_file
+    from scalestudy.train.checkpoint import policy
 
     small, large = torch.nn.Linear(4, 4), torch.nn.Linear(4, 6)
     config = {"world_size": 1, "per_gpu_batch": 4, "global_batch": 4, "epochs": 2}
@@ -503,8 +503,8 @@ def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_named(tmp_path):
         caught.value
     )
     saved = {name: tuple(t.shape) for name, t in small.state_dict().items()}
-    with pytest.raises(single_file.CheckpointMismatch, match=r"bias is \[4\] in it, \[6\] in the model"):
-        single_file.check_fits("ckpt-1.pt", saved, large.state_dict())
+    with pytest.raises(policy.CheckpointMismatch, match=r"bias is \[4\] in it, \[6\] in the model"):
+        policy.check_fits("ckpt-1.pt", saved, large.state_dict())
 
 
 # --- item 10: the venv's snakemake, not activated ----------------------------------------------------

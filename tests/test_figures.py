@@ -9,8 +9,9 @@ import pytest
 
 from scalestudy.analysis import aggregate, commmodel, metrics, settings
 from scalestudy.analysis import constructed_study as synthetic
+from scalestudy.plan import studyconfig
 from scalestudy.plots import comm_model as model
-from scalestudy.plots import curves, monitor, scaling, sensitivity, style
+from scalestudy.plots import curves, energy, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main
 
 SETTINGS = settings.resolved({})
@@ -18,7 +19,7 @@ DEMO = Path(__file__).resolve().parents[1] / "config/demo.yaml"
 
 
 def build(root: Path, gpu: bool) -> dict:
-    config = settings.study_config(DEMO)
+    config = studyconfig.load(DEMO)
     config["scaling"]["world_sizes"] = [1, 2, 4]
     config["scaling"]["repeats"] = 2
     folders = synthetic.make_study(root, config, synthetic.Truth(gpu=gpu, noise=0.02))
@@ -59,6 +60,7 @@ DRAW = {
         *monitor.load(s["monitor"])[:1], png, pdf, SETTINGS["monitor"]
     ),
     "comm_model": lambda s, png, pdf: model.model_vs_measurement(s["prediction"], s["scaling"], png, pdf),
+    "energy": lambda s, png, pdf: energy.figure(s["scaling"], png, pdf),
 }
 
 
@@ -76,6 +78,38 @@ def test_monitor_without_gpu_says_why(cpu_study, tmp_path):
     png, pdf = style.png_and_pdf(tmp_path / "monitor")
     monitor.timelines(samples, png, pdf, SETTINGS["monitor"], reasons)
     assert_figure(png, pdf)
+
+
+def placeholder_texts(monkeypatch) -> list[str]:
+    """What style.placeholder_note is asked to say while a figure draws."""
+    said = []
+    original = style.placeholder_note
+    monkeypatch.setattr(
+        style, "placeholder_note", lambda ax, text, **kw: (said.append(text), original(ax, text, **kw))
+    )
+    return said
+
+
+def test_energy_figure_draws_measured_energy_and_rings_the_cheapest_scales(gpu_study, tmp_path, monkeypatch):
+    said = placeholder_texts(monkeypatch)
+    table = gpu_study["scaling"]
+    assert (table["energy_source"] == "counter").all() and (table["energy_to_target_j_mean"] > 0).all()
+    png, pdf = style.png_and_pdf(tmp_path / "energy")
+    energy.figure(table, png, pdf)
+    assert_figure(png, pdf)
+    assert said == []
+    assert energy.unit_of(pd.Series([7200.0, 90.0]), energy.TIME_UNITS) == (3600.0, "h")
+
+
+def test_energy_figure_without_energy_says_not_measured_and_why(cpu_study, tmp_path, monkeypatch):
+    said = placeholder_texts(monkeypatch)
+    png, pdf = style.png_and_pdf(tmp_path / "energy_cpu")
+    energy.figure(cpu_study["scaling"], png, pdf)
+    assert_figure(png, pdf)
+    assert len(said) == 2 and all(
+        text.startswith("Energy not measured: no NVIDIA GPU (device cpu)") for text in said
+    )
+    assert "RAPL" in said[0]
 
 
 def test_monitor_selects_strong_repeat_zero():

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from scalestudy.benchmark import pipelines, project
-from scalestudy.benchmark.studyconfig import DEMO_CONFIG, load_config
+from scalestudy.benchmark.studyconfig import DEMO_CONFIG
 from scalestudy.plan import cluster
+from scalestudy.plan.studyconfig import load as load_config
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: run `bash scripts/gpu_check.sh` on a GPU node"

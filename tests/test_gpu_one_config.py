@@ -9,8 +9,8 @@ import shlex
 import subprocess
 import sys
 
-from scalestudy.analysis.settings import study_config
 from scalestudy.plan import grid
+from scalestudy.plan.studyconfig import load as study_config
 from tests import gpufake
 from tests.conftest import REPO, run_snakemake, snakemake_env
 

@@ -293,6 +293,47 @@ def write_diagram() -> None:
     )
 
 
+# --- the rule files --------------------------------------------------------------------------------
+
+RULE_FILES = sorted((REPO / "rules").glob("*.smk"))
+SHARED_RULE_FILE = "common.smk"  # the helpers every rule file may use (snakemake-workflows' layout)
+
+
+def top_level_names(path: Path) -> set[str]:
+    """Names a rule file binds at its top level (assignments and functions)."""
+    text = path.read_text()
+    assigned = re.findall(r"^([A-Za-z_]\w*)\s*(?::[^=\n]+)?=(?!=)", text, re.M)
+    return set(assigned) | set(re.findall(r"^def (\w+)", text, re.M))
+
+
+def foreign_globals() -> list[str]:
+    """`file: NAME (home)` for every name a rule file (or the Snakefile) uses that another rule file
+    than common.smk binds: rule files share outputs through provide()/provided(), rules.<name>, and
+    the hooks and gates through one call each (rules/common.smk)."""
+    homes = {name: path.name for path in RULE_FILES for name in top_level_names(path)}
+    found = []
+    for path in [*RULE_FILES, REPO / "Snakefile"]:
+        text = path.read_text()
+        for name, home in sorted(homes.items()):
+            if home not in (path.name, SHARED_RULE_FILE) and re.search(rf"(?<![.\w]){name}\b", text):
+                found.append(f"{path.name}: {name} ({home})")
+    return found
+
+
+def test_no_rule_file_reads_another_rule_files_globals():
+    assert len(RULE_FILES) > 15
+    assert foreign_globals() == []
+
+
+def test_rule_files_change_the_environment_only_inside_functions():
+    """Including a rule file defines rules and helpers; the environment the jobs inherit is set by
+    prepare_workflow() and the start hooks, which the Snakefile calls explicitly."""
+    for path in [*RULE_FILES, REPO / "Snakefile"]:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if re.match(r"^(os\.environ|_launch\.put_interpreter_first|_submit_retry\.put_first)", line):
+                raise AssertionError(f"{path.name}:{number} changes the environment on include: {line}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write_diagram()

@@ -15,9 +15,11 @@ import torch
 
 from scalestudy import atomic
 from scalestudy.analysis import acceptance, monitor_window, settings
+from scalestudy.train import energy_counter, gpu_processes
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import gpu_processes
 from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
+from tests.conftest import REPO
+from tests.gpufake import FAKE_NVML_DIR
 
 UUIDS = (
     "GPU-0a1b2c3d-0000-1111-2222-333344445555",
@@ -32,6 +34,9 @@ class FakeNvml:
 
     gpm: per GPU whether nvmlGpmQueryDeviceSupport says yes. lost_after: {GPU: n} raises
     NVML_ERROR_GPU_IS_LOST from the n-th power reading on. no_pcie: GPUs without PCIe counters.
+    energy: {GPU: [mJ, ...]} the energy counter's readings in turn (the first is the monitor's check
+    at open); without, the counter rises by the power reading x 0.1 s per reading. no_energy: GPUs
+    without the counter (NVML_ERROR_NOT_SUPPORTED, as before Volta). power_w: the power readings.
     """
 
     NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES, NVML_TEMPERATURE_GPU = 0, 1, 0
@@ -43,9 +48,21 @@ class FakeNvml:
             super().__init__({3: "Not Supported", 15: "GPU is lost"}.get(value, f"error {value}"))
             self.value = value
 
-    def __init__(self, gpm=(True, True, True), lost_after=None, no_pcie=(), bad_handle=(), not_ours=()):
+    def __init__(
+        self,
+        gpm=(True, True, True),
+        lost_after=None,
+        no_pcie=(),
+        bad_handle=(),
+        not_ours=(),
+        energy=None,
+        no_energy=(),
+        power_w=(350.5, 351.5, 352.5),
+    ):
         self.gpm, self.lost_after, self.no_pcie, self.bad_handle = gpm, lost_after or {}, no_pcie, bad_handle
         self.not_ours = not_ours  # GPUs of other jobs: NVML_ERROR_NO_PERMISSION (Slurm's device cgroup)
+        self.energy, self.no_energy, self.power_w = energy, no_energy, power_w
+        self.energy_calls = [0, 0, 0]
         self.initialised = False
         self.power_calls = [0, 0, 0]
         self.gpm_counter = 0
@@ -83,7 +100,16 @@ class FakeNvml:
         self.power_calls[handle] += 1
         if handle in self.lost_after and self.power_calls[handle] >= self.lost_after[handle]:
             raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
-        return 350_500 + 1000 * handle  # mW
+        return round(self.power_w[handle] * 1000)  # mW
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        if handle in self.no_energy:
+            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        calls = self.energy_calls[handle]
+        self.energy_calls[handle] += 1
+        if self.energy is None:
+            return 10**9 + round(self.power_w[handle] * 100) * calls  # mJ: power x 0.1 s per reading
+        return self.energy[handle][calls]
 
     def nvmlDeviceGetPcieThroughput(self, handle, counter):
         if handle in self.no_pcie:
@@ -301,7 +327,9 @@ def test_the_thread_samples_at_the_set_rate():
     time.sleep(0.5)
     report = node.stop()
     rows = _rows(report)
-    assert 5 <= len(rows) <= 12 and rows.time_s.is_monotonic_increasing and 0 <= rows.time_s.iloc[0] < 0.5
+    # ~10 samples, and one more when it stops: the run's end, for the energy counter
+    assert 5 <= len(rows) <= 13 and rows.time_s.is_monotonic_increasing and 0 <= rows.time_s.iloc[0] < 0.5
+    assert rows.time_s.iloc[-1] >= 0.45
     assert rows.sm_active_pct.notna().sum() >= 2 and not nvml.initialised
     rows_after_stop = len(report["rows"])
     time.sleep(0.15)
@@ -329,6 +357,105 @@ def test_ranks_are_merged_into_one_csv_and_grouped_by_node(tmp_path):
     )
     assert nodes["gpu02"]["available"] is False and "rank 2: no NVIDIA GPU" in nodes["gpu02"]["reason"]
     assert summary["available"] is False and summary["sm_active"] == "NVML GPM (NVML_GPM_METRIC_SM_UTIL)"
+
+
+# -- the energy counter (scalestudy.train.energy_counter) --
+
+TIMES = [round(0.1 * k, 1) for k in range(11)]  # 0.0 .. 1.0 s
+
+
+def _energy_j(nvml, times=TIMES, uuid=UUIDS[0]):
+    report = _sampled(nvml, times, gpu_uuids=[uuid])
+    return _rows(report)["energy_j"].tolist(), report["gpus"][0]["energy"]
+
+
+def test_the_counter_gives_joules_since_the_first_reading():
+    """412 W on the counter (the power readings say 350.5 W: the counter is what counts)."""
+    readings = [7_000_000] + [7_000_000 + round(412_000 * t) for t in TIMES]  # the first: open's check
+    joules, report = _energy_j(FakeNvml(energy={0: readings}))
+    assert joules == pytest.approx([412.0 * t for t in TIMES])
+    assert report == {"counter": True, "reason": None, "wraps": 0, "resets": []}
+
+
+def test_a_counter_that_wraps_at_two_to_the_64_goes_on_counting():
+    start = 2**64 - 100_000  # 100 J below the top: it wraps between 0.2 s and 0.3 s at 412 W
+    readings = [start] + [(start + round(412_000 * t)) % 2**64 for t in TIMES]
+    joules, report = _energy_j(FakeNvml(energy={0: readings}))
+    assert readings[4] < readings[3]  # the wrap is in the data
+    assert joules == pytest.approx([412.0 * t for t in TIMES])
+    assert report["wraps"] == 1 and report["resets"] == []
+
+
+def test_a_counter_reset_by_a_driver_reload_is_bridged_by_the_power_samples():
+    """The counter restarts near zero between 0.5 s and 0.6 s: that interval counts the power
+    readings' trapezoid (350.5 W x 0.1 s), the others the counter (412 W)."""
+    before = [9_000_000 + round(412_000 * t) for t in TIMES[:6]]
+    after = [5 + round(412_000 * (t - 0.6)) for t in TIMES[6:]]
+    joules, report = _energy_j(FakeNvml(energy={0: [before[0], *before, *after]}))
+    expected_end = 412.0 * 0.5 + 350.5 * 0.1 + 412.0 * 0.4
+    assert joules[5] == pytest.approx(412.0 * 0.5) and joules[6] == pytest.approx(412.0 * 0.5 + 35.05)
+    assert joules[-1] == pytest.approx(expected_end)
+    assert report["resets"] == [{"at_s": 0.6, "bridged_by": "power samples"}] and report["wraps"] == 0
+
+
+def test_a_reset_without_power_samples_counts_the_new_reading_as_a_lower_bound():
+    counter = energy_counter.EnergyCounter(power_limit_w=700.0)
+    assert counter.add(0.0, 50_000_000, None) == 0.0
+    assert counter.add(0.1, 50_041_200, None) == pytest.approx(41.2)
+    assert counter.add(0.2, 30_000, None) == pytest.approx(41.2 + 30.0)  # reset: 30 J since the reload
+    assert counter.resets[0]["bridged_by"].startswith("the new reading")
+    assert counter.add(0.3, None, None) is None  # no reading: the value is empty, the total kept
+    assert counter.add(0.4, 71_200, None) == pytest.approx(41.2 + 30.0 + 41.2)
+
+
+def test_a_gpu_without_the_counter_leaves_energy_empty_and_says_why(tmp_path):
+    nvml = FakeNvml(no_energy=(1,))
+    report = _sampled(nvml, TIMES, gpu_uuids=[UUIDS[1]])
+    assert _rows(report)["energy_j"].isna().all() and _rows(report)["power_w"].notna().all()
+    gpu = report["gpus"][0]
+    assert gpu["energy"]["counter"] is False and "Not Supported" in gpu["energy"]["reason"]
+    assert nvml.energy_calls[1] == 0 and gpu["errors"] == {}  # asked once at open, not at every sample
+    monitor.write_outputs(tmp_path, [report], interval_s=0.1)
+    summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
+    assert summary["energy"].startswith("power samples integrated on " + UUIDS[1])
+
+
+def test_the_monitor_notes_the_counter_when_every_gpu_has_one(tmp_path):
+    monitor.write_outputs(tmp_path, [_sampled(FakeNvml(), TIMES, gpu_uuids=[UUIDS[0]])], interval_s=0.1)
+    assert json.loads((tmp_path / "gpu_monitor.json").read_text())["energy"] == "NVML total energy counter"
+
+
+def test_the_fake_pynvml_module_drives_the_monitor_in_a_subprocess(tmp_path):
+    """tests/fakenvml/pynvml.py as `import pynvml` finds it: energy and power from its state file,
+    changed between samples as a job's GPU would change them."""
+    state = tmp_path / "nvml.json"
+    gpu = {"uuid": UUIDS[0], "name": "NVIDIA H100", "power_limit_mw": 700_000}
+    state.write_text(json.dumps({"gpus": [{**gpu, "energy_mj": 1_000_000, "power_mw": 400_000}]}))
+    script = f"""
+import json, pathlib
+from scalestudy.train import gpu_monitor
+state = pathlib.Path({str(state)!r})
+node = gpu_monitor.GpuMonitor(interval_s=0.1, t0=0.0, host="gpu01", gpu_uuids=[{UUIDS[0]!r}])
+assert node.open(), node.reason
+for now, mj in ((0.0, 1_000_000), (1.0, 1_400_000), (2.0, 1_800_000)):
+    machine = json.loads(state.read_text())
+    machine["gpus"][0]["energy_mj"] = mj
+    state.write_text(json.dumps(machine))
+    node.sample(now)
+gpu_monitor.write_outputs({str(tmp_path)!r}, [node.stop()], 0.1)
+"""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(FAKE_NVML_DIR), str(REPO)]),
+        "SCALESTUDY_FAKE_NVML": str(state),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rows = pd.read_csv(tmp_path / "gpu_monitor.csv")
+    assert rows["energy_j"].tolist() == [0.0, 400.0, 800.0] and (rows["power_w"] == 400.0).all()
+    assert json.loads((tmp_path / "gpu_monitor.json").read_text())["energy"] == "NVML total energy counter"
 
 
 # -- the analysis: measurement window and acceptance --
@@ -369,6 +496,7 @@ def _frame(sm_inside=85.0, gpm=True, power=400.0):
             0.0,
             3.5,  # host load, host CPUs
             16,
+            None,  # energy_j: no counter
         )
         for t, b in zip(times, busy, strict=True)
     ]
@@ -525,6 +653,7 @@ def test_the_jobs_other_ranks_and_their_children_are_its_own(tmp_path):
         ["setsid", "-f", "sh", "-c", "echo $$; exec sleep 30"], stdout=subprocess.PIPE
     )
     outsider_pid = int(outsider.stdout.readline())
+    outsider.wait(timeout=30)  # setsid's own process gone: the sleep is reparented, out of our tree
     try:
         ranks = [
             {"host": "gpu01", "pid": ME, "gpu_uuid": UUIDS[0][4:]},  # torch's form of the UUID

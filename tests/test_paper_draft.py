@@ -205,6 +205,60 @@ def test_optional_tables_of_other_stages_are_used_when_given(study_tables):
     assert value(rebuilt, "WindowFilled") == f"0 of {len(runs) - 1}"
 
 
+def energy_tables(study_tables) -> dict[str, pd.DataFrame]:
+    """The constructed study with energy measured: 300 W per GPU, joules known per point."""
+    runs = study_tables["runs"].copy()
+    world = runs["world_size"]
+    runs["energy_source"] = "counter"
+    runs["mean_power_w"] = 300.0 * world
+    runs["joules_per_sample"] = runs["mean_power_w"] / runs["images_per_s"]
+    runs["joules_per_sample_run"] = 1.25 * runs["joules_per_sample"]
+    runs["energy_to_target_j"] = runs["mean_power_w"] * runs["time_to_target_s"]
+    runs["gpu_hours_to_target"] = world * runs["time_to_target_s"] / 3600
+    runs["energy_j"] = runs["mean_power_w"] * runs["total_time_s"]
+    runs["sacct.energy_consumed_j"] = [2.0e6] + [None] * (len(runs) - 1)
+    per_run = metrics.run_metrics(runs, SETTINGS)
+    scaling = metrics.scaling_table(per_run, SETTINGS)
+    _, _, prediction = commmodel.analyse(runs, SETTINGS)
+    estimate = resources.estimate(runs, scaling, prediction, SETTINGS)
+    return {**study_tables, "runs": runs, "scaling": scaling, "resources": estimate}
+
+
+def test_the_energy_paragraph_holds_the_measured_numbers(study_tables):
+    tables_ = energy_tables(study_tables)
+    built = numbers.build(tables_, CONTEXT)
+    assert value(built, "EnergySource").startswith("NVML's total energy counter")
+    strong = tables_["scaling"].query("mode == 'strong'").set_index("world_size")
+    at_one = strong.loc[1, "joules_per_sample_mean"]  # 300 W / (1024 / 0.2 images/s)
+    assert at_one == pytest.approx(300.0 / (1024 / 0.2))
+    assert value(built, "StrongJoulesPerSampleAtReference") == f"{at_one * 1000:.3g}~mJ per image"
+    assert value(built, "StrongJoulesPerSampleRunAtLargest").endswith("per image")
+    cheapest = strong["energy_to_target_j_mean"].idxmin()
+    assert value(built, "StrongCheapestEnergyPoint").startswith(f"{cheapest} GPU")
+    assert value(built, "StrongCheapestHoursPoint").endswith("GPU-hours)")
+    assert value(built, "SacctEnergy").startswith("2~MJ over 1 of")
+    grid = tables_["resources"].query("what == 'whole grid'").iloc[0]
+    assert value(built, "GridEnergy") == f"{grid['kwh']:.3g}~kWh"
+
+
+def test_without_energy_every_energy_macro_says_not_measured_and_why(study_tables):
+    cpu = study_tables["runs"].assign(
+        energy_source="not measured: no NVIDIA GPU (device cpu)", **{"sacct.note": "accounting not queried"}
+    )
+    per_run = metrics.run_metrics(cpu, SETTINGS)
+    scaling = metrics.scaling_table(per_run, SETTINGS)
+    built = numbers.build({**study_tables, "runs": cpu, "scaling": scaling}, CONTEXT)
+    assert value(built, "EnergySource") == "nothing: energy was not measured: no NVIDIA GPU (device cpu)"
+    for name in (
+        "StrongJoulesPerSampleAtReference",
+        "StrongJoulesPerSampleAtLargest",
+        "StrongCheapestEnergyPoint",
+        "GridEnergy",
+    ):
+        assert value(built, name) == NOT_MEASURED, name
+    assert value(built, "SacctEnergy") == "not measured (no Slurm accounting in runs.csv)"
+
+
 def test_no_tables_at_all_gives_a_complete_set_of_not_measured_macros():
     empty = numbers.build({}, CONTEXT)
     used = set(re.findall(r"\\([A-Z][A-Za-z]*)", draft.strip_comments(TEMPLATE.read_text())))

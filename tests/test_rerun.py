@@ -20,6 +20,7 @@ import yaml
 from scalestudy import atomic, provenance
 from scalestudy.analysis import aggregate
 from scalestudy.plan import runconfig
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.conftest import REPO, copy_workflow, run_snakemake
 from tests.test_workflow import job_stats
@@ -98,13 +99,14 @@ def assert_finished_runs_keep_only_their_last_checkpoint(demo: Path) -> None:
         if "superseded" in folder.parts:
             continue
         assert len(list(folder.glob("*.pt"))) == 1, sorted(folder.iterdir())
-        assert (folder / checkpoint.FINISHED).is_file(), sorted(folder.iterdir())
+        assert (folder / policy.FINISHED).is_file(), sorted(folder.iterdir())
 
 
 def test_re_measuring_the_contended_points_re_runs_exactly_them(demo, monkeypatch):
     """runs.csv marks the scaling point contended: the documented command's targets make Snakemake
     plan that point's training job again, and only it; with none contended, nothing."""
-    config = _write_config(demo, "first.yaml", 1)
+    trained = _summary(demo, SENSITIVITY)["run"]["epochs"]  # 2 after the changed-value test, else 1
+    config = _write_config(demo, "current.yaml", trained)
     assert job_stats(run_snakemake(demo, "-n", *TARGETS, "--configfile", config).stdout) == {}
     monkeypatch.chdir(demo)  # runs.csv's run_dir as the workflow writes it: relative to the workdir
     catalog = aggregate.build_catalog(TARGETS)

@@ -261,7 +261,7 @@ def many_points(time_limited):
 def test_a_sweep_of_many_points_is_at_most_5_sbatch_calls(many_points):
     slurm, workdir, result = many_points
     assert result["returncode"] == 0, result["output"][-6000:]
-    shown = {key: value for key, value in result.items() if key != "output"}
+    shown = json.dumps({key: value for key, value in result.items() if key != "output"})
     assert result["points"] == POINTS and 1 <= result["sweep_sbatch_calls"] <= 5, shown
     assert result["controller_sbatch_calls"] == result["sweep_sbatch_calls"], shown  # Slurm agrees
     assert sum(result["array_sizes"]) == POINTS and result["summaries"] == POINTS, shown
@@ -271,4 +271,4 @@ def test_a_sweep_of_many_points_is_at_most_5_sbatch_calls(many_points):
     assert len(runs) == POINTS
     tasks = {run["provenance"]["slurm"]["jobid_taskid"] for run in runs.values()}
     assert None not in tasks and len(tasks) == POINTS, tasks  # every point its own array task
-    print(json.dumps(shown))
+    print(shown)

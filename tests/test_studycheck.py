@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.analysis.settings import study_config
 from scalestudy.benchmark import project, studycheck
 from scalestudy.benchmark.__main__ import parse_run_args
 from scalestudy.benchmark.suite import describe_run
 from scalestudy.plan import grid, runfiles
+from scalestudy.plan.studyconfig import load as study_config
 from tests.conftest import REPO
 
 CONFIG = study_config(REPO / "config" / "gpu-one.yaml")
@@ -242,3 +242,53 @@ def test_the_benchmark_options_give_the_strong_points_settings(tmp_path, capsys)
     assert args.channels_last is run["channels_last"] and run["compile"] is CONFIG["model"]["compile"]
     flipped = studycheck.benchmark_args({**copy.deepcopy(run), "channels_last": False})
     assert "--no-channels-last" in flipped
+
+
+# -- the energy counter against the power integral: a printed number, FAIL only when absurd --
+
+
+def with_energy(results: Path, counter_w: float, power_w: float = 400.0) -> None:
+    """The strong point's monitor with a known counter (counter_w) and power samples (power_w)."""
+    samples = [
+        {
+            "time_s": 0.1 * i,
+            "host": "gpu01",
+            "gpu_index": 0,
+            "gpu_uuid": "GPU-0",
+            "processes": 1,
+            "foreign_processes": 0,
+            "power_w": power_w,
+            "energy_j": counter_w * 0.1 * i,
+        }
+        for i in range(20)
+    ]
+    write_csv(results / studycheck.STRONG_W1 / runfiles.GPU_MONITOR, samples)
+
+
+def check_output(results: Path, bench: Path, capsys) -> tuple[int, str]:
+    code = studycheck.main(["check", "--results", str(results), "--benchmark", str(bench)])
+    return code, capsys.readouterr().out
+
+
+def test_the_counter_against_the_integral_is_printed_not_judged(tmp_path, capsys):
+    results, bench = study(tmp_path)
+    with_energy(results, counter_w=412.0)
+    code, out = check_output(results, bench, capsys)
+    assert code == 0 and "study check: all passed" in out
+    line = next(line for line in out.splitlines() if "energy_counter_vs_integral" in line)
+    assert line.startswith("INFO  ") and "over the whole run" in line
+    assert "counter 782.8 J, power integral 760.0 J, counter / integral 1.0300" in line  # 1.9 s
+
+
+def test_a_study_without_the_counter_says_why_and_still_passes(tmp_path, capsys):
+    results, bench = study(tmp_path)  # the monitor files hold no energy or power columns
+    code, out = check_output(results, bench, capsys)
+    assert code == 0 and f"INFO  energy_counter_vs_integral: {studycheck.STRONG_W1}: not compared:" in out
+
+
+def test_an_absurd_difference_between_counter_and_integral_fails(tmp_path, capsys):
+    results, bench = study(tmp_path)
+    with_energy(results, counter_w=4000.0)
+    code, out = check_output(results, bench, capsys)
+    assert code == 1 and "FAIL  energy_counter_vs_integral: counter / integral 10.0000" in out
+    assert "FAILED: energy_counter_vs_integral" in out

@@ -20,6 +20,7 @@ import pytest
 from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import slurm_job
+from scalestudy.plan import studyconfig
 
 pytest.importorskip("mlflow")
 
@@ -232,8 +233,11 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         record["ui"] == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
     )
     assert run.data.params["per_gpu_batch"] == "16" and run.data.params["data_dir"] == config["data_dir"]
-    for key in ("images_per_s", "final_test_acc", "peak_memory_bytes"):
+    for key in ("images_per_s", "final_test_acc", "peak_memory_bytes", "gpu_hours"):
         assert run.data.metrics[f"summary_{key}"] == pytest.approx(summary["results"][key], rel=1e-12)
+    # a CPU run: no energy metric (never a zero), the tag says why
+    assert tags["energy_source"].startswith("not measured: no NVIDIA GPU (device cpu)")
+    assert not {"summary_energy_j", "summary_joules_per_sample"} & set(run.data.metrics)
     metrics = pd.read_csv(out / "metrics.csv")
     history = all_metrics(client, run.info.run_id)
     assert history["epoch_test_acc"] == list(zip(metrics.epoch, metrics.test_acc, strict=True))
@@ -286,6 +290,10 @@ def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
     assert run.data.tags["contended"] == "True"
     assert run.data.tags["contention"] == results["contention"] and "pids 31337" in results["contention"]
     assert run.data.tags["monitor_window_samples"] == str(results["monitor_window_samples"])
+    # its energy (the constructed counter): metrics per point, and where they came from
+    assert run.data.tags["energy_source"] == "counter"
+    for key in ("energy_j", "energy_window_j", "joules_per_sample", "mean_power_w"):
+        assert run.data.metrics[f"summary_{key}"] == pytest.approx(results[key], rel=1e-12), key
 
 
 def test_scheduled_points_become_the_runs_the_sync_finishes(finished, tmp_path):
@@ -341,7 +349,6 @@ def preflight_study(tmp_path_factory):
     """The demo's smoke tests and a world size's collective benchmark, written by their real code in a
     study folder: train_w1 and comm w2 by the rules' commands (with their logs), io in this process
     as a Slurm job's would be (SLURM_* and the launcher's job record in the environment)."""
-    from scalestudy.analysis import settings as study_settings
     from scalestudy.preflight import smoke
 
     root = tmp_path_factory.mktemp("preflight")
@@ -353,7 +360,7 @@ def preflight_study(tmp_path_factory):
         strict=True,
     ):
         np.save(data / f"{name}.npy", array)
-    config = study_settings.study_config(REPO / "config/demo.yaml")
+    config = studyconfig.load(REPO / "config/demo.yaml")
     step = smoke.step_run_config(config, 1) | {"data_dir": str(data)}
     launch = {"launcher": "local", "world_size": 1, "env": {"OMP_NUM_THREADS": "1"}}
     rule_command(

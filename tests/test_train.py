@@ -32,6 +32,7 @@ from scalestudy.plan import runconfig
 from scalestudy.plan.runfiles import METRICS_COLUMNS
 from scalestudy.train import program
 from scalestudy.train import trainer as train
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
 from scalestudy.train.parallel import COMM_HOOKS
 from scalestudy.train.process import seed_everything
@@ -377,7 +378,7 @@ def test_two_checkpoints_are_kept_and_the_last_one_is_the_end(reference):
     """keep_checkpoints: the last two stay, marked finished (never to be resumed)."""
     _, ckpt, _ = reference
     files = sorted(p.name for p in ckpt.iterdir())
-    assert [name[:14] for name in files] == ["ckpt-000000020", "ckpt-000000024", checkpoint.FINISHED]
+    assert [name[:14] for name in files] == ["ckpt-000000020", "ckpt-000000024", policy.FINISHED]
     assert _final(ckpt)["position"] == {"epoch": 2, "step": 0, "global_step": 24}
 
 
@@ -608,7 +609,7 @@ def test_a_run_killed_before_writing_its_outputs_resumes_to_write_them(runs):
     assert _main(out, config) == 0
     first = json.loads((out / "summary.json").read_text())
     (out / "summary.json").unlink()
-    (ckpt / checkpoint.FINISHED).unlink()  # as if the job had died before finish()
+    (ckpt / policy.FINISHED).unlink()  # as if the job had died before finish()
     assert _main(out, config) == 0
     second = json.loads((out / "summary.json").read_text())["results"]
     assert second["resumed_from_step"] == first["results"]["steps"] == 3

@@ -16,6 +16,7 @@ import pytest
 from scalestudy.analysis import aggregate, commmodel, metrics, modelsize, settings, waterfall
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.paper import draft, numbers
+from scalestudy.plan import studyconfig
 from scalestudy.plots import style
 from scalestudy.plots import waterfall as figure
 from tests.conftest import REPO
@@ -47,7 +48,7 @@ def catalog(root: Path, config: dict, truth: constructed.Truth) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def config() -> dict:
     """config.yaml's scaling grid with two repeats per point and one sensitivity point (faster)."""
-    study = settings.study_config(CONFIG)
+    study = studyconfig.load(CONFIG)
     study["scaling"]["repeats"] = 2
     study["sensitivity"]["axes"] = {"precision": ["bf16"], "per_gpu_batch": [256]}
     return study
@@ -394,7 +395,7 @@ def check_cpu_waterfall_paper(table: pd.DataFrame, numbers_tex: str, paper_tex: 
 def test_the_demo_checks_hold_on_a_constructed_cpu_study_of_the_demos_grid(tmp_path):
     """The checks tests/test_workflow.py runs on the real demo, run here on a constructed study of
     its grid (so that they are known to pass on a right waterfall and to read the demo's files)."""
-    config = settings.study_config(DEMO)
+    config = studyconfig.load(DEMO)
     truth = constructed.Truth(**PARTS_TRUTH, gpu=False)
     runs = catalog(tmp_path, config, truth)
     analysis = settings_of(config)

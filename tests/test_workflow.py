@@ -95,6 +95,30 @@ def test_every_run_records_its_provenance(demo_run):
         assert provenance["seed"] is not None and provenance["host"]
 
 
+def test_the_demo_says_energy_was_not_measured_and_why(demo_run):
+    """CPU ranks: no NVML, no RAPL. Every energy column of runs.csv, the scaling table and the resource
+    estimate is empty with the reason beside it, never a zero; the figure and the paper say so."""
+    import pandas as pd
+
+    from scalestudy.analysis import energy
+
+    tables = demo_run / "results/tables"
+    runs = pd.read_csv(tables / "runs.csv")
+    reason = f"not measured: no NVIDIA GPU (device cpu); {energy.NO_CPU_ENERGY}"  # ... no CPU energy (RAPL)
+    assert "RAPL" in reason and (runs["energy_source"] == reason).all(), runs["energy_source"].unique()
+    for column in ("energy_j", "energy_window_j", "mean_power_w", "joules_per_sample", "energy_to_target_j"):
+        assert runs[column].isna().all(), column
+    assert (runs["gpu_hours"] > 0).all() and runs["sacct.energy_consumed_j"].isna().all()
+    scaling = pd.read_csv(tables / "scaling.csv")
+    assert (scaling["energy_source"] == reason).all() and scaling["joules_per_sample_mean"].isna().all()
+    estimate = pd.read_csv(tables / "resource_estimate.csv")
+    assert estimate["kwh"].isna().all() and estimate["energy_source"].str.startswith("not measured").all()
+    assert (demo_run / "results/figures/energy.png").stat().st_size > 0
+    numbers_tex = (demo_run / "results/paper/numbers.tex").read_text()
+    assert "\\newcommand{\\EnergySource}{nothing: energy was not measured: no NVIDIA GPU" in numbers_tex
+    assert "\\section{Energy}" in (demo_run / "results/paper/paper.tex").read_text()
+
+
 def test_the_machine_is_described_and_checked_before_any_training_job(demo_run):
     import socket
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, metrics, settings
+from scalestudy.analysis import aggregate, energy, metrics, settings
 from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import numbers, tables
 from scalestudy.plots import curves, memory, monitor, scaling, sensitivity, style
@@ -144,7 +144,10 @@ def test_a_ddp_only_table_keeps_todays_columns_first_and_its_values():
     rows = [run_row("scaling", n, 64, T1 / (0.9 if n > 1 else 1), mode="weak") for n in (1, 2)]
     table = scaling_of(rows)
     appended = ["parallelism", "sample_unit", "peak_memory_bytes", "model_state_bytes_per_rank"]
-    assert list(table.columns[-5:]) == [*appended, "peak_memory_source"]
+    memory_end = list(table.columns).index("peak_memory_source") + 1
+    assert list(table.columns[memory_end - 5 : memory_end]) == [*appended, "peak_memory_source"]
+    stats = [f"{c}_{k}" for c in energy.SCALING_STATS for k in ("mean", "std", "ci_low", "ci_high")]
+    assert list(table.columns[memory_end:]) == [*stats, "energy_source"]  # energy, appended last
     assert list(table.columns[:3]) == ["mode", "world_size", "nodes"]  # as before
     assert set(table["parallelism"]) == {"ddp"} and set(table["sample_unit"]) == {"images"}
     assert table["peak_memory_bytes"].isna().all()

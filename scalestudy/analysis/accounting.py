@@ -1,11 +1,16 @@
-"""Slurm accounting of the study's runs: sacct's elapsed time, state and peak memory per job.
+"""Slurm accounting of the study's runs: sacct's elapsed time, state, peak memory and energy per job.
 
 Standard library only: the rule that calls this runs on the submit host *outside* the container
 (sacct and the Slurm client libraries are not in the image), and writes a small JSON file the
 containerised catalog step (analysis.aggregate) merges into runs.csv:
 
     {"note": null | "why there is no accounting", "jobs": {"<job id>": {"state": ..., "elapsed_s": ...,
-     "max_rss_mb": ...}}}
+     "max_rss_mb": ..., "consumed_energy_j": ...}}}
+
+`consumed_energy_j` is sacct's ConsumedEnergyRaw (joules) where the site accounts energy
+(AcctGatherEnergyType: ipmi, rapl, gpu, ...): what that plugin measures on the job's nodes (a whole
+node's, the CPUs' or the GPUs'), beside the study's own NVML figures (scalestudy.analysis.energy), not
+the same quantity. A site without an energy plugin reports 0 (or nothing): None here, never a zero.
 
     python -m scalestudy.analysis.accounting --summaries .../summary.json ... --out results/tables/sacct.json
 """
@@ -46,25 +51,49 @@ def parse_rss_mb(text: str) -> float | None:
     return value * {"": 1 / 1024**2, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}[unit]
 
 
-def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
-    """`sacct --parsable2 --noheader -o JobID,State,Elapsed,MaxRSS` -> per job id: state, elapsed, max RSS.
+def parse_energy_j(text: str) -> float | None:
+    """sacct ConsumedEnergyRaw (joules) -> J; None where the site does not account energy ('', '0',
+    or Slurm's NO_VAL64 for "unknown")."""
+    text = text.strip()
+    if not text.isdigit() or int(text) == 0 or int(text) >= 2**63:
+        return None
+    return float(text)
 
-    State and Elapsed come from the allocation line (JobID without a '.'); MaxRSS is a step
-    property, so the maximum over the job's steps is taken.
+
+SACCT_FIELDS = "JobID,State,Elapsed,MaxRSS,ConsumedEnergyRaw"
+
+
+def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
+    """`sacct --parsable2 --noheader -o JobID,State,Elapsed,MaxRSS,ConsumedEnergyRaw` -> per job id:
+    state, elapsed, max RSS, consumed energy.
+
+    State, Elapsed and ConsumedEnergyRaw come from the allocation line (JobID without a '.'); MaxRSS
+    is a step property, so the maximum over the job's steps is taken. Where the allocation line has
+    no energy, the largest step's is taken (steps on the same nodes overlap in time: never summed).
     """
     jobs: dict[str, dict[str, Any]] = {}
+    step_energy: dict[str, float] = {}
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) < 4 or not fields[0]:
             continue
         job_id, _, step = fields[0].partition(".")
-        entry = jobs.setdefault(job_id, {"state": None, "elapsed_s": None, "max_rss_mb": None})
+        entry = jobs.setdefault(
+            job_id, {"state": None, "elapsed_s": None, "max_rss_mb": None, "consumed_energy_j": None}
+        )
+        energy = parse_energy_j(fields[4]) if len(fields) > 4 else None
         if not step:
             entry["state"] = fields[1] or None
             entry["elapsed_s"] = parse_elapsed(fields[2])
+            entry["consumed_energy_j"] = energy
+        elif energy is not None:
+            step_energy[job_id] = max(energy, step_energy.get(job_id, 0.0))
         rss = parse_rss_mb(fields[3]) if fields[3] else None
         if rss is not None:
             entry["max_rss_mb"] = max(rss, entry["max_rss_mb"] or 0.0)
+    for job_id, energy in step_energy.items():
+        if jobs[job_id]["consumed_energy_j"] is None:
+            jobs[job_id]["consumed_energy_j"] = energy
     return jobs
 
 
@@ -81,7 +110,7 @@ def query_sacct(job_ids: Sequence[str], runner: Runner = _run) -> dict[str, Any]
         return {"note": "no Slurm job id in any run (runs outside Slurm)", "jobs": {}}
     if runner is _run and shutil.which("sacct") is None:
         return {"note": "sacct not found on this host", "jobs": {}}
-    argv = ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,Elapsed,MaxRSS", "-j", ",".join(job_ids)]
+    argv = ["sacct", "--parsable2", "--noheader", "-o", SACCT_FIELDS, "-j", ",".join(job_ids)]
     try:
         result = runner(argv)
     except (OSError, subprocess.TimeoutExpired) as err:

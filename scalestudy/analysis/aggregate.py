@@ -5,9 +5,11 @@ steady-state window's window_filled, measured_steps, measured_s, images_per_s_mi
 measure_start_s/end_s, and the whole_run_* rates; nested ones dotted: ddp_options.static_graph),
 its run config (`config.<key>`), its provenance flattened (`provenance.<key>`, Slurm job id and
 hosts included) and, where Slurm accounting answers, `sacct.elapsed_s`, `sacct.state`,
-`sacct.max_rss_mb`. Where it does not (no sacct, no job id, no record), those columns are present
-and empty and `sacct.note` says why. The accounting itself is queried by
-scalestudy.analysis.accounting (on the submit host, outside the container) and passed in as JSON.
+`sacct.max_rss_mb` and `sacct.energy_consumed_j` (the site's energy plugin's joules for the job;
+empty, with `sacct.energy_note` saying so, where the site accounts none). Where it does not (no
+sacct, no job id, no record), those columns are present and empty and `sacct.note` says why. The
+accounting itself is queried by scalestudy.analysis.accounting (on the submit host, outside the
+container) and passed in as JSON.
 
 Every row names its workload, sample_unit (what the throughput columns count: images, tokens, ...)
 and parallelism (ddp, fsdp), with the peak memory and model-state bytes per rank, the final test
@@ -17,7 +19,10 @@ window keeps its row (images_per_s empty) and is named in the log; scalestudy.an
 marks it. So does a contended run (a foreign process on its GPUs while it measured: `contended`,
 `contention`, `contention_checked`, `monitor_window_samples`, `host_load_warning`, from its summary,
 or judged from its run folder's GPU monitor files where the summary predates them:
-scalestudy.analysis.contention).
+scalestudy.analysis.contention). Its energy (`energy_source`, `energy_j`, `energy_window_j`,
+`joules_per_sample`, `energy_to_target_j`, `gpu_hours`, ...: scalestudy.analysis.energy) comes
+the same way: from its summary, else from its run folder; "not measured: <why>" in `energy_source`
+with the numbers empty where nothing measured it.
 
     python -m scalestudy.analysis.aggregate --summaries results/runs/*/.../summary.json \
         [--accounting results/tables/sacct.json] --out results/tables/runs.csv
@@ -33,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic, provenance
-from scalestudy.analysis import accounting, cli, contention
+from scalestudy.analysis import accounting, cli, contention, energy
 from scalestudy.analysis.tableio import dig, read_json
 from scalestudy.plan import runconfig, workloads
 
@@ -57,7 +62,15 @@ MEMORY_AND_QUALITY = (
     "final_test_perplexity",
 )
 WORKLOAD_DEFAULTS = {key: runconfig.DEFAULTS[key] for key in ("workload", "parallelism")}
-SACCT_COLUMNS = ("sacct.elapsed_s", "sacct.state", "sacct.max_rss_mb", "sacct.note")
+SACCT_COLUMNS = (
+    "sacct.elapsed_s",
+    "sacct.state",
+    "sacct.max_rss_mb",
+    "sacct.energy_consumed_j",
+    "sacct.energy_note",
+    "sacct.note",
+)
+NO_SITE_ENERGY = "the site does not account energy (sacct ConsumedEnergyRaw empty or 0)"
 
 
 def summary_row(path: str | Path) -> dict[str, Any]:
@@ -72,6 +85,8 @@ def summary_row(path: str | Path) -> dict[str, Any]:
     prov = provenance.flatten(summary.get("provenance") or {}, "provenance.")
     if "contended" not in results:  # a summary written before the trainer judged contention
         results = {**results, **contention.of_folder(Path(path).parent, results)}
+    if "energy_source" not in results:  # a summary written before the trainer measured energy
+        results = {**results, **energy.of_folder(Path(path).parent, results)}
     resumed = results.get("resumed_from_step")
     row = {
         "stage": run["stage"],
@@ -131,6 +146,9 @@ def add_accounting(catalog: pd.DataFrame, accounting: dict | None) -> pd.DataFra
         catalog.at[index, "sacct.elapsed_s"] = record.get("elapsed_s")
         catalog.at[index, "sacct.state"] = record.get("state")
         catalog.at[index, "sacct.max_rss_mb"] = record.get("max_rss_mb")
+        consumed = record.get("consumed_energy_j")
+        catalog.at[index, "sacct.energy_consumed_j"] = consumed
+        catalog.at[index, "sacct.energy_note"] = None if consumed is not None else NO_SITE_ENERGY
     return catalog
 
 

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import commmodel, contention, modelsize, settings
-from scalestudy.plan import grid, runfiles
+from scalestudy.analysis import commmodel, contention, energy, modelsize
+from scalestudy.plan import grid, runfiles, studyconfig
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
 STARTUP_S = 3.0  # job start to the first training step (imports, data, model, process group)
@@ -274,6 +274,10 @@ def monitor_frame(
                     "foreign_mem_mb": np.where(seen, foreign.mem_mb if foreign else 0.0, 0.0),
                     "host_load_1m": 6.0,  # a constant: the generator's draws stay those of before
                     "host_cpus": 64,
+                    # the energy counter: the power samples' trapezoid, so both sources agree here
+                    "energy_j": np.concatenate(
+                        ([0.0], np.cumsum((power_w[1:] + power_w[:-1]) / 2 * np.diff(times)))
+                    ),
                 }
             )
         )
@@ -339,6 +343,7 @@ def write_run(root: Path, config: dict, point: grid.Point, truth: Truth, rng: np
             out / runfiles.GPU_MONITOR_INFO, {"available": False, "reason": "no NVIDIA GPU (device cpu)"}
         )
     results.update(contention.of_folder(out, results))  # as the trainer does, from the files above
+    results.update(energy.of_folder(out, results))
     atomic.write_json(out / SUMMARY, {"run": run, "results": results, "provenance": prov})
     return out
 
@@ -357,7 +362,7 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.02, help="Relative step-time noise (default 0.02).")
     args = parser.parse_args()
     truth = Truth(noise=args.noise, gpu=not args.no_gpu)
-    folders = make_study(args.out_dir, settings.study_config(args.config), truth)
+    folders = make_study(args.out_dir, studyconfig.load(args.config), truth)
     print(f"{len(folders)} run folders under {args.out_dir}")
     return 0
 

@@ -29,7 +29,11 @@ summary.json's images_per_s; scalestudy/train/steady.py):
 * memory per rank: the median over repeats of peak_memory_bytes (max over ranks; CUDA's peak
   allocation, or the CPU's peak RSS: peak_memory_source) and model_state_bytes_per_rank;
 * repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
-  gives NaN for std and the interval (never a fake zero).
+  gives NaN for std and the interval (never a fake zero);
+* energy (scalestudy.analysis.energy): joules per sample in the window and over the whole run,
+  energy and GPU-hours to the target, the window's mean power (all of a point's GPUs), with their
+  repeat statistics, and `energy_source` (the repeats' sources: counter, power integral or "not
+  measured: <why>"), appended after the memory columns.
 
     python -m scalestudy.analysis.metrics --runs results/tables/runs.csv \
         --scaling-out results/tables/scaling.csv --sensitivity-out results/tables/sensitivity.csv \
@@ -45,7 +49,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, contention, modelsize
+from scalestudy.analysis import cli, contention, energy, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import runconfig
@@ -324,6 +328,7 @@ def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
             stats = repeat_stats(group[column], settings["confidence"])
             row.update({f"{column}_{key}": value for key, value in stats.items() if key != "n"})
         row.update(_series_and_memory(group, parallelism))
+        row.update(energy.scaling_columns(group, settings["confidence"]))
         rows.append(row)
     return pd.DataFrame(rows)
 

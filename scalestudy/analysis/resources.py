@@ -1,4 +1,4 @@
-"""Resource estimate: GPU-hours and node-hours of the configured grid and of one full training.
+"""Resource estimate: GPU-hours, node-hours and kWh of the configured grid and of one full training.
 
 Three kinds of rows (column `scope`):
 
@@ -18,6 +18,14 @@ A study of more than one parallelism (DDP and FSDP) gets a `parallelism` column 
 `requested_gpu_hours` multiplies by overhead_factor (failures, restarts, queueing): the number a
 compute-time proposal asks for.
 
+`kwh` is the energy of the GPUs (scalestudy.analysis.energy), `energy_source` where it came from:
+`grid` rows sum the runs' measured energy (energy_j; every run of the row measured, else none);
+`full training` rows take the point's measured mean power in its window (all its GPUs, the mean
+over repeats) times the wall time; `model` rows the measured power per GPU (the median over the
+measured DDP points) times N GPUs times the wall time, an estimate. Where nothing was measured,
+analysis.resources.assumed_gpu_power_w (if set) times the GPU-hours, said to be assumed; else the
+column is empty and energy_source says "not measured" and why.
+
     python -m scalestudy.analysis.resources --runs results/tables/runs.csv \
         --scaling results/tables/scaling.csv --prediction results/tables/comm_model_prediction.csv \
         --out results/tables/resource_estimate.csv
@@ -34,7 +42,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, commmodel, metrics, series
+from scalestudy.analysis import cli, commmodel, energy, metrics, series
 from scalestudy.analysis.tableio import read_csv
 
 log = logging.getLogger("scalestudy.analysis.resources")
@@ -53,14 +61,19 @@ COLUMNS = (
     "node_hours",
     "requested_gpu_hours",
     "source",
+    "kwh",
+    "energy_source",
 )
+JOULES_PER_KWH = 3.6e6
 
 
 def _nodes(world: int, gpus_per_node: int) -> int:
     return math.ceil(world / gpus_per_node)
 
 
-def grid_rows(runs: pd.DataFrame, gpus_per_node: int, overhead: float) -> list[dict]:
+def grid_rows(
+    runs: pd.DataFrame, gpus_per_node: int, overhead: float, assumed_w: float | None = None
+) -> list[dict]:
     runs = runs.copy()
     sacct = pd.to_numeric(runs.get("sacct.elapsed_s", pd.Series(math.nan, runs.index)), errors="coerce")
     runs["hours"] = sacct.fillna(runs["total_time_s"]) / 3600.0
@@ -78,19 +91,55 @@ def grid_rows(runs: pd.DataFrame, gpus_per_node: int, overhead: float) -> list[d
     runs["node_hours"] = runs["hours"] * nodes
     rows = []
     for stage, group in [*runs.groupby("stage", sort=False), ("total", runs)]:
-        rows.append(
-            _row(
-                "grid",
-                f"stage {stage}" if stage != "total" else "whole grid",
-                runs=len(group),
-                wall_hours=group["hours"].sum(),
-                gpu_hours=group["gpu_hours"].sum(),
-                node_hours=group["node_hours"].sum(),
-                overhead=overhead,
-                source=source,
-            )
+        row = _row(
+            "grid",
+            f"stage {stage}" if stage != "total" else "whole grid",
+            runs=len(group),
+            wall_hours=group["hours"].sum(),
+            gpu_hours=group["gpu_hours"].sum(),
+            node_hours=group["node_hours"].sum(),
+            overhead=overhead,
+            source=source,
         )
+        rows.append({**row, **grid_energy(group, row["gpu_hours"], assumed_w)})
     return rows
+
+
+def grid_energy(group: pd.DataFrame, gpu_hours: float, assumed_w: float | None) -> dict:
+    """The runs' measured energy where every one was measured; else assumed power, else not measured."""
+    joules = pd.to_numeric(group.get("energy_j", pd.Series(math.nan, group.index)), errors="coerce")
+    if len(group) and joules.notna().all():
+        return {
+            "kwh": joules.sum() / JOULES_PER_KWH,
+            "energy_source": "measured: NVML (energy_j of every run)",
+        }
+    missing = group[joules.isna()]
+    first = missing.iloc[0] if len(missing) else None
+    why = _unmeasured_reason(first)
+    return _assumed_or_not(
+        gpu_hours, assumed_w, f"{len(missing)} of {len(group)} runs without energy ({why})"
+    )
+
+
+def _unmeasured_reason(row: pd.Series | None) -> str:
+    if row is None:
+        return "no runs"
+    source, note = (row.get(key) for key in ("energy_source", "energy_note"))
+    if source is None or pd.isna(source):
+        return "no energy_source in runs.csv"
+    return (
+        str(source) if not energy.measured(pd.DataFrame({"energy_source": [source]})).iloc[0] else str(note)
+    )
+
+
+def _assumed_or_not(gpu_hours: float, assumed_w: float | None, why: str) -> dict:
+    if assumed_w:
+        return {
+            "kwh": gpu_hours * assumed_w / 1000.0,
+            "energy_source": f"assumed: {assumed_w:g} W per GPU "
+            f"(analysis.resources.assumed_gpu_power_w; {why})",
+        }
+    return {"kwh": math.nan, "energy_source": f"not measured: {why}"}
 
 
 def _row(
@@ -107,6 +156,8 @@ def _row(
     gpu_hours=math.nan,
     node_hours=math.nan,
     source="",
+    kwh=math.nan,
+    energy_source="",
 ):
     values = (
         scope,
@@ -122,6 +173,8 @@ def _row(
         node_hours,
         gpu_hours * overhead,
         source,
+        kwh,
+        energy_source,
     )
     return dict(zip(COLUMNS, values, strict=True))
 
@@ -154,23 +207,43 @@ def full_training_rows(scaling: pd.DataFrame, settings: dict) -> list[dict]:
     gpn = settings["comm_model"]["gpus_per_node"]
     unit = series.sample_unit(scaling)
     scaling = scaling.assign(parallelism=series.parallelism_of(scaling))
-    return [
-        {
-            **training_row(
-                "full training",
-                r["mode"],
-                int(r["world_size"]),
-                _nodes(int(r["world_size"]), gpn),
-                float(r["images_per_s_mean"]),
-                settings,
-                f"measured (mean of {int(r['repeats'])} repeat(s))",
-                unit,
-            ),
-            "parallelism": r["parallelism"],
+    rows = []
+    for _, r in scaling.sort_values(["mode", "parallelism", "world_size"], kind="stable").iterrows():
+        if not r["images_per_s_mean"] > 0:
+            continue
+        row = training_row(
+            "full training",
+            r["mode"],
+            int(r["world_size"]),
+            _nodes(int(r["world_size"]), gpn),
+            float(r["images_per_s_mean"]),
+            settings,
+            f"measured (mean of {int(r['repeats'])} repeat(s))",
+            unit,
+        )
+        rows.append({**row, **point_energy(r, row, settings), "parallelism": r["parallelism"]})
+    return rows
+
+
+def point_energy(point: pd.Series, row: dict, settings: dict) -> dict:
+    """A measured point's full training at its measured mean power (all its GPUs, in the window)."""
+    power = pd.to_numeric(pd.Series([point.get("mean_power_w_mean")]), errors="coerce").iloc[0]
+    if pd.notna(power) and power > 0:
+        return {
+            "kwh": row["wall_hours"] * power / 1000.0,
+            "energy_source": f"measured power: {power:.4g} W in the window (mean of the repeats)",
         }
-        for _, r in scaling.sort_values(["mode", "parallelism", "world_size"], kind="stable").iterrows()
-        if r["images_per_s_mean"] > 0
-    ]
+    why = str(point.get("energy_source") or "no energy_source in scaling.csv")
+    return _assumed_or_not(row["gpu_hours"], settings["resources"]["assumed_gpu_power_w"], why)
+
+
+def power_per_gpu(scaling: pd.DataFrame) -> float | None:
+    """The median over the measured points of their mean window power per GPU (W)."""
+    if "mean_power_w_mean" not in scaling:
+        return None
+    power = pd.to_numeric(scaling["mean_power_w_mean"], errors="coerce") / scaling["world_size"]
+    power = power[power > 0]
+    return float(power.median()) if len(power) else None
 
 
 def model_curve(prediction: pd.DataFrame, settings: dict) -> tuple[str, str]:
@@ -191,6 +264,7 @@ def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) 
     gpn = settings["comm_model"]["gpus_per_node"]
     unit = series.sample_unit(scaling)
     scaling = series.ddp_only(scaling)
+    per_gpu_w = power_per_gpu(scaling)
     per_sample = units_per_sample(scaling, unit)
     measured = set(zip(scaling["mode"], scaling["world_size"], strict=True))
     rows = []
@@ -202,8 +276,19 @@ def model_rows(prediction: pd.DataFrame, scaling: pd.DataFrame, settings: dict) 
                 continue
             images_per_s = per_sample * batch(world) / float(hit["step_s"].iloc[0])
             row = training_row("model", mode, world, _nodes(world, gpn), images_per_s, settings, source, unit)
-            rows.append({**row, "parallelism": series.DDP})
+            rows.append({**row, **model_energy(row, per_gpu_w, scaling, settings), "parallelism": series.DDP})
     return rows
+
+
+def model_energy(row: dict, per_gpu_w: float | None, scaling: pd.DataFrame, settings: dict) -> dict:
+    """An unmeasured size's energy: the measured power per GPU times N (an estimate), else assumed."""
+    if per_gpu_w is not None:
+        return {
+            "kwh": row["gpu_hours"] * per_gpu_w / 1000.0,
+            "energy_source": f"estimate: {per_gpu_w:.4g} W per GPU measured (median over the points) x N",
+        }
+    why = energy.sources(scaling) if len(scaling) else "no measured point"
+    return _assumed_or_not(row["gpu_hours"], settings["resources"]["assumed_gpu_power_w"], why)
 
 
 def units_per_sample(scaling: pd.DataFrame, unit: str) -> float:
@@ -229,7 +314,9 @@ def estimate(
 ) -> pd.DataFrame:
     res = settings["resources"]
     rows = [
-        *grid_rows(runs, settings["comm_model"]["gpus_per_node"], res["overhead_factor"]),
+        *grid_rows(
+            runs, settings["comm_model"]["gpus_per_node"], res["overhead_factor"], res["assumed_gpu_power_w"]
+        ),
         *full_training_rows(scaling, settings),
         *model_rows(prediction, scaling, settings),
     ]

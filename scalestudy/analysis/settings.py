@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.plan import schema as study_schema
+from scalestudy.plan.studyconfig import fill_defaults
 
 log = logging.getLogger("scalestudy.analysis.settings")
 
@@ -24,41 +25,9 @@ def analysis_schema() -> dict[str, Any]:
     return study_schema.section("analysis")
 
 
-def _default_filling_validator():
-    from jsonschema import Draft202012Validator, validators
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
-
-    return validators.extend(Draft202012Validator, {"properties": set_defaults})
-
-
-def fill_defaults(instance: Any, schema: dict, where: str) -> Any:
-    """Validate `instance` against `schema` and fill every default in place; ValueError naming the key."""
-    from jsonschema import ValidationError
-
-    try:
-        _default_filling_validator()(schema).validate(instance)
-    except ValidationError as err:
-        path = ".".join(str(p) for p in err.absolute_path)
-        raise ValueError(f"config {where}{'.' + path if path else ''}: {err.message}") from err
-    return instance
-
-
 def with_defaults(analysis: dict[str, Any] | None) -> dict[str, Any]:
     """Validate an `analysis:` section and fill in every default (the input is not modified)."""
     return fill_defaults(copy.deepcopy(analysis or {}), analysis_schema(), "analysis")
-
-
-def study_config(path: str | Path) -> dict[str, Any]:
-    """A whole study config file with every default of the schema filled in (as the Snakefile does)."""
-    import yaml
-
-    return fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, study_schema.load(), str(path))
 
 
 DEFAULT_GPUS_PER_NODE = 8

@@ -213,8 +213,8 @@ def publish(rows: list[Row], context: dict, targets, out: Path) -> list[dict]:
 
 
 def main_run(argv: list[str]) -> int:
-    from scalestudy.benchmark.studyconfig import load_config
     from scalestudy.plan.runconfig import RunConfigError
+    from scalestudy.plan.studyconfig import load as load_config
 
     args = parse_run_args(argv)
     sections = [name for name in args.sections.split(",") if name]
@@ -240,7 +240,7 @@ def main_run(argv: list[str]) -> int:
 def main_dag(argv: list[str]) -> int:
     from scalestudy.benchmark import dag
     from scalestudy.benchmark.measure import interleave
-    from scalestudy.benchmark.studyconfig import load_config
+    from scalestudy.plan.studyconfig import load as load_config
 
     args = parse_dag_args(argv)
     points = dag.count_points(load_config(args.configfile))

@@ -42,6 +42,7 @@ ARRAY_SUBMITTED = re.compile(
 )
 JOB_SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+) \(log: \S*rule_sensitivity_run/")
 
+SWEEP_RUNTIME_MINUTES = 10
 Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
@@ -53,6 +54,10 @@ def sweep_config(base: dict, points: int) -> dict:
     )
     config["train"].update(max_steps_per_epoch=1, eval_max_batches=1)
     config["site_check"] = {"enabled": False}  # the sweep is measured, not the site
+    # a point of one step needs seconds, but a loaded node may take a minute to start its Python:
+    # a base with a short limit (the time-limit tests') would retry points and count those sbatch calls
+    cluster = config.setdefault("cluster", {})
+    cluster["runtime_minutes"] = max(SWEEP_RUNTIME_MINUTES, cluster.get("runtime_minutes") or 0)
     return config
 
 

@@ -20,6 +20,12 @@
 - `ncu_convolutions`: Nsight Compute ran and its kernel table holds convolution kernels (cuDNN's
   fprop/dgrad/wgrad, implicit GEMMs, Winograd), which the loader's kernels crowded out before.
 
+Then one INFO line, a measurement to record rather than a verdict (docs/benchmarks.md, "Energy"): the
+strong 1-GPU point's energy over its measurement window from NVML's total energy counter against
+the trapezoid of its power samples (scalestudy.analysis.energy.counter_vs_integral), and their
+ratio; where either is missing, why. Only a ratio beyond a factor of ABSURD_ENERGY_RATIO is a FAIL
+(`energy_counter_vs_integral`): one of the two then does not measure the GPU.
+
 A missing file or column fails its check and names it: a check that cannot look has not passed.
 """
 
@@ -42,6 +48,7 @@ CONTENDED = "contended"
 TRAINER_ROW = "project trainer {precision}"
 CONVOLUTION = re.compile(r"conv|fprop|dgrad|wgrad|implicit_gemm|winograd", re.IGNORECASE)
 STRONG_W1 = "runs/scaling/strong/w1_r0"
+ABSURD_ENERGY_RATIO = 2.0  # counter / power integral beyond this (or below its inverse): not the same GPU
 # run config key -> the benchmark row's `settings` key (scalestudy.benchmark.suite.describe_run)
 SAME_SETTINGS = ("precision", "loader", "channels_last", "compile")
 
@@ -236,6 +243,34 @@ def check_ncu(profile_dir: Path) -> Verdict:
     return Verdict(name, bool(convolutions), detail)
 
 
+# --- energy_counter_vs_integral (printed) ----------------------------------------------------------
+
+
+def energy_comparison(results: Path) -> tuple[str, Verdict | None]:
+    """The INFO line of the strong 1-GPU point's counter against its power integral, and a failed
+    verdict where the two differ absurdly (None otherwise, missing data included: said in the line)."""
+    from scalestudy.analysis import energy  # pandas: only for this line
+
+    name, folder = "energy_counter_vs_integral", results / STRONG_W1
+    try:
+        found = energy.counter_vs_integral(folder)
+    except (OSError, ValueError, KeyError) as error:
+        return f"INFO  {name}: {STRONG_W1}: not compared: {error}", None
+    if found["reason"]:
+        return f"INFO  {name}: {STRONG_W1}: not compared: {found['reason']}", None
+    counter, integral = found["counter_j"], found["integral_j"]
+    ratio = counter / integral if integral else float("inf")
+    line = (
+        f"INFO  {name}: {STRONG_W1} over {found['over']}: counter {counter:,.1f} J, "
+        f"power integral {integral:,.1f} J, counter / integral {ratio:.4f}"
+    )
+    if 1 / ABSURD_ENERGY_RATIO <= ratio <= ABSURD_ENERGY_RATIO:
+        return line, None
+    return line, Verdict(
+        name, False, f"counter / integral {ratio:.4f}: beyond a factor {ABSURD_ENERGY_RATIO:g}"
+    )
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 
@@ -270,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     found = verdicts(args.results, args.benchmark, args.tolerance, args.overlap_tolerance_s)
     for verdict in found:
         print(verdict.line())
+    line, absurd = energy_comparison(args.results)
+    print(line)
+    if absurd:
+        print(absurd.line())
+        found.append(absurd)
     failed = [verdict.check for verdict in found if not verdict.passed]
     print(f"study check: {'FAILED: ' + ', '.join(failed) if failed else 'all passed'}")
     return 1 if failed else 0

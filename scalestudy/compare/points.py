@@ -42,8 +42,11 @@ _REPEAT = re.compile(r"_r\d+$")
 
 
 def energy_column(runs: pd.DataFrame) -> str | None:
+    """The first energy column that holds a measurement (runs.csv has energy_j on every study since
+    energy was measured, empty where nothing measured it: then None, "not measured")."""
     for column in runs.columns:
-        if column == "energy_j" or column.endswith(("_energy_j", ".energy_j")):
+        named = column == "energy_j" or column.endswith(("_energy_j", ".energy_j"))
+        if named and pd.to_numeric(runs[column], errors="coerce").notna().any():
             return column
     return None
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.paper import comparison, discussion, results, sections, waterfall
+from scalestudy.paper import comparison, discussion, energy, results, sections, waterfall
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.plan import paths
 from scalestudy.progress import setup_logging
@@ -72,13 +72,15 @@ def build(tables: dict[str, pd.DataFrame | None], context: dict[str, Any]) -> Nu
     """Every section writer's macros, from the tables given (a table not given: "not measured")."""
     numbers = Numbers()
     data = sections.Data(tables, {**CONTEXT_DEFAULTS, **context})
-    for write in (
+    writers = (
         *sections.SECTIONS,
         *results.SECTIONS,
         *waterfall.SECTIONS,
         *discussion.SECTIONS,
+        *energy.SECTIONS,
         *comparison.SECTIONS,
-    ):
+    )
+    for write in writers:
         write(numbers, data)
     return numbers
 

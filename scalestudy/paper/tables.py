@@ -259,6 +259,7 @@ def resource_table(resources: pd.DataFrame, unit: str = "GPU") -> str:
         Column("gpu_hours", f"{unit}-h", number(3)),
         Column("node_hours", "Node-h", number(3)),
         Column("requested_gpu_hours", f"Request {unit}-h", number(3)),
+        *([Column("kwh", "kWh", number(3))] if "kwh" in resources else []),
     ]
     return booktabs(
         resources.fillna({"mode": "", "parallelism": ""}),
@@ -266,7 +267,8 @@ def resource_table(resources: pd.DataFrame, unit: str = "GPU") -> str:
         "Resource estimate.",
         "resources",
         f"Request: {unit}-hours times the configured overhead factor; ``model'' rows are predictions of "
-        "the communication model, not measurements.",
+        "the communication model, not measurements; kWh: the GPUs' energy (measured, or estimated from "
+        "measured power; n/a where not measured).",
     )
 
 

@@ -169,13 +169,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m scalestudy.plan.arrays", description=main.__doc__)
     parser.add_argument("--configfile", default="config/config.yaml")
-    parser.add_argument("--schema", default="config/schema.yaml")
     # (imported here: slurm_requests uses PyYAML and Snakemake; the Snakefile imports this module)
-    from scalestudy.plan.slurm_requests import _load_config
+    from scalestudy.plan import studyconfig
 
     parser.add_argument("--check", metavar="RULES", help="a slurm-array-jobs value to check")
     args = parser.parse_args(argv)
-    config = _load_config(args.configfile, args.schema)
+    config = studyconfig.load(args.configfile)
     try:
         if args.check is not None:
             print(",".join(sorted(check_setting(config, args.check))))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalestudy.plan import cluster, runconfig, workloads
+from scalestudy.plan import cluster, runconfig, schema, workloads
 from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DIR, RUNS_DIR
 
 # Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a
@@ -200,7 +200,7 @@ def scaling_points(config: dict) -> list[Point]:
     return [
         scaling_point(config, mode, world, repeat, parallelism)
         for mode in scaling["modes"]
-        for parallelism in scaling["parallelism"]
+        for parallelism in scaling.get("parallelism") or schema.defaults("scaling")["parallelism"]
         for world in scaling["world_sizes"]
         for repeat in range(scaling["repeats"])
     ]

@@ -109,12 +109,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m scalestudy.plan.groups", description=main.__doc__)
     parser.add_argument("--configfile", default="config/config.yaml")
-    parser.add_argument("--schema", default="config/schema.yaml")
     args = parser.parse_args(argv)
     # (imported here: slurm_requests uses PyYAML and Snakemake; the Snakefile imports this module)
-    from scalestudy.plan.slurm_requests import _load_config
+    from scalestudy.plan import studyconfig
 
-    config = _load_config(args.configfile, args.schema)
+    config = studyconfig.load(args.configfile)
     for group, text in plan(config).items():
         print(f"{group}: {text}")
     return 0

@@ -26,3 +26,4 @@ PAPER_DIR = f"{RESULTS_DIR}/paper"
 PAPER_FIGURES_DIR = f"{PAPER_DIR}/figures"
 CRATE_DIR = f"{RESULTS_DIR}/crate"  # the study as a Workflow Run RO-Crate (and crate.zip beside it)
 COMPARE_DIR = f"{RESULTS_DIR}/compare"  # the comparison with another study (compare.against)
+COMPARISON_TABLE = f"{TABLES_DIR}/comparison.csv"  # rule compare writes it, the paper reads it

@@ -56,6 +56,8 @@ MONITOR_COLUMNS = (
     "foreign_mem_mb",
     "host_load_1m",
     "host_cpus",
+    # joules the GPU used since the monitor's first reading (NVML's energy counter; empty without one)
+    "energy_j",
 )
 # profile_kernels.csv: each device kernel (or memory operation) of the profiling window by the
 # trainer's named range whose op launched it ("data": the loader's; "" outside every range, as the

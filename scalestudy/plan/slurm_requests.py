@@ -5,7 +5,7 @@ point, its layout and resources (scalestudy.plan.cluster) and the sbatch options
 them: check a site's settings before a long run (docs/slurm.md); then the partition, account and QOS
 against the cluster's own sinfo/sacctmgr (scalestudy.plan.slurm_names; exit 1 for a name it does
 not know). Not imported by the Snakefile: it
-uses PyYAML, Snakemake and the executor plugin.
+uses the executor plugin.
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ import argparse
 import shlex
 from typing import Any
 
-import yaml
-from snakemake.utils import validate
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
-from scalestudy.plan import cluster, configcheck, grid, schema, slurm_names
+from scalestudy.plan import cluster, grid, slurm_names, studyconfig
 
 
 class _PreviewJob:
@@ -60,24 +58,14 @@ def sbatch_command(resources: dict[str, Any], threads: int = 1, rule: str = "sca
     return get_submit_command(job, params) + set_gres_string(job)
 
 
-def _load_config(path: str, schema_path: str) -> dict:
-    """A config file with the schema's defaults filled in, as the Snakefile sees it."""
-    with open(path) as handle:
-        config = yaml.safe_load(handle)
-    validate(config, schema_path)
-    configcheck.check(config, schema_path)
-    return config
-
-
 def main(argv: list[str] | None = None) -> int:
     """Print every grid point's Slurm request: what `snakemake --profile profiles/slurm` submits."""
     prog = "python -m scalestudy.plan.slurm_requests"
     parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--configfile", default="config/config.yaml")
-    parser.add_argument("--schema", default=schema.PATH)
     parser.add_argument("--attempt", type=int, default=1)
     args = parser.parse_args(argv)
-    config = _load_config(args.configfile, args.schema)
+    config = studyconfig.load(args.configfile)
     for point in grid.all_points(config):
         resources = cluster.train_resources(config, point.world_size, args.attempt)
         print(describe(config, point.world_size, resources, f"{point.stage} {point.name}"))

@@ -1,6 +1,6 @@
 """Draw one figure: `python -m scalestudy.plots <figure> --png OUT.png [--pdf OUT.pdf] <inputs>`.
 
-Figures: throughput, efficiency, epoch-time, memory (from scaling.csv), sensitivity
+Figures: throughput, efficiency, epoch-time, memory, energy (from scaling.csv), sensitivity
 (sensitivity.csv), accuracy (the quality curves of the scaling runs' metrics.csv: test accuracy, or
 the losses and perplexity of an LM, by --metric), monitor (their gpu_monitor.csv), comm-model
 (comm_model_prediction.csv + scaling.csv), comm-busbw (results/comm/busbw.csv), waterfall (the
@@ -55,6 +55,12 @@ def _memory(args, settings):
     memory.memory(read_csv(args.scaling, ["mode", "world_size"]), args.png, args.pdf)
 
 
+def _energy(args, settings):
+    from scalestudy.plots import energy
+
+    energy.figure(read_csv(args.scaling, ["mode", "world_size"]), args.png, args.pdf)
+
+
 def _sensitivity(args, settings):
     from scalestudy.plots import sensitivity
 
@@ -103,6 +109,7 @@ FIGURES = {
     "efficiency": (_efficiency, ("scaling",)),
     "epoch-time": (_epoch_time, ("scaling",)),
     "memory": (_memory, ("scaling",)),
+    "energy": (_energy, ("scaling",)),
     "sensitivity": (_sensitivity, ("sensitivity", "axes", "rows", "cols")),
     "accuracy": (_accuracy, ("metrics", "target_accuracy", "metric")),
     "monitor": (_monitor, ("monitor",)),

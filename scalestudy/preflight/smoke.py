@@ -25,7 +25,7 @@ from typing import Any
 
 from scalestudy import workloads as workload_code
 from scalestudy.launch import distributed
-from scalestudy.plan import grid, runconfig, runfiles
+from scalestudy.plan import grid, runconfig, runfiles, schema
 from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.smoke")
@@ -50,7 +50,7 @@ def step_run_config(config: dict, world: int) -> dict[str, Any]:
     """A few steps of the first scaling mode's point at `world` (its real per-rank batch), with the
     grid's last parallelism (fsdp where the grid has it: the more moving parts)."""
     smoke = config["smoke"]
-    parallelism = config["scaling"]["parallelism"][-1]
+    parallelism = (config["scaling"].get("parallelism") or schema.defaults("scaling")["parallelism"])[-1]
     point = grid.scaling_point(config, config["scaling"]["modes"][0], world, 0, parallelism)
     run = grid.run_config(config, point)
     run.update(

@@ -26,20 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from scalestudy import tracking
 from scalestudy.plan import runfiles
 
 
 def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path, epochs: int) -> dict:
     """The demo's baseline point's run config, on `data_dir`, for `epochs`."""
-    from scalestudy.plan import grid, schema
+    from scalestudy.plan import grid, studyconfig
 
-    config = yaml.safe_load(config_path.read_text())
-    import snakemake.utils
-
-    snakemake.utils.validate(config, str(schema.PATH))
+    config = studyconfig.load(config_path)
     run = grid.run_config(config, grid.baseline_point(config))
     return {**run, "data_dir": str(data_dir), "checkpoint_dir": str(checkpoint_dir), "epochs": epochs}
 

@@ -5,7 +5,9 @@ Per run folder with a summary.json: the point's run (found by its point and conf
 created under the study's run) gets the flattened run config as params, its tags (stage, mode, world
 size, ..., git commit, image digest, Slurm job ids and node lists, attempt), the per-step metrics of
 the journal (tracking.jsonl) and steps.csv, the per-epoch metrics of metrics.csv (step = epoch), the
-summary's steady-state figures (step 0), the GPU monitor's series as system metrics, its contention
+summary's steady-state figures and energy (step 0; scalestudy.analysis.energy: joules in the window
+and the run, per sample, to the target, GPU-hours; the tag `energy_source` says where they came from
+or why not measured), the GPU monitor's series as system metrics, its contention
 (tags `contended`, `contention`: the evidence, `monitor_window_samples`, `host_load_warning`), and the run
 folder's files and rank logs as artifacts; it ends FINISHED. First, every journal's records the
 study's follower did not replay are replayed (scalestudy.tracking.follow: statuses, attempts, Slurm
@@ -47,6 +49,15 @@ SUMMARY_METRICS = (
     "total_time_s",
     "peak_memory_bytes",
     "model_state_bytes_per_rank",
+    # energy (scalestudy.analysis.energy): absent where not measured, the tag energy_source says why
+    "energy_j",
+    "energy_window_j",
+    "mean_power_w",
+    "joules_per_sample",
+    "joules_per_sample_run",
+    "energy_to_target_j",
+    "gpu_hours",
+    "gpu_hours_to_target",
 )
 RUN_ARTIFACTS = (
     runfiles.SUMMARY,
@@ -74,6 +85,8 @@ def summary_tags(summary: dict[str, Any]) -> dict[str, str]:
         "contention": (results.get("contention") or "")[:CONTENTION_CHARS],
         "monitor_window_samples": results.get("monitor_window_samples"),
         "host_load_warning": (results.get("host_load_warning") or "")[:CONTENTION_CHARS],
+        # where the run's energy came from: counter, power integral, or "not measured: <why>"
+        "energy_source": (results.get("energy_source") or "")[:CONTENTION_CHARS],
     }
     return preflight_runs.provenance_tags(prov) | {
         key: str(value) for key, value in values.items() if value not in (None, "")

@@ -38,6 +38,9 @@ Columns and units (runfiles.MONITOR_COLUMNS); a value a GPU does not report is l
   (per GPU, `foreign`), so the analysis can name the PIDs seen inside the measurement window.
 - `host_load_1m`: the host's 1-minute load average (os.getloadavg), `host_cpus`: its CPUs
   (os.cpu_count); the CPUs the rank may run on (its affinity) are in gpu_monitor.json per node.
+- `energy_j`: joules the GPU used since the monitor's first reading, from NVML's total energy
+  counter, read first at every sample; wraps and resets handled, empty on a GPU without the counter
+  (scalestudy.train.energy_counter; gpu_monitor.json says why, per GPU and in `energy`).
 
 Errors. Without NVML (no driver) or without a matching GPU the report says why and the run goes on.
 An NVML error on one query leaves that value empty and is counted in the JSON; a device that is lost
@@ -59,6 +62,7 @@ from typing import Any
 from scalestudy import atomic
 from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
+from scalestudy.train.energy_counter import EnergyCounter, energy_note, open_counter
 from scalestudy.train.gpu_processes import (  # noqa: F401 - job_on_host: the trainer's
     GpuWatch,
     JobProcesses,
@@ -73,6 +77,7 @@ log = logging.getLogger("scalestudy.monitor")
 
 DEFAULT_INTERVAL_S = 0.1
 GPM_MIN_INTERVAL_S = 0.15  # NVML: two GPM samples must be more than 100 ms apart
+POWER = 3  # power_w's place in _read's values
 
 
 def device_uuid(device) -> str | None:
@@ -122,6 +127,7 @@ class Device:
     gpm_previous: Any = None
     gpm_previous_time: float = 0.0
     watch: GpuWatch | None = None  # its processes
+    energy: EnergyCounter = field(default_factory=EnergyCounter)
 
     def report(self) -> dict[str, Any]:
         return {
@@ -135,6 +141,7 @@ class Device:
             "failed": self.failed,
             "errors": {query: f"{self.last_error[query]} ({n}x)" for query, n in sorted(self.errors.items())},
             "processes": self.watch.report() if self.watch else None,
+            "energy": self.energy.report(),
         }
 
 
@@ -218,6 +225,7 @@ class GpuMonitor:
             self._stop.set()
             self._thread.join()
             self._thread = None
+            self.sample()  # the run's end: the energy counter's last reading
         if self.available and self.nvml is not None:
             self._release()
             self.nvml = None
@@ -236,11 +244,16 @@ class GpuMonitor:
         """One row per sampled GPU at `now` (seconds since t0; the clock's if None)."""
         now = time.time() - self.t0 if now is None else now
         load = host_load()
+        counters = {
+            device.index: self._energy_reading(device) for device in self.devices if not device.failed
+        }
         for device in self.devices:
             if device.failed:
                 continue
             try:
-                values = (*self._read(device, now), *self._processes(device, now), *load)
+                read = self._read(device, now)
+                joules = device.energy.add(now, counters[device.index], read[POWER])
+                values = (*read, *self._processes(device, now), *load, joules)
             except Exception as error:  # noqa: BLE001 - one failing GPU must not stop the others
                 device.failed = f"at {now:.1f} s: {type(error).__name__}: {error}"
                 log.warning(
@@ -298,6 +311,7 @@ class GpuMonitor:
         device.name = _text(self._query(device, "name", nvml.nvmlDeviceGetName, handle) or "")
         limit_mw = self._query(device, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
         device.power_limit_w = None if limit_mw is None else limit_mw / 1000
+        device.energy = open_counter(nvml, handle, device.power_limit_w)
         try:
             device.gpm_supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
             device.gpm_reason = None if device.gpm_supported else "GPM not supported (Hopper or newer needed)"
@@ -341,6 +355,15 @@ class GpuMonitor:
             device.errors[name] += 1
             device.last_error[name] = str(error)
             return None
+
+    def _energy_reading(self, device: Device) -> int | None:
+        """The energy counter (mJ), read before the slower queries; None without one (or on an error)."""
+        if not device.energy.supported:
+            return None
+        try:
+            return self._query(device, "energy", self.nvml.nvmlDeviceGetTotalEnergyConsumption, device.handle)
+        except DeviceLost:
+            return None  # the reads after it find the GPU lost and report it
 
     def _read(self, device: Device, now: float) -> tuple:
         nvml, handle = self.nvml, device.handle
@@ -474,6 +497,7 @@ def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], int
         "interval_s": interval_s,
         "samples": len(rows),
         "sm_active": _gpm_note(gpus),
+        "energy": energy_note(gpus),
         "processes": "; ".join(sorted({r["process_query"] for r in reports if r.get("process_query")}))
         or None,
         "failed_gpus": [gpu["uuid"] for gpu in gpus if gpu["failed"]],

@@ -17,7 +17,7 @@ from scalestudy import provenance
 from scalestudy.plan.workloads import Workload
 from scalestudy.train import optim
 from scalestudy.train import torch_options as torchopts
-from scalestudy.train.checkpoint import single_file
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.process import effective_precision, fp32_math
 from scalestudy.train.state import RunState
 from scalestudy.train.steady import SteadyWindow
@@ -53,12 +53,17 @@ class RunResults:
 
     def summary(self, memory: list[dict[str, Any]], run_dir=None) -> dict[str, Any]:
         """`run_dir`: the run folder whose GPU monitor files (written first) judge contention in the
-        reported window (scalestudy.analysis.contention)."""
+        reported window (scalestudy.analysis.contention) and give the run's energy
+        (scalestudy.analysis.energy)."""
         results = self.results(memory)
         if run_dir is not None:
-            from scalestudy.analysis import contention  # pandas: imported at the end, as the files are
+            from scalestudy.analysis import (
+                contention,
+                energy,
+            )  # pandas: imported at the end, as the files are
 
             results.update(contention.of_folder(run_dir, results))
+            results.update(energy.of_folder(run_dir, results))
             if results["contended"]:
                 log.warning("the GPUs were shared while measuring: %s", results["contention"])
         return {"run": self.given, "results": results, "provenance": self.provenance()}
@@ -87,7 +92,7 @@ class RunResults:
             "target_accuracy": c["target_accuracy"],
             "total_time_s": self.state.elapsed_s(),
             # other run configs' checkpoints set aside in checkpoint_dir (the run catalog shows them)
-            "superseded_checkpoints": single_file.superseded(c["checkpoint_dir"]),
+            "superseded_checkpoints": policy.superseded(c["checkpoint_dir"]),
             "resumed_from_step": self.state.resumed_from_step,
             "resumes": self.state.history.resumes,
             "device": self.device.type,

@@ -6,7 +6,9 @@ read again on every call, so a test may change it while jobs run (a process appe
      "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory_total": 150000000000,
                "processes": [{"pid": 4242, "used_memory": 3100000000}]}]}
 
-Only `gpus` is required (each entry's `uuid`); `"driver_loaded": false` makes nvmlInit fail as on a
+Only `gpus` is required (each entry's `uuid`); a GPU's `energy_mj` (the total energy counter),
+`power_mw` and `power_limit_mw` answer the GPU monitor's reads where given (NOT_SUPPORTED where not:
+a GPU without the energy counter leaves out `energy_mj`); `"driver_loaded": false` makes nvmlInit fail as on a
 machine without a driver, and SCALESTUDY_FAKE_NVML unset as on one without NVML. The calls the
 project makes where GPUs are listed and their processes read are here (scalestudy.launch.gpus,
 scalestudy.preflight.nvidia, the command workload's device check, the monitor's process list);
@@ -149,6 +151,27 @@ def nvmlDeviceGetMemoryInfo(handle) -> SimpleNamespace:
     total = int(gpu.get("memory_total", 150_000_000_000))
     used = sum(int(process.get("used_memory") or 0) for process in gpu.get("processes", []))
     return SimpleNamespace(total=total, used=used, free=total - used)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle) -> int:
+    """The GPU's `energy_mj` (mJ since the driver loaded); a GPU without it has no counter."""
+    return int(_reading(handle, "energy_mj"))
+
+
+def nvmlDeviceGetPowerUsage(handle) -> int:
+    return int(_reading(handle, "power_mw"))
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle) -> int:
+    return int(_reading(handle, "power_limit_mw"))
+
+
+def _reading(handle, key: str):
+    """A GPU's `key` from the state file; NVML_ERROR_NOT_SUPPORTED where the state has none."""
+    gpu = _gpu(handle)
+    if gpu.get(key) is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu[key]
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle) -> list[SimpleNamespace]:

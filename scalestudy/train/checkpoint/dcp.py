@@ -34,8 +34,9 @@ import torch
 
 from scalestudy import atomic, provenance
 from scalestudy.launch import distributed
-from scalestudy.train.checkpoint.single_file import (
-    SUPERSEDED,
+from scalestudy.train.checkpoint import policy
+from scalestudy.train.checkpoint.policy import (
+    FINISHED,
     check_fits,
     differences,
     finished_mark,
@@ -46,7 +47,6 @@ from scalestudy.train.checkpoint.single_file import (
 FORMAT = 1
 KEEP = 2
 TRAINER_STATE = "trainer.pt"
-FINISHED = "finished.json"
 RESHARD_KEYS = ("world_size", "per_gpu_batch", "nodes")  # may change on a resume; global_batch may not
 _NAME = re.compile(r"^dcp-(\d{9})$")
 DAMAGED = "damaged"  # checkpoint folders that cannot be resumed, set aside for inspection
@@ -134,11 +134,12 @@ def latest(directory: str | Path) -> tuple[dict[str, Any], Path] | None:
 
 
 def examine(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(trainer state, None) for a checkpoint folder that can be resumed, else (None, what is wrong):
-    its trainer.pt loads and is of this FORMAT, DCP's .metadata reads, every file it names exists
-    and holds the bytes of its items, and every file has the size it had when it was saved (a
-    shard cut short by a quota, a node lost while copying). Sizes, not checksums: hashing every
-    shard at every save would cost a pass over the whole model and optimizer state."""
+    """(trainer state, None) for a checkpoint folder that can be resumed, else (its trainer state
+    where that loads, else None; what is wrong): its trainer.pt loads and is of this FORMAT, DCP's
+    .metadata reads, every file it names exists and holds the bytes of its items, and every file has
+    the size it had when it was saved (a shard cut short by a quota, a node lost while copying, or
+    another checkpoint's file copied in). Sizes, not checksums: hashing every shard at every save
+    would cost a pass over the whole model and optimizer state."""
     try:
         state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is skipped
@@ -150,7 +151,7 @@ def examine(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
         storage = dcp.FileSystemReader(str(path)).read_metadata().storage_data or {}
     except Exception as error:  # noqa: BLE001 - a damaged .metadata
-        return None, f"its .metadata does not load ({type(error).__name__}: {error})"
+        return state, f"its .metadata does not load ({type(error).__name__}: {error})"
     needed: dict[str, int] = dict(state.get("files") or {})
     for info in storage.values():
         end = info.offset + info.length
@@ -160,18 +161,23 @@ def examine(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         found = file.stat().st_size if file.is_file() else None
         recorded = (state.get("files") or {}).get(name)
         if found is None:
-            return None, f"{name} is missing"
+            return state, f"{name} is missing"
         if found < size or (recorded is not None and found != recorded):
-            return None, f"{name} has {found} bytes, but it was saved with {recorded or f'at least {size}'}"
+            return state, f"{name} has {found} bytes, but it was saved with {recorded or f'at least {size}'}"
     return state, None
 
 
-def _newest_intact(directory: Path) -> tuple[dict[str, Any], Path] | None:
-    """claim's latest: a damaged checkpoint is named and set aside (damaged/), the one before it tried."""
+def _newest_intact(directory: Path, ours: str) -> tuple[dict[str, Any], Path] | None:
+    """claim's latest: the newest checkpoint that can be resumed, or the newest whose trainer.pt is
+    another run config's (resume hash other than `ours`: claim sets it aside naming the difference,
+    whatever its shards hold); a damaged one is named and set aside (damaged/), the one before it
+    tried."""
     for _, path in _candidates(directory):
         state, damage = examine(path)
-        if damage is None:
+        if damage is None or (state is not None and state.get("resume_hash") != ours):
             return state, path
+        if state is not None:  # our run config's trainer.pt, files it does not describe
+            damage += f": the files do not match its {TRAINER_STATE} (another checkpoint's, or cut short)"
         moved = set_aside(path, directory / DAMAGED)
         log.warning(
             "checkpoint %s is damaged (%s): set aside as %s; trying the one before it", path, damage, moved
@@ -183,7 +189,7 @@ def claim(directory: str | Path, config: dict[str, Any]) -> tuple[dict[str, Any]
     """Rank 0: the checkpoint this run resumes from, or None (see the module docstring)."""
     directory = Path(directory)
     had_any = bool(_candidates(directory))
-    found = _newest_intact(directory)
+    found = _newest_intact(directory, resume_hash(config))
     if found is None:
         if had_any:
             log.warning(
@@ -261,14 +267,8 @@ def retire(directory: str | Path) -> int:
 
 
 def supersede(directory: Path, newest: Path, their_hash: str) -> Path:
-    """Another run config's checkpoints: the newest goes to `superseded/<its resume hash>/` (one kept
-    per run config), the others are removed. Returns where it went."""
-    folder = directory / SUPERSEDED / their_hash[:16]
-    if folder.is_dir():
-        shutil.rmtree(folder)
-    kept = set_aside(newest, folder)
-    retire(directory)
-    return kept
+    """Another run config's checkpoint folders set aside (policy.supersede), this folder's retired."""
+    return policy.supersede(directory, newest, their_hash, retire)
 
 
 def _candidates(directory: Path) -> list[tuple[int, Path]]:

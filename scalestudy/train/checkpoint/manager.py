@@ -16,6 +16,7 @@ import torch
 from scalestudy.launch import distributed
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
+from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
 from scalestudy.train.state import RunState
 
@@ -87,13 +88,13 @@ class Checkpointer:
             sharded_checkpoint.load(path, self.model, self.optimizer)
         else:
             saved = {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
-            checkpoint.check_fits(path, saved, self.model.state_dict())  # names the checkpoint
+            policy.check_fits(path, saved, self.model.state_dict())  # names the checkpoint
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if len(state["rng"]) == self.world_size:
-            checkpoint.set_rng_state(state["rng"][self.rank])
+            policy.set_rng_state(state["rng"][self.rank])
         else:  # resharded: the data order does not depend on it (scalestudy.workloads.gpt.loader)
             log.info("resharded: random number generators stay seeded from seed=%d", self.config["seed"])
         self.run_state.load_state_dict(state)
@@ -101,7 +102,7 @@ class Checkpointer:
 
     def save(self) -> None:
         """A checkpoint at the run state's position (a collective: every rank calls it)."""
-        rng_states = distributed.all_gather_object(checkpoint.rng_state())
+        rng_states = distributed.all_gather_object(policy.rng_state())
         position = self.run_state.position
         run_state = self.run_state.state_dict()
         state = {

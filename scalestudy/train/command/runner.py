@@ -358,7 +358,7 @@ class Runner:
     def write_run_folder(self, progress, results: dict[str, Any], reports: list[dict[str, Any]]) -> None:
         import pandas as pd
 
-        from scalestudy.analysis import contention
+        from scalestudy.analysis import contention, energy
 
         monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
         monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
@@ -375,6 +375,7 @@ class Runner:
         )
         atomic.write_csv(self.out_dir / runfiles.STEPS, frame)
         results = {**results, **contention.of_folder(self.out_dir, results)}
+        results.update(energy.of_folder(self.out_dir, results))
         summary = {"run": self.given, "results": results, "provenance": self.provenance(reports)}
         atomic.write_json(self.out_dir / runfiles.SUMMARY, summary)
         log.info("wrote %s", self.out_dir)
