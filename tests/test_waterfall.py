@@ -417,3 +417,27 @@ def test_the_demo_checks_hold_on_a_constructed_cpu_study_of_the_demos_grid(tmp_p
     with pytest.raises(AssertionError) as failed:
         check_cpu_waterfall(runs, scaling, overlap, moved)
     assert "straggler_s" in str(failed.traceback[-1].statement)  # caught where the straggler is checked
+
+
+def test_an_exposed_all_reduce_larger_than_the_loss_is_said_so_and_the_rest_is_over_explained(
+    gpu_study, config
+):
+    """As on the demo, where the profiled all-reduce (under the profiler) exceeds the loss."""
+    truth, runs = gpu_study
+    table = measured(runs, truth, config)
+    strong16 = (table["mode"] == "strong") & (table["world_size"] == 16)
+    loss = table.loc[strong16, "loss_points"].iloc[0]
+    extra = 1.5 * loss - table.loc[strong16, "exposed_comm_points"].iloc[0]
+    table.loc[strong16, "exposed_comm_points"] += extra
+    table.loc[strong16, "remainder_points"] -= extra
+    table.loc[strong16, "remainder_share"] = table.loc[strong16, "remainder_points"] / loss
+    built = numbers.build({"waterfall": table, "runs": runs}, {"device": "cuda"})
+    summary = built.macros["WaterfallStrongSummary"].value
+    assert summary.startswith(
+        f"In strong scaling at 16 GPUs, {loss:.2g} points of efficiency are lost, and the exposed all-reduce"
+        f" alone accounts for {1.5 * loss:.2g}"
+    )
+    assert summary.endswith(
+        f"the parts exceed the loss by {-table.loc[strong16, 'remainder_points'].iloc[0]:.2g} points"
+        f" ({-100 * table.loc[strong16, 'remainder_share'].iloc[0]:.0f}\\,\\% of it)."
+    )

@@ -80,11 +80,15 @@ def summary(mode: str, row: pd.Series, data: Data) -> str:
     if is_missing(loss) or not loss > 0:
         return f"{at}, no efficiency is lost against the ideal: there is nothing to split."
     comm = row["exposed_comm_points"]
-    head = (
-        f"{at}, {points(comm)} of the {points(loss)} points of efficiency lost are exposed all-reduce"
-        if not is_missing(comm)
-        else f"{at}, {points(loss)} points of efficiency are lost; the exposed all-reduce was not measured"
-    )
+    if is_missing(comm):
+        head = f"{at}, {points(loss)} points of efficiency are lost; the exposed all-reduce was not measured"
+    elif comm > loss:
+        head = (
+            f"{at}, {points(loss)} points of efficiency are lost, and the exposed all-reduce alone"
+            f" accounts for {points(comm)}"
+        )
+    else:
+        head = f"{at}, {points(comm)} of the {points(loss)} points of efficiency lost are exposed all-reduce"
     measured = [
         f"{points(row[f'{p}_points'])} {phrase}"
         for p, phrase in PHRASES.items()
@@ -132,7 +136,7 @@ def unexplained(numbers: Numbers, rows: pd.DataFrame | None, data: Data) -> None
     numbers.add(
         "WaterfallUnexplained",
         f"The remainder exceeds {bound} of the loss at {join(points_named)}: there the named parts do "
-        "not account for the loss, and the figure shows how much they leave open.",
+        "not account for the loss, and the figure's remainder shows by how much.",
         "waterfall.csv unexplained_flagged, remainder_share",
     )
 
