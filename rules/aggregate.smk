@@ -1,5 +1,5 @@
-# aggregate: every run's summary -> the run catalog; metrics, acceptance, the communication model
-# and the resource estimate. The logic is in scalestudy.analysis; each rule calls one module.
+# aggregate: every run's summary -> the run catalog; metrics, acceptance, the communication model,
+# the scaling-loss waterfall and the resource estimate. The logic is in scalestudy.analysis; each rule calls one module.
 
 ANALYSIS_LOGS = f"{paths.LOGS_DIR}/analysis"
 RUN_SUMMARIES = [path for stage in grid.STAGES for path in run_files(stage, runfiles.SUMMARY)]
@@ -117,6 +117,30 @@ rule table_comm_model:
         " --profile-overlap {input.profile_overlap:q} > {log:q} 2>&1"
 
 
+rule table_waterfall:
+    input:
+        image=image_input(),
+        runs=rules.table_runs.output.runs,
+        comm_fit=rules.table_comm_model.output.fit,
+        bench_fit=rules.table_comm_bench.output.fit,
+        profile_overlap=rules.profile_combine.output.overlap,
+    output:
+        csv=table_report("waterfall.csv", "Scaling", "Tables"),
+    params:
+        # metrics.run_metrics reads monitor, peak_tflops and train_flops_factor; the model comm_model
+        analysis=analysis_json("comm_model", "monitor", "peak_tflops", "train_flops_factor", "waterfall"),
+    log:
+        f"{ANALYSIS_LOGS}/waterfall.log",
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.waterfall --runs {input.runs:q} --analysis-json {params.analysis:q}"
+        " --comm-fit {input.comm_fit:q} --bench-fit {input.bench_fit:q}"
+        " --profile-overlap {input.profile_overlap:q} --out {output.csv:q} > {log:q} 2>&1"
+
+
 rule table_resources:
     input:
         image=image_input(),
@@ -147,6 +171,7 @@ provide(
         *rules.table_metrics.output,
         *rules.table_acceptance.output,
         *rules.table_comm_model.output,
+        *rules.table_waterfall.output,
         *rules.table_resources.output,
     ],
 )

@@ -29,6 +29,7 @@ PAPER_DATA = {
     "profile_overlap": rules.profile_combine.output.overlap,
     "system": rules.table_system.output[0],
     "comm_bench_fit": rules.table_comm_bench.output.fit,
+    "waterfall": rules.table_waterfall.output.csv,
     **({"comparison": paths.COMPARISON_TABLE} if config["compare"]["against"] else {}),
 }
 # What the paper says that no table records (a params value: changing one re-writes only the paper).

@@ -53,6 +53,8 @@ FIGURES = {
         {"busbw": rules.table_comm_bench.output.busbw},
         extra=" ".join(["--bucket-mb", *map(str, SWEPT_BUCKET_SIZES)]),
     ),
+    # the scaling-loss waterfall: each point's lost efficiency in its parts
+    "waterfall": Figure("Scaling", "waterfall", {"waterfall": rules.table_waterfall.output.csv}),
 }
 
 

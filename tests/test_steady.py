@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from scalestudy.train import step_parts
 from scalestudy.train.steady import SteadyWindow, interval_sizes, window_of_steps
 
 IMAGES = 64  # images per step, all ranks
@@ -323,3 +324,117 @@ def test_a_smoke_test_on_the_cpu_gives_no_monitor_window_warning(tmp_path):
 
     _smoke(tmp_path, 1, 1024, 0.001, steps=[0.1, 0.001, 0.001], device="cpu")
     assert windowtime.short_window_problems(_study("config.yaml"), tmp_path) == []
+
+
+# --- where the measured steps go (scalestudy.train.step_parts) -------------------------------------
+
+
+class FakeEvent:
+    """A CUDA event on the fake clock: record() notes the time, elapsed_time() is in milliseconds."""
+
+    created = 0
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.at = clock, None
+        FakeEvent.created += 1
+
+    def record(self) -> None:
+        self.at = self.clock.now
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+def parted_window(clock: FakeClock, parts, warmup=2, steps=8, intervals=2, **kwargs) -> SteadyWindow:
+    return SteadyWindow(
+        warmup,
+        steps,
+        intervals,
+        synchronize=clock.sync,
+        clock=clock,
+        wall=clock,
+        t0=clock.now,
+        parts=parts,
+        **kwargs,
+    )
+
+
+def train_parted(
+    w: SteadyWindow, clock: FakeClock, steps: int, data_s=0.2, work_s=0.5, tail_s=0.1, host_s=0.05
+):
+    """Steps of data wait, own work, gradient wait (last gradient to backward's end), then host work
+    between steps (after the step's last kernel, before the next step starts)."""
+    for _ in range(steps):
+        w.parts.step_started()
+        clock.now += data_s
+        w.parts.data_ready()
+        clock.now += work_s
+        w.parts.last_gradient()
+        clock.now += tail_s
+        w.parts.backward_done()
+        w.step_done(IMAGES)
+        clock.now += host_s
+
+
+def test_host_clocks_give_the_data_and_gradient_wait_per_step_and_no_device_span():
+    clock = FakeClock()
+    parts = step_parts.StepParts(clock=clock)
+    parts.hooked = True  # as attach() leaves it
+    w = parted_window(clock, parts)
+    w.start(global_step=0)
+    train_parted(w, clock, 20)
+    report = parts.report(w.result(1)["measured_s"], 8)
+    assert report["step_s"] == pytest.approx(0.85)
+    assert report["data_wait_s"] == pytest.approx(0.2) and report["gradient_wait_s"] == pytest.approx(0.1)
+    assert report["device_busy_s"] is None  # no device timeline on the CPU: not a zero
+    assert not parts.active  # the steps after the window add nothing
+    unhooked = step_parts.StepParts(clock=clock)
+    assert unhooked.report(1.0, 1)["gradient_wait_s"] is None  # FSDP2: no hook, not measured
+
+
+def test_cuda_events_give_the_device_span_read_once_per_interval_without_a_synchronisation():
+    clock = FakeClock()
+    reads = []
+    parts = step_parts.CudaStepParts(clock=clock, event_factory=lambda: FakeEvent(clock))
+    parts.hooked = True
+    original = parts.interval_closed
+    parts.interval_closed = lambda: reads.append(clock.syncs) or original()
+    FakeEvent.created = 0
+    w = parted_window(clock, parts, steps=8, intervals=2)
+    w.start(global_step=0)
+    train_parted(w, clock, 20)
+    assert w.filled and clock.syncs == 5  # start, first step, open, two interval ends: none more
+    assert reads == [4, 5]  # read after each interval's synchronisation
+    assert FakeEvent.created == 4 * 4  # four per step of the largest interval, made once
+    report = parts.report(w.result(1)["measured_s"], 8)
+    assert report["device_busy_s"] == pytest.approx(0.8)  # step start to its end: not the host work
+    assert report["step_s"] - report["device_busy_s"] == pytest.approx(0.05)
+    assert report["gradient_wait_s"] == pytest.approx(0.1) and report["data_wait_s"] == pytest.approx(0.2)
+
+
+def test_a_window_measured_again_measures_its_parts_afresh():
+    clock = FakeClock()
+    parts = step_parts.StepParts(clock=clock)
+    w = parted_window(clock, parts, warmup=1, steps=2, intervals=1, min_seconds=5.0)
+    w.start(global_step=0)
+    train_parted(w, clock, 3, data_s=1.0)  # the first window (2 steps of 1.65 s) is too short
+    train_parted(w, clock, 30, data_s=0.1, work_s=1.4)  # as long, another data wait
+    r = w.result(1)
+    assert r["measure_probes"] == 1 and r["window_filled"]
+    assert parts.report(r["measured_s"], r["measured_steps"])["data_wait_s"] == pytest.approx(0.1)
+
+
+def test_the_result_reports_every_ranks_parts_once_gathered():
+    clock = FakeClock()
+    w = parted_window(clock, step_parts.StepParts(clock=clock))
+    w.start(global_step=0)
+    train_parted(w, clock, 4)
+    assert w.result(2)["step_parts"] is None  # not filled
+    train_parted(w, clock, 10)
+    assert w.result(2)["step_parts"] is None  # filled, not gathered
+    other = {"step_s": 0.9, "data_wait_s": 0.3, "device_busy_s": None, "gradient_wait_s": None}
+    w.gather_parts(lambda mine: [mine, other])
+    gathered = w.result(2)["step_parts"]
+    assert gathered["step_s"] == pytest.approx([0.85, 0.9])
+    assert gathered["data_wait_s"] == pytest.approx([0.2, 0.3])
+    assert gathered["device_busy_s"] is None and gathered["gradient_wait_s"] is None

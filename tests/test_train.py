@@ -252,6 +252,17 @@ def test_a_window_longer_than_an_epoch_measures_its_steps_across_the_epoch_bound
     assert r["measured_s"] < r["measure_end_s"] - r["measure_start_s"]
 
 
+def test_the_window_reports_where_its_steps_went_on_the_cpu(reference):
+    """One rank's parts (scalestudy.train.step_parts): its step time is the window's, the loader's
+    wait and the time after its last gradient are parts of it, and the CPU has no device span."""
+    r = _results(reference[0])
+    parts = r["step_parts"]
+    assert parts["step_s"] == [pytest.approx(r["step_time_s"])]
+    assert 0 < parts["data_wait_s"][0] < parts["step_s"][0]
+    assert 0 < parts["gradient_wait_s"][0] < parts["step_s"][0]  # the hook on the stem's weight fired
+    assert parts["device_busy_s"] is None  # not measured on the CPU, never a zero
+
+
 @pytest.mark.parametrize("epochs", [2, 3])
 def test_the_trainer_synchronises_at_the_window_edges_never_per_step(runs, monkeypatch, epochs):
     """start, after the first step, window open, 4 sub-interval ends, and the two edges of the one
@@ -332,6 +343,7 @@ def test_the_window_restarts_after_a_fresh_warm_up_when_a_run_resumes_inside_it(
     assert (r["measure_attempt"], r["measure_start_step"]) == (1, 8)
     assert r["measure_start_s"] is None and r["measure_end_s"] is None
     assert r["images_per_s"] == pytest.approx(kept["images_per_s"])
+    assert r["step_parts"] == kept["step_parts"] and r["step_parts"]["data_wait_s"][0] > 0
     _assert_same_weights(_final(ckpt)["model"], _final(reference[1])["model"])  # the window changes nothing
 
 
@@ -688,6 +700,10 @@ def test_two_ranks_of_batch_b_train_like_one_rank_of_batch_2b(runs, torchrun_run
     assert summary["results"]["world_size"] == 2 and summary["results"]["backend"] == "gloo"
     assert summary["provenance"]["launcher"] == "torchrun" and len(summary["provenance"]["ranks"]) == 2
     assert len(json.loads((out / "gpu_monitor.json").read_text())["nodes"]) == 1  # one sampler per node
+    parts = summary["results"]["step_parts"]  # every rank's, gathered when the window filled
+    assert len(parts["step_s"]) == len(parts["data_wait_s"]) == len(parts["gradient_wait_s"]) == 2
+    assert parts["step_s"][0] == pytest.approx(summary["results"]["step_time_s"])
+    assert all(0 < wait < step for wait, step in zip(parts["gradient_wait_s"], parts["step_s"], strict=True))
 
 
 def _free_slurm_job_id() -> int:

@@ -137,6 +137,29 @@ def test_the_machine_is_described_and_checked_before_any_training_job(demo_run):
     assert all(gate.stat().st_mtime < first_training for gate in gates)
 
 
+def test_the_demos_waterfall_adds_up_from_its_raw_measurements_and_the_paper_quotes_it(demo_run):
+    """results/tables/waterfall.csv of the real demo (gloo on CPU ranks): each row's parts and
+    remainder add up to its loss, each part is what runs.csv's step parts and the profile's overlap
+    give, host overhead is not measured on the CPU; the figure is drawn and paper.tex's paragraph
+    quotes numbers.tex's macros, naming a remainder beyond 10 % of the loss."""
+    import pandas as pd
+
+    from tests.test_waterfall import check_cpu_waterfall, check_cpu_waterfall_paper
+
+    tables, paper = demo_run / "results/tables", demo_run / "results/paper"
+    waterfall = pd.read_csv(tables / "waterfall.csv")
+    overlap = pd.read_csv(demo_run / "results/profile/overlap.csv")
+    check_cpu_waterfall(
+        pd.read_csv(tables / "runs.csv"), pd.read_csv(tables / "scaling.csv"), overlap, waterfall
+    )
+    assert (waterfall["unexplained_share_max"] == 0.1).all()
+    check_cpu_waterfall_paper(
+        waterfall, (paper / "numbers.tex").read_text(), (paper / "paper.tex").read_text()
+    )
+    assert (paper / "figures/waterfall.pdf").stat().st_size > 0
+    assert "waterfall.png" in (demo_run / "results/report.html").read_text(errors="replace")
+
+
 def test_the_demo_crate_passes_every_profile_it_declares_at_the_required_level(demo_run, tmp_path):
     """roc-validator, offline (the crate's JSON-LD contexts from the package), against every profile the
     demo's crate declares: no error at REQUIRED; the RECOMMENDED issues are printed (pytest -s)."""

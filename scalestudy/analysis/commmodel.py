@@ -380,7 +380,9 @@ def measured_links(bench_fit: pd.DataFrame | None) -> dict[str, pd.Series]:
     }
 
 
-def _link_of(links: dict, n: int, gpus_per_node: int) -> pd.Series:
+def link_of(links: dict, n: int, gpus_per_node: int) -> pd.Series:
+    """The measured link (measured_links) a ring of n ranks uses: intra-node up to gpus_per_node,
+    inter-node beyond; the other where only one was measured."""
     wanted = INTRA if n <= gpus_per_node else INTER
     return links.get(wanted, links.get(INTRA if wanted == INTER else INTER))
 
@@ -389,7 +391,7 @@ def _measured_curve(links: dict, model: dict, grad: float, buckets: int, phi: fl
     name = MEASURED_CURVE if INTER in links else f"{MEASURED_CURVE}, {next(iter(links))} link only"
 
     def comm(n: int) -> float:
-        link = _link_of(links, n, model["gpus_per_node"])
+        link = link_of(links, n, model["gpus_per_node"])
         beta = 1.0 / (float(link["bandwidth_gb_s"]) * GB)
         return (1.0 - phi) * float(ring_allreduce_s(n, grad, buckets, float(link["link_alpha_s"]), beta))
 
@@ -425,7 +427,7 @@ def bench_rows(links: dict, points: pd.DataFrame, overlap_table: pd.DataFrame | 
         rows.append((f"profile_allreduce_per_step[N={world}]", comm * 1e3, "ms", f"{tool}, mean over ranks"))
         rows.append((f"profile_exposed_per_step[N={world}]", exposed * 1e3, "ms", f"{tool}, not hidden"))
         if links:
-            link = _link_of(links, world, gpn)
+            link = link_of(links, world, gpn)
             predicted = ring_allreduce_s(
                 world, grad, buckets, float(link["link_alpha_s"]), 1.0 / (float(link["bandwidth_gb_s"]) * GB)
             )
@@ -447,7 +449,7 @@ def _bench_overlap_model(model: dict, links: dict, points: pd.DataFrame, result:
     largest = int(points["world_size"].max())
     if largest < 2:
         return model, ""
-    link = _link_of(links, largest, model["gpus_per_node"])
+    link = link_of(links, largest, model["gpus_per_node"])
     note = f" (bandwidth from comm_bench, {link['placement']} N={int(link['world_size'])})"
     return {**model, "measured_bandwidth_gb_s": float(link["bandwidth_gb_s"])}, note
 

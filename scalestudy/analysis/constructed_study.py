@@ -8,6 +8,12 @@ samples) is shaped like real training but carries no claim. `Truth.foreign` puts
 not the job's on a point's first GPU, inside its measurement window or before it: the summary's
 contention keys are judged from the monitor files as the trainer judges them
 (scalestudy.analysis.contention), so a point with one inside is contended and one before is not.
+The scaling-loss waterfall's parts (scalestudy.analysis.waterfall) are set by construction too: a
+data-loader wait, host time between steps, a straggler and step time nothing measures (the
+remainder) go into the step time, and each run's `step_parts` (every rank's window, as the trainer
+gathers it) report what the trainer would measure of them; `comm_bench_fit` and `profile_overlap`
+give the collective benchmark's and the profile's tables of the same all-reduce, the raw link time
+of which `Truth.overlap_fraction` is hidden.
 
     python -m scalestudy.analysis.constructed_study --config config/config.yaml --out-dir /tmp/study
     [--no-gpu]
@@ -58,16 +64,101 @@ class Truth:
     gpus_per_node: int = 8
     seed: int = 0
     foreign: tuple[Foreign, ...] = ()  # processes of others on a point's GPU
+    # the waterfall's parts, seconds per step and rank (all 0: step times are compute + comm alone)
+    data_wait_s_per_image: float = 0.0  # the loader's wait, in proportion to the per-rank batch
+    data_contention_s: float = 0.0  # more wait per doubling of N (a shared filesystem), at N > 1
+    host_overhead_s: float = 0.0  # host time between steps (the device idle), at every N
+    straggler_s: float = 0.0  # the slowest rank's own step time over the median rank's, at N > 1
+    unexplained_s: float = 0.0  # step time at N > 1 that nothing measures
+    overlap_fraction: float = 0.0  # hidden share of the raw all-reduce (alpha_s, beta_s: the exposed)
+
+
+def exposed_comm_s(truth: Truth, run: dict) -> float:
+    """The all-reduce time per step left exposed: the ring model with the truth's alpha and beta."""
+    grad = modelsize.gradient_bytes(run["width"], run["comm_hook"])
+    buckets = modelsize.bucket_count(grad, run["bucket_cap_mb"])
+    return float(
+        commmodel.ring_allreduce_s(run["world_size"], grad, buckets, truth.alpha_s, truth.beta_s_per_byte)
+    )
+
+
+def data_wait_s(truth: Truth, run: dict) -> float:
+    world = run["world_size"]
+    return truth.data_wait_s_per_image * run["per_gpu_batch"] + truth.data_contention_s * math.log2(world)
 
 
 def step_time(truth: Truth, run: dict, rng: np.random.Generator) -> float:
     speed = 1.0 if run["precision"] == "fp32" else truth.half_precision_speedup
-    grad = modelsize.gradient_bytes(run["width"], run["comm_hook"])
-    buckets = modelsize.bucket_count(grad, run["bucket_cap_mb"])
-    comm = commmodel.ring_allreduce_s(run["world_size"], grad, buckets, truth.alpha_s, truth.beta_s_per_byte)
     scale = run["width"] ** 2 / 64**2
-    clean = truth.compute_s_per_image * scale * run["per_gpu_batch"] / speed + float(comm)
+    clean = truth.compute_s_per_image * scale * run["per_gpu_batch"] / speed + exposed_comm_s(truth, run)
+    clean += data_wait_s(truth, run) + truth.host_overhead_s
+    if run["world_size"] > 1:
+        clean += truth.straggler_s + truth.unexplained_s
     return clean * (1.0 + truth.noise * rng.standard_normal()) if truth.noise else clean
+
+
+def step_parts(truth: Truth, run: dict, step_s: float) -> dict:
+    """Every rank's window as the trainer reports it (scalestudy.train.step_parts): the step time,
+    the data wait, the device span (step less the host time between steps; none on the CPU) and
+    the gradient wait, which is the exposed all-reduce on the slowest rank (rank 0) and that plus
+    the wait for it on the others, so that the slowest rank's own step time exceeds the median
+    rank's by the truth's straggler (with two ranks the median is their mean)."""
+    world, comm = run["world_size"], exposed_comm_s(truth, run)
+    own_gap = [0.0] + ([2.0 * truth.straggler_s] if world == 2 else [truth.straggler_s] * (world - 1))
+    return {
+        "step_s": [step_s] * world,
+        "data_wait_s": [data_wait_s(truth, run)] * world,
+        "device_busy_s": [step_s - truth.host_overhead_s] * world if truth.gpu else None,
+        "gradient_wait_s": [comm + gap for gap in own_gap[:world]],
+    }
+
+
+def comm_bench_fit(truth: Truth, config: dict) -> pd.DataFrame:
+    """comm_bench_fit.csv as the collective benchmark fits it (scalestudy.preflight.collectives):
+    the raw all-reduce link, alpha / (1 - phi) per ring step and its bus bandwidth, per world size."""
+    hidden = 1.0 - truth.overlap_fraction
+    rows = [
+        {
+            "collective": "all_reduce",
+            "world_size": world,
+            "nodes": math.ceil(world / truth.gpus_per_node),
+            "placement": commmodel.INTRA if world <= truth.gpus_per_node else commmodel.INTER,
+            "link_alpha_s": truth.alpha_s / hidden,
+            "bandwidth_gb_s": hidden / truth.beta_s_per_byte / commmodel.GB,
+            "r2": 1.0,
+        }
+        for world in config["scaling"]["world_sizes"]
+        if world > 1
+    ]
+    return pd.DataFrame(rows, columns=list(commmodel.BENCH_FIT_COLUMNS))
+
+
+def profile_overlap(truth: Truth, config: dict, steps: int = 10) -> pd.DataFrame:
+    """The profile's overlap.csv (scalestudy.profiling.schema.OVERLAP_COLUMNS) of its world sizes:
+    per rank the raw all-reduce of `steps` steps, of which overlap_fraction ran under compute."""
+    rows = []
+    for point in grid.profile_points(config):
+        run = grid.run_config(config, point)
+        world = run["world_size"]
+        raw = exposed_comm_s(truth, run) / (1.0 - truth.overlap_fraction) * steps
+        compute = truth.compute_s_per_image * run["per_gpu_batch"] * steps
+        for rank in range(world):
+            rows.append(
+                {
+                    "world_size": world,
+                    "rank": rank,
+                    "tool": "nsys",
+                    "method": "nsys_trace",
+                    "compute_s": compute,
+                    "communication_s": raw,
+                    "overlap_s": truth.overlap_fraction * raw,
+                    "exposed_communication_s": (1.0 - truth.overlap_fraction) * raw,
+                    "overlap_fraction": truth.overlap_fraction if raw > 0 else math.nan,
+                    "steps": steps,
+                    "window_s": compute + (1.0 - truth.overlap_fraction) * raw,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def accuracy_curve(run: dict, epochs: int, rng: np.random.Generator) -> np.ndarray:
@@ -131,6 +222,7 @@ def results_of(run: dict, metrics: pd.DataFrame, step_s: float, truth: Truth) ->
         "device": "cuda" if truth.gpu else "cpu",
         "device_name": truth.gpu_name if truth.gpu else "x86_64",
         "backend": "nccl" if truth.gpu else "gloo",
+        "step_parts": step_parts(truth, run, step_s),
     }
 
 

@@ -303,13 +303,15 @@ def all_reduce_sum(tensor, group=None, async_op: bool = False):
     return work if async_op else tensor
 
 
-def all_gather_object(obj: Any) -> list[Any]:
+def all_gather_object(obj: Any, group=None) -> list[Any]:
+    """Every rank's `obj` on every rank, in rank order; `group`: a gloo group (the trainer's control
+    group) keeps the pickles off the device, default: the process group's backend."""
     if not is_initialized():
         return [obj]
     import torch.distributed as dist
 
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 

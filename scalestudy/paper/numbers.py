@@ -26,7 +26,7 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.paper import comparison, discussion, energy, results, sections
+from scalestudy.paper import comparison, discussion, energy, results, sections, waterfall
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.plan import paths
 from scalestudy.progress import setup_logging
@@ -48,6 +48,7 @@ TABLES = {
     "comm_bench_fit": f"{paths.TABLES_DIR}/comm_bench_fit.csv",
     "busbw": f"{paths.COMM_DIR}/busbw.csv",
     "comparison": f"{paths.TABLES_DIR}/comparison.csv",
+    "waterfall": f"{paths.TABLES_DIR}/waterfall.csv",
 }
 
 # What the config tells that no table does (the rule passes these from the config).
@@ -74,6 +75,7 @@ def build(tables: dict[str, pd.DataFrame | None], context: dict[str, Any]) -> Nu
     writers = (
         *sections.SECTIONS,
         *results.SECTIONS,
+        *waterfall.SECTIONS,
         *discussion.SECTIONS,
         *energy.SECTIONS,
         *comparison.SECTIONS,

@@ -3,7 +3,8 @@
 Figures: throughput, efficiency, epoch-time, memory, energy (from scaling.csv), sensitivity
 (sensitivity.csv), accuracy (the quality curves of the scaling runs' metrics.csv: test accuracy, or
 the losses and perplexity of an LM, by --metric), monitor (their gpu_monitor.csv), comm-model
-(comm_model_prediction.csv + scaling.csv), comm-busbw (results/comm/busbw.csv). Thresholds come
+(comm_model_prediction.csv + scaling.csv), comm-busbw (results/comm/busbw.csv), waterfall (the
+scaling-loss waterfall, waterfall.csv). Thresholds come
 from the analysis settings; the throughput unit (images, tokens, ...) from the tables' sample_unit.
 """
 
@@ -96,6 +97,13 @@ def _comm_busbw(args, settings):
     commbench.busbw_figure(busbw, args.png, args.pdf, args.bucket_mb)
 
 
+def _waterfall(args, settings):
+    from scalestudy.analysis.waterfall import COLUMNS
+    from scalestudy.plots import waterfall
+
+    waterfall.waterfall(read_csv(args.waterfall, COLUMNS), args.png, args.pdf)
+
+
 FIGURES = {
     "throughput": (_throughput, ("scaling",)),
     "efficiency": (_efficiency, ("scaling",)),
@@ -107,6 +115,7 @@ FIGURES = {
     "monitor": (_monitor, ("monitor",)),
     "comm-model": (_comm_model, ("prediction", "scaling", "fit")),
     "comm-busbw": (_comm_busbw, ("busbw", "bucket_mb")),
+    "waterfall": (_waterfall, ("waterfall",)),
 }
 INPUTS = {
     "scaling": {"help": "scaling.csv (scalestudy.analysis.metrics)."},
@@ -129,6 +138,7 @@ INPUTS = {
     "rows": {"help": "The axis along the heatmap's rows (default: the last axis but one)."},
     "cols": {"help": "The axis along the heatmap's columns (default: the last axis)."},
     "busbw": {"help": "results/comm/busbw.csv (scalestudy.preflight.collectives)."},
+    "waterfall": {"help": "waterfall.csv (scalestudy.analysis.waterfall)."},
     "bucket_mb": {"type": float, "nargs": "*", "default": [], "help": "DDP bucket sizes (MiB) to mark."},
 }
 

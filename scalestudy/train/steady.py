@@ -23,6 +23,12 @@ A window belongs to one attempt (one process): a resumed attempt starts a fresh 
 compile, autotuning and caches start cold again; a window that an interruption cut short is
 discarded (see RunResults.steady_results for which window a resumed run reports).
 
+Where the measured steps go on each rank (data wait, device span, gradient wait: `parts`,
+scalestudy.train.step_parts) is measured inside the window only; when the window is filled the
+trainer gathers every rank's (`gather_parts`, one collective on the CPU control group) and the
+result reports them as `step_parts` (one list per quantity, rank order), the scaling-loss
+waterfall's raw measurements (scalestudy.analysis.waterfall).
+
 Times: `measure_start_s` / `measure_end_s` are seconds since `t0` on the wall clock (time.time()),
 the time base of gpu_monitor.csv's time_s; durations use the monotonic perf_counter. The window's
 unpaused stretches are `measure_segments_s` ([start, end] pairs on the same clock): the GPU monitor's
@@ -39,6 +45,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from scalestudy.train.step_parts import StepParts, per_rank
 
 WARMUP, MEASURING, DONE = "warmup", "measuring", "done"
 MARGIN = (
@@ -78,6 +86,8 @@ class SteadyWindow:
     t0: float = 0.0
     min_seconds: float | None = None  # the window lasts at least this long (None: `steps` alone)
     agree: Callable[[float], float] = lambda seconds: seconds  # the same value on every rank
+    parts: StepParts = field(default_factory=StepParts)  # where the measured steps go, on this rank
+    step_parts: dict[str, Any] | None = None  # every rank's parts, once gathered (gather_parts)
     probes: int = 0  # windows discarded as shorter than min_seconds
     phase: str = WARMUP
     seen: int = 0  # steps of this attempt so far
@@ -133,6 +143,7 @@ class SteadyWindow:
             if self.seen >= self.warmup_steps:
                 self._open()
         elif self.phase == MEASURING:
+            self.parts.step_ended()
             self._current.steps += 1
             self._current.images += images
             if self._current.steps == self._sizes[len(self.done)]:
@@ -155,6 +166,7 @@ class SteadyWindow:
 
     def _open(self) -> None:
         self.synchronize()
+        self.parts.open(max(self._sizes))
         self.start_s = self._segment_wall = self.wall() - self.t0
         self._segment_start = self.clock()
         self.phase = MEASURING
@@ -170,6 +182,7 @@ class SteadyWindow:
 
     def _close_interval(self) -> None:
         self._end_segment()
+        self.parts.interval_closed()  # after the synchronisation, outside the clock
         self.done.append(self._current)
         self._current = Interval()
         if len(self.done) == len(self._sizes):
@@ -180,6 +193,7 @@ class SteadyWindow:
                 return
             self.end_s = self.segments[-1][1]
             self.phase = DONE
+            self.parts.close()
         else:
             self._segment_start = self.clock()
 
@@ -201,6 +215,12 @@ class SteadyWindow:
         self.done, self.segments, self._current = [], [], Interval()
         self.start_step = self._first_global_step + self.seen
         self._open()
+
+    def gather_parts(self, gather: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> None:
+        """Every rank's parts of the filled window: `gather` is an all-gather of one object per rank
+        (every rank calls this at the same step, the one that filled the window)."""
+        measured_s = sum(i.seconds for i in self.done)
+        self.step_parts = per_rank(gather(self.parts.report(measured_s, self.measured_steps)))
 
     def result(self, world_size: int) -> dict[str, Any]:
         """The window's summary.json keys; rates are None unless the window was filled."""
@@ -225,6 +245,7 @@ class SteadyWindow:
             "images_per_s_max": None,
             "images_per_s_cv": None,
             "interval_images_per_s": [i.images_per_s for i in self.done],
+            "step_parts": self.step_parts if self.filled else None,
         }
         if not self.filled:
             return out

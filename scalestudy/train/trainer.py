@@ -33,7 +33,7 @@ from scalestudy.plan import runfiles, workloads
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, parallel, steady
+from scalestudy.train import optim, parallel, steady, step_parts
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint.manager import Checkpointer
 from scalestudy.train.journal import NULL_RUN
@@ -214,7 +214,10 @@ class Trainer:
             t0=self.t0,
             min_seconds=c["measure_seconds"],
             agree=lambda seconds: steady.mean_over_ranks(seconds, self.control_group),
+            parts=step_parts.for_device(self.device),
         )
+        if not self.wrapped.sharded:  # FSDP2's sharded parameters take no gradient hook
+            self.steady.parts.attach(next(self.model.parameters()))
         self.steady.start(self.state.position.global_step)
         self.steady_kept = False
         while self.state.position.epoch < c["epochs"]:
@@ -253,10 +256,14 @@ class Trainer:
 
     def train_step(self, batches, timer: StepTimer):
         """One optimizer step: batch, forward and loss, backward (DDP's all-reduce), clipping,
-        optimizer and schedule; `timer` times the phases of a sampled step."""
+        optimizer and schedule; `timer` times the phases of a sampled step, the window's `parts`
+        where a measured step goes (scalestudy.train.step_parts)."""
+        parts = self.steady.parts
         with named_range("step"):
+            parts.step_started()
             with named_range("data"):
                 x, y = next(batches)
+            parts.data_ready()
             timer.mark("data")
             with named_range("forward"), self.autocast():
                 logits = self.train_model(x)
@@ -264,6 +271,7 @@ class Trainer:
             timer.mark("forward")
             with named_range("backward"):
                 self.scaler.scale(loss).backward()
+            parts.backward_done()
             timer.mark("backward_allreduce")
             with named_range("optimizer"):
                 self.clip_gradients()
@@ -296,6 +304,7 @@ class Trainer:
         samples = meter.add(loss, logits, y, self.world_size, hits=logs or self.workload.metric == "accuracy")
         self.steady.step_done(samples * self.world_size)
         if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
+            self.steady.gather_parts(lambda parts: distributed.all_gather_object(parts, self.control_group))
             history.steady_window = steady_result(self.steady, self.world_size, self.state.attempt)
             self.steady_kept = True
         if timer.enabled and self.is_main:
