@@ -163,8 +163,10 @@ def test_the_follower_shows_the_grid_and_a_job_live_and_drains_when_stopped(embe
     points = [{"point": POINT, "run": GIVEN}, {"point": "baseline/default", "run": {"world_size": 1}}]
     pid = tracking.start_follower(embedded, logs, [tmp_path / "results/runs"], points)
     try:
-        assert wait_for(lambda: status_of(embedded, "baseline/default")) == "SCHEDULED"
-        assert status_of(embedded) == "SCHEDULED"
+        # MLflow creates a run RUNNING; the follower then marks it SCHEDULED (a loaded machine shows
+        # the first state for a moment): each point's run becomes SCHEDULED before any job starts
+        assert wait_for(lambda: status_of(embedded, "baseline/default") == "SCHEDULED")
+        assert wait_for(lambda: status_of(embedded) == "SCHEDULED")
         trainer = fake_trainer(tmp_path)
         with job_journal.follow(trainer) as run:  # the job runs: RUNNING, its steps arrive while it does
             run.step(1, {"samples_per_s": 5.0})

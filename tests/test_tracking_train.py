@@ -29,7 +29,10 @@ from scalestudy.tracking import store, sync  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
 # summary.json results that are clocks or memory, not the training's outcome
-TIMING = re.compile(r"(_s|_per_s|per_gpu|_cv|_min|_max|_s_per_rank|memory.*|interval.*|compile.*)$")
+# measured, not computed: times, rates, memory, GPU-hours and energy (wall time), the step parts
+TIMING = re.compile(
+    r"(_s|_per_s|per_gpu|_cv|_min|_max|_s_per_rank|memory.*|interval.*|compile.*|gpu_hours.*|step_parts)$"
+)
 
 
 @pytest.fixture(autouse=True)
