@@ -27,11 +27,11 @@ fi
 temp="$(mktemp -d)"
 trap 'rm -rf "$temp"' EXIT
 echo "test.sh: the Slurm tests run beside the others; their report follows (log: $temp/slurm.log)"
-python -m pytest -ra --durations=15 -m "slurm or beside_slurm" -p no:cacheprovider --basetemp "$temp/slurm" \
+python -m pytest -ra --durations=20 -m "slurm or beside_slurm" -p no:cacheprovider --basetemp "$temp/slurm" \
   >"$temp/slurm.log" 2>&1 &
 slurm=$!
 status=0
-python -m pytest -ra --durations=15 -m "not slurm and not beside_slurm" --basetemp "$temp/rest" || status=$?
+python -m pytest -ra --durations=20 -m "not slurm and not beside_slurm" --basetemp "$temp/rest" || status=$?
 slurm_status=0
 wait "$slurm" || slurm_status=$?
 echo "======================= the Slurm tests (-m \"slurm or beside_slurm\") ======================="
