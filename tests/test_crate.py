@@ -17,6 +17,7 @@ from scalestudy.crate import __main__ as crate_cli
 from scalestudy.crate import check, jobs, validation
 from scalestudy.crate.write import write_crate
 from scalestudy.data import file_digests
+from scalestudy.plan import runfiles
 
 POINT_REGEX = r"results/runs/scaling/(?P<point>[A-Za-z0-9_.=+-]+(/[A-Za-z0-9_.=+-]+)*)/summary\.json$"
 RULES = {
@@ -185,7 +186,7 @@ def test_every_job_is_an_action_with_what_it_recorded(study):
     other_usage = {
         graph[u["@id"]]["propertyID"]: graph[u["@id"]]["value"] for u in as_list(other["resourceUsage"])
     }
-    assert other_usage["energy_j"] == jobs.NOT_MEASURED and "energy not measured" in other["description"]
+    assert other_usage["energy_j"] == runfiles.NOT_MEASURED and "energy not measured" in other["description"]
     assert "Slurm job 100" in actions["#job-fetch"]["description"]
     results = {r["@id"] for r in as_list(run["result"])}
     assert {

@@ -47,9 +47,10 @@ from scalestudy.analysis import monitor_window
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, read_json
 from scalestudy.plan import runfiles
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 ENERGY_KEYS = ("energy_source", "energy_note", "energy_gpus", *runfiles.ENERGY_MEASURES)
-COUNTER, INTEGRAL, NOT_MEASURED = "counter", "power integral", "not measured"
+COUNTER, INTEGRAL = "counter", "power integral"
 NO_CPU_ENERGY = "the study reads GPU energy (NVML) only, no CPU energy (RAPL)"
 ENERGY_UNITS = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ"))
 # Per-run quantities the scaling table summarises over repeats (mean, std, interval).

@@ -69,6 +69,7 @@ from scalestudy import atomic
 from scalestudy.analysis import cli, commmodel, metrics, modelsize, series
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plan import runconfig
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 log = logging.getLogger("scalestudy.analysis.waterfall")
 
@@ -81,7 +82,6 @@ PARTS = {
 REMAINDER = "remainder"
 TERMS = (*PARTS, REMAINDER)
 STEP_PARTS = "step_parts."  # runs.csv's columns of summary.json's step_parts (JSON lists, rank order)
-NOT_MEASURED = "not measured"
 NO_PARTS = f"{NOT_MEASURED}: the run reports no step_parts (a summary before them, or a command workload)"
 NO_DEVICE_TIMELINE = f"{NOT_MEASURED} on the CPU: no device timeline"
 NO_HOOK = f"{NOT_MEASURED}: no gradient hook (FSDP2's sharded parameters)"

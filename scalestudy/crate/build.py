@@ -28,6 +28,7 @@ from rocrate.rocrate import ROCrate
 from scalestudy.crate import jobs as jobinfo
 from scalestudy.crate import lineage
 from scalestudy.crate.payload import Payload
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 RO_CRATE_VERSION = "1.1"
 WFRUN_CONTEXT = "https://w3id.org/ro/terms/workflow-run/context"
@@ -306,7 +307,7 @@ class CrateBuilder:
             if value is None and key not in ("energy_j", "attempts"):
                 continue  # a job without a benchmark, or one that trained nothing, has none of these
             if value is None:
-                value = jobinfo.NOT_MEASURED if key == "energy_j" else jobinfo.NOT_RECORDED
+                value = NOT_MEASURED if key == "energy_j" else jobinfo.NOT_RECORDED
             properties = {
                 "@type": "PropertyValue",
                 "propertyID": key,
@@ -414,7 +415,7 @@ def job_description(job: jobinfo.Job) -> str:
         f"nodes {job.nodes() or jobinfo.NOT_RECORDED}",
         f"attempts {job.attempts or jobinfo.NOT_RECORDED}",
         f"image {image} (sha256 {sha256 or jobinfo.NOT_RECORDED})" if image else "no container image",
-        f"energy {energy:.6g} J" if energy is not None else f"energy {jobinfo.NOT_MEASURED}",
+        f"energy {energy:.6g} J" if energy is not None else f"energy {NOT_MEASURED}",
     ]
     if job.incomplete:
         parts.append("left incomplete by Snakemake")

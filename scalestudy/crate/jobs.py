@@ -36,7 +36,6 @@ log = logging.getLogger("scalestudy.crate.jobs")
 
 # A result key the energy measurement writes (another issue adds it): picked up where present.
 ENERGY_KEY = "energy_j"
-NOT_MEASURED = "not measured"
 NOT_RECORDED = "not recorded"
 
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-NOT_MEASURED = "not measured"
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 # Letters only (LaTeX), and an upper-case first letter: scalestudy.paper.draft tells a number macro
 # from LaTeX's own commands by it.

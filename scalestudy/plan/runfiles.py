@@ -63,6 +63,8 @@ MONITOR_COLUMNS = (
 # trainer's named range whose op launched it ("data": the loader's; "" outside every range, as the
 # backward's kernels, which autograd launches from its own thread); count and total device time.
 PROFILE_KERNEL_COLUMNS = ("name", "range", "count", "device_us")
+# what a table, summary or paper says of a quantity nothing measured (followed by ": <why>")
+NOT_MEASURED = "not measured"
 # summary.json's energy measures (scalestudy.analysis.energy): absent or None where not measured
 ENERGY_MEASURES = (
     "energy_j",
