@@ -185,19 +185,16 @@ def test_the_run_config_carries_the_window_and_the_inductor_cache():
 # --- a window in seconds (train.measure.seconds) ------------------------------------------------------
 
 
+def clocked_window(clock: FakeClock, warmup: int, steps: int, intervals: int, **kwargs) -> SteadyWindow:
+    """A window timed by the fake clock (its sync, step clock and wall clock)."""
+    return SteadyWindow(
+        warmup, steps, intervals, synchronize=clock.sync, clock=clock, wall=clock, t0=clock.now, **kwargs
+    )
+
+
 def seconds_window(clock: FakeClock, warmup: int, steps: int, intervals: int, seconds: float, agree=None):
     kwargs = {"agree": agree} if agree else {}
-    return SteadyWindow(
-        warmup,
-        steps,
-        intervals,
-        synchronize=clock.sync,
-        clock=clock,
-        wall=clock,
-        t0=clock.now,
-        min_seconds=seconds,
-        **kwargs,
-    )
+    return clocked_window(clock, warmup, steps, intervals, min_seconds=seconds, **kwargs)
 
 
 def test_a_window_in_seconds_lasts_at_least_that_long_in_whole_steps():
@@ -346,17 +343,7 @@ class FakeEvent:
 
 
 def parted_window(clock: FakeClock, parts, warmup=2, steps=8, intervals=2, **kwargs) -> SteadyWindow:
-    return SteadyWindow(
-        warmup,
-        steps,
-        intervals,
-        synchronize=clock.sync,
-        clock=clock,
-        wall=clock,
-        t0=clock.now,
-        parts=parts,
-        **kwargs,
-    )
+    return clocked_window(clock, warmup, steps, intervals, parts=parts, **kwargs)
 
 
 def train_parted(
