@@ -18,7 +18,7 @@ import pytest
 
 from scalestudy import contract
 from scalestudy.data.synthetic_cifar import generate_arrays
-from scalestudy.launch import distributed
+from scalestudy.launch import distributed, torchrun
 from scalestudy.launch import launcher as launch
 from scalestudy.plan import cluster
 
@@ -379,6 +379,39 @@ def test_local_ranks_exit_resumable_only_where_every_rank_did(rank_exit, expecte
     ranks = _local_ranks(f"import sys; sys.exit({rank_exit})")
     output, _ = ranks.communicate(timeout=120)
     assert ranks.returncode == expected, output[-3000:]
+
+
+@pytest.mark.parametrize(("first_exit", "expected"), [(75, 75), (3, 1)])
+def test_a_rank_closed_by_torchrun_after_another_stopped_keeps_the_run_resumable(first_exit, expected):
+    """Rank 0 leaves first; torchrun's closing SIGTERM ends rank 1 (-15), as it can in a stopped run
+    whose ranks leave a few milliseconds apart. After a stop (75) the run stays resumable; after a
+    crash it stays torchrun's failure."""
+    rank_0_leaves = f"sys.exit({first_exit}) if os.environ['LOCAL_RANK'] == '0' else time.sleep(120)"
+    script = f"import os, sys, time; {rank_0_leaves}"
+    ranks = _local_ranks(script)
+    output, _ = ranks.communicate(timeout=120)
+    assert "SIGTERM" in output, output[-3000:]
+    assert ranks.returncode == expected, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("exit_codes", "stopped"),
+    [
+        ((75, 75), True),
+        ((75, -15), True),
+        ((-15, 75), True),
+        ((-15, -15), False),
+        ((3, -15), False),
+        ((75, 3), False),
+    ],
+)
+def test_resumable_needs_a_stopped_rank_and_no_other_failure(exit_codes, stopped):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {
+        rank: ProcessFailure(rank, 1000 + rank, code, "<N/A>") for rank, code in enumerate(exit_codes)
+    }
+    assert torchrun.resumable(ChildFailedError("ranks", failures)) is stopped
 
 
 def test_local_ranks_stopped_by_sigterm_exit_resumable():
