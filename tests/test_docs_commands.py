@@ -69,6 +69,9 @@ COVERED: dict[str, tuple[str, str]] = {
         '["bash", "scripts/demo.sh", "--configfile", "config/demo-gpt.yaml"]',
     ),
     "snakemake --report results/report.html": ("scripts/demo.sh", "--report results/report.html"),
+    # README's re-measuring of contended points: on a fresh copy (no runs.csv) it is the whole demo
+    # again; tests/test_rerun.py runs its `targets` and plans its --forcerun on a finished demo
+    "snakemake --profile profiles/local --forcerun": ("tests/test_rerun.py", '"--forcerun", *printed'),
     # the whole demo, as demo.sh's first command runs it (tests/test_workflow.py); its point, the
     # rules' python without the venv on PATH, is tests/test_faults.py's
     ".venv/bin/snakemake --profile profiles/local": (
