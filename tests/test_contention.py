@@ -192,6 +192,8 @@ def test_re_measuring_names_exactly_the_contended_runs(study, tmp_path, capsys):
     assert capsys.readouterr().out == ""
     with pytest.raises(ValueError, match="missing column"):
         contention.main(["targets", "--runs", str(_without_run_dir(study["catalog"], tmp_path))])
+    with pytest.raises(SystemExit, match="nowhere.csv: no such file"):
+        contention.main(["targets", "--runs", str(tmp_path / "nowhere.csv")])
 
 
 def _without_run_dir(catalog: pd.DataFrame, folder):

@@ -198,7 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command.add_argument("--runs", default=RUNS_CSV, help=f"The run catalog (default {RUNS_CSV}).")
     args = parser.parse_args(argv)
     cli.start(args)
-    found = targets(read_csv(args.runs, ["run_dir"]), args.runs)
+    try:
+        runs = read_csv(args.runs, ["run_dir"])
+    except FileNotFoundError as missing:
+        raise SystemExit(f"contention: {missing} (the study's run catalog: run the study first)") from None
+    found = targets(runs, args.runs)
     log.info("%d contended run(s) in %s", len(found), args.runs)
     for target in found:
         print(target)
