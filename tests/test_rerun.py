@@ -25,7 +25,7 @@ from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.conftest import REPO, copy_workflow, run_snakemake
 from tests.test_workflow import job_stats
 
-pytestmark = [pytest.mark.slow, pytest.mark.beside_slurm]  # balances scripts/test.sh's two sessions
+pytestmark = pytest.mark.slow
 
 SENSITIVITY = "results/runs/sensitivity/fp32/bs16_bucket1"
 SCALING = "results/runs/scaling/strong/w1_r0"
