@@ -32,9 +32,10 @@ _scalestudy_bootstrap() (
   if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     echo "bootstrap: installing envs/requirements.txt (torch is large: a few minutes the first time)" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>/dev/null || true
-    # --no-compile: byte-compiling every installed module (torch's thousands) is half of pip's time
-    # (80 of 160 s here); Python compiles the modules a run imports on first use, once.
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+    # pip byte-compiles what it installs (half of its 160 s here). Kept: where PYTHONDONTWRITEBYTECODE
+    # is set (this machine's shells set it), Python caches no module itself, and every process would
+    # compile torch's modules again: with --no-compile `bash .ci/run` took 82 minutes instead of 50.
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
       -r "$root/envs/requirements.txt" -r "$root/envs/requirements-dev.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root" 2>&1 \
       | grep -v "^WARNING: Location" >&2 || true
