@@ -19,9 +19,11 @@ if not workflow.overwrite_configfiles:
     configfile: "config/demo.yaml"
 
 
-# The schema ships with the package (scalestudy/plan/schema.yaml; config/schema.yaml links to it).
+# The schema ships with the package (scalestudy/plan/schema.yaml; config/schema.yaml links to it),
+# handed to validate() as JSON (see schema.as_json_file).
 try:
-    validate(config, schema.PATH)
+    with schema.as_json_file() as schema_file:
+        validate(config, schema_file)
 except WorkflowError as error:  # one line naming the key, not the whole schema
     message = configcheck.schema_error_message(error, workflow.overwrite_configfiles)
     if message is None:

@@ -1,6 +1,7 @@
 """Grid points and run configs: what each job trains, derived from config alone."""
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -23,6 +24,17 @@ def test_the_schema_ships_with_the_package_and_the_repository_links_to_it():
         == yaml.safe_load(Path(schema.PATH).read_text())["properties"]["cluster"]["properties"][
             "gpus_per_node"
         ]["default"]
+    )
+
+
+def test_snakemakes_validate_gets_the_yaml_schema_as_json_and_the_file_goes_afterwards():
+    as_written = yaml.safe_load(Path(schema.PATH).read_text())  # PyYAML's pure-Python loader
+    with schema.as_json_file() as path:
+        assert json.loads(Path(path).read_text()) == as_written
+    assert not Path(path).exists()
+    assert (
+        schema.node() == as_written
+        and schema.node("train", "epochs") == as_written["properties"]["train"]["properties"]["epochs"]
     )
 
 

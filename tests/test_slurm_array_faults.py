@@ -3,7 +3,7 @@
 
 - One Snakemake run, after the training gate: the baseline as one Slurm job on the GPU request path
   (fake GPUs, training on the CPU) and two sensitivity points as ONE array
-  (`--slurm-array-jobs sensitivity_run`), each with 2 minutes (--signal=USR1@30) for more work
+  (`--slurm-array-jobs sensitivity_run`), each with 2 minutes (--signal=USR1@60) for more work
   than that: every one is stopped at its limit, Snakemake resubmits it with more time
   (cluster.runtime_growth), it resumes from its checkpoint and finishes; the first attempt's kept
   log names its Slurm job (and array task), the summary and the run catalog the attempt that
@@ -51,14 +51,15 @@ pytestmark = pytest.mark.slurm
 ARRAY = re.compile(r"Submitted array job with Snakemake IDs \S+ and SLURM job ID (\d+)\. .*?(\d+)-(\d+)\.")
 SINGLE = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*rule_sensitivity_run/")
 BASELINE = "baseline/default"
-# The work of each time-limited point, in images (batch 64). Attempt 1 is signalled 30 to 90 s after
-# its start (30 s before the 2-minute limit, up to a minute early: sbatch(1)), ~85 s of training at
-# most. The three points start together (the cluster has room for all three) and share the 2
-# cores: measured 460 - 515 images/s each on an otherwise idle machine (signal 65 s in, steps
-# 370 - 480 of 1,875 done), so at most ~530 each, 45,000 images; even one alone, at the fastest
-# one-rank speed measured here (790), would train 67,000. The retries have 10 minutes: at 300
-# images/s, the rest takes ~3.
-WORK_IMAGES = 80_000
+# The work of each time-limited point, in images (batch 64). Attempt 1 is signalled 60 s before its
+# 2-minute limit, up to a minute early (sbatch(1); slurmctld checks every 30 s): 30 to 60 s after its
+# start, after the trainer's start (~10 to 20 s here under load), so at most ~50 s of training. The
+# three points start together (the cluster has room for all three) and share the 2 cores: measured
+# 460 - 515 images/s each on an otherwise idle machine, so ~26,000 each; even one alone, at the
+# fastest one-rank speed measured here (790), would train 40,000 of the 56,000. The retries have 10
+# minutes: at 300 images/s, the rest takes ~2. (The CPU this fixture costs is this work: a signal
+# 30 s later, as before, needed 80,000 images a point.)
+WORK_IMAGES = 56_000
 BATCH = 64
 STEPS_PER_EPOCH = 125  # train_per_class 800: 8,000 images, 125 steps of 64
 # The many-points sweep's size: 12 in CI, in arrays of 5; SCALESTUDY_SWEEP_POINTS=200 runs the
@@ -93,7 +94,7 @@ def time_limited(clusters, tmp_path_factory):  # noqa: F811 - the module fixture
         config["train"].update(epochs=epochs, max_steps_per_epoch=None, eval_max_batches=1)
         config["train"].update(checkpoint_every_steps=50)
         # fake GPUs: the GPU request path (--gres=gpu:1 on sbatch and srun), training on the CPU
-        config["cluster"].update(runtime_minutes=2, signal_lead_s=30, runtime_growth=5.0, gpus_per_node=4)
+        config["cluster"].update(runtime_minutes=2, signal_lead_s=60, runtime_growth=5.0, gpus_per_node=4)
         config["cluster"]["ranks_per_node"] = None
         config["site_check"] = {"enabled": False}  # it rightly finds no CUDA behind the fake GPUs
 

@@ -44,7 +44,7 @@ def check(config: Mapping[str, Any], given: Mapping[str, Any] | str | os.PathLik
     """Raise ConfigError naming every key whose value the schema's types or patterns refuse (the
     package's schema unless another is given, as a mapping or a path)."""
     if given is None:
-        given = schema.load()
+        given = schema.node()
     elif not isinstance(given, Mapping):
         given = load_schema(given)
     problems = list(problems_of(config, given))

@@ -91,10 +91,7 @@ OWN_DEFAULTS: dict[str, Any] = {
 
 def schema_default(path: tuple[str, ...]) -> Any:
     """The default schema.yaml gives the study setting at `path` ("train", "measure", "steps")."""
-    node = schema.load()
-    for part in path:
-        node = node["properties"][part]
-    return node.get("default")
+    return copy.deepcopy(schema.node(*path).get("default"))
 
 
 class _Defaults(Mapping):
