@@ -233,24 +233,28 @@ def test_the_crate_passes_every_declared_profile_at_the_required_level_offline(s
         "workflow-run-crate-0.5",
         "provenance-run-crate-0.5",
     ]
+    to_run = validation.profiles_to_run(profiles)
+    assert to_run == {"provenance-run-crate-0.5": profiles}  # it inherits the other four
     cache = validation.seed_cache(tmp_path / "contexts")
-    for profile in profiles:
-        report = validation.validate(crate, profile, "REQUIRED", offline=True, cache_path=cache)
-        assert report.passed, (profile, report.issues)
+    report = validation.validate(
+        crate, "provenance-run-crate-0.5", "REQUIRED", offline=True, cache_path=cache
+    )
+    assert report.passed, report.issues
 
 
-def test_validation_fails_on_a_crate_that_breaks_a_required_rule(study, tmp_path):
-    """The validator does look: a crate whose workflow run names no instrument fails Process Run Crate."""
+def test_a_broken_rule_of_an_inherited_profile_fails_the_inheriting_profiles_validation(study, tmp_path):
+    """The validator does look, and what profiles_to_run counts on: a crate whose workflow run names no
+    instrument fails Process Run Crate, and Provenance Run Crate (which inherits it) with that issue."""
     crate = write(study)
     metadata = json.loads((crate / check.METADATA).read_text())
-    for entity in metadata["@graph"]:
-        if entity["@id"] == "#job-fetch":
-            del entity["instrument"]
+    del next(entity for entity in metadata["@graph"] if entity["@id"] == "#job-fetch")["instrument"]
     (crate / check.METADATA).write_text(json.dumps(metadata))
-    report = validation.validate(
-        crate, "process-run-crate-0.5", "REQUIRED", True, validation.seed_cache(tmp_path / "c")
-    )
-    assert not report.passed and any("instrument" in issue for issue in report.issues), report.issues
+    cache = validation.seed_cache(tmp_path / "contexts")
+    alone = validation.validate(crate, "process-run-crate-0.5", "REQUIRED", True, cache)
+    inherited = validation.validate(crate, "provenance-run-crate-0.5", "REQUIRED", True, cache)
+    assert not alone.passed and any("instrument" in issue for issue in alone.issues), alone.issues
+    assert not inherited.passed
+    assert set(alone.issues) <= set(inherited.issues), set(alone.issues) - set(inherited.issues)
 
 
 def test_an_edited_crate_is_named_file_by_file(study, capsys):

@@ -78,6 +78,17 @@ COVERED: dict[str, tuple[str, str]] = {
         "scripts/demo.sh",
         'snakemake --profile profiles/local "$@"\n',
     ),
+    # README's one-point commands, from a fresh copy: the preflight again and a point (94 s of CI);
+    # tests/test_workflow.py runs them on its finished demo, tests/test_rerun.py asks for points by
+    # path from a fresh copy
+    "snakemake --profile profiles/local results/runs/scaling/weak/w2_r0/summary.json": (
+        "tests/test_workflow.py",
+        "def test_the_readmes_one_point_commands_name_points_of_the_demo",
+    ),
+    "snakemake --profile profiles/local results/runs/sensitivity/bf16/bs32_bucket25/summary.json": (
+        "tests/test_workflow.py",
+        "def test_the_readmes_one_point_commands_name_points_of_the_demo",
+    ),
     "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
     ".venv/bin/python -m pytest -m slurm tests/test_slurm.py -v": (
         "tests/test_slurm.py",

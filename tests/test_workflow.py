@@ -171,12 +171,14 @@ def test_the_demo_crate_passes_every_profile_it_declares_at_the_required_level(d
     cache = validation.seed_cache(tmp_path / "contexts")
     profiles = validation.declared_profiles(crate)
     assert "provenance-run-crate-0.5" in profiles and len(profiles) == 5
-    for profile in profiles:
+    to_run = validation.profiles_to_run(profiles)
+    assert sorted(sum(to_run.values(), [])) == sorted(profiles)  # every declared profile checked
+    for profile, covered in to_run.items():
         # one pass at RECOMMENDED runs the REQUIRED checks too: none of those may fail
         report = validation.validate(crate, profile, "RECOMMENDED", offline=True, cache_path=cache)
         required = [issue for issue in report.issues if issue.startswith("REQUIRED")]
         assert not required, (profile, required)
-        print(f"{profile}: REQUIRED passed; RECOMMENDED issues: {len(report.issues)}")
+        print(f"{profile} (with {covered}): REQUIRED passed; RECOMMENDED issues: {len(report.issues)}")
         for issue in sorted({issue.split(" (")[0] for issue in report.issues}):
             print(f"  {issue}")
 
@@ -301,6 +303,25 @@ def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     result = run_snakemake(demo_run, target, "--configfile", str(path))
     assert job_stats(result.stdout + result.stderr) == {"sensitivity_run": 1}
     assert (demo_run / target).stat().st_size > 0
+
+
+def readme_point_commands() -> list[str]:
+    """README's commands that ask for one grid point by its path."""
+    pattern = r"^(snakemake --profile profiles/local results/runs/\S+/summary\.json)\s*$"
+    return re.findall(pattern, (REPO / "README.md").read_text(), re.M)
+
+
+def test_the_readmes_one_point_commands_name_points_of_the_demo(demo_run):
+    """The commands are run here, on the finished demo (nothing left to do: each path is one of its
+    points); asking for points by path from a fresh copy is tests/test_rerun.py's fixture, and that
+    only the point asked for runs is the test above."""
+    commands = readme_point_commands()
+    assert len(commands) >= 2, "README shows no one-point command"
+    for command in commands:
+        target = command.split()[-1]
+        assert (demo_run / target).stat().st_size > 0, command
+        result = run_snakemake(demo_run, target)
+        assert "Nothing to be done" in result.stdout + result.stderr, command
 
 
 def test_lint_is_clean(workflow_copy):

@@ -75,10 +75,11 @@ def validate_command(args: argparse.Namespace) -> int:
     with check.opened(args.crate) as crate_dir, tempfile.TemporaryDirectory() as tmp:
         cache = validation.seed_cache(Path(tmp) / "contexts") if args.offline else None
         failed = False
-        for profile in validation.declared_profiles(crate_dir):
+        for profile, covered in validation.profiles_to_run(validation.declared_profiles(crate_dir)).items():
             report = validation.validate(crate_dir, profile, args.severity, args.offline, cache)
             failed |= not report.passed
-            print(f"{profile} at {args.severity}: {'passed' if report.passed else 'FAILED'}")
+            verdict = "passed" if report.passed else "FAILED"
+            print(f"{profile} at {args.severity} (with {', '.join(covered)}): {verdict}")
             for issue in report.issues:
                 print(f"  {issue}")
     return 1 if failed else 0
