@@ -36,6 +36,8 @@ def test_snakemakes_validate_gets_the_yaml_schema_as_json_and_the_file_goes_afte
         schema.node() == as_written
         and schema.node("train", "epochs") == as_written["properties"]["train"]["properties"]["epochs"]
     )
+    with pytest.raises(KeyError, match=r"schema\.yaml: no 'nosuch' under train's properties"):
+        schema.node("train", "nosuch")
 
 
 def test_strong_scaling_splits_the_global_batch(demo_config):

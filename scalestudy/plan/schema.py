@@ -55,20 +55,20 @@ def load() -> dict[str, Any]:
 def node(*path: str) -> dict[str, Any]:
     """The schema of the setting at `path` ("train", "measure", "steps"), read-only: not a copy."""
     found = _load()
-    for part in path:
-        found = found["properties"][part]
+    for depth, part in enumerate(path):
+        try:
+            found = found["properties"][part]
+        except KeyError:
+            where = ".".join(path[:depth]) or "the top level"
+            raise KeyError(f"{PATH}: no {part!r} under {where}'s properties") from None
     return found
 
 
 def section(name: str) -> dict[str, Any]:
-    """The schema of one top-level section of the config ("cluster", "analysis", ...)."""
-    try:
-        return copy.deepcopy(_load()["properties"][name])
-    except KeyError:
-        raise KeyError(f"{PATH}: no section {name!r} under properties") from None
+    """The schema of one top-level section of the config ("cluster", "analysis", ...), a copy."""
+    return copy.deepcopy(node(name))
 
 
 def defaults(name: str) -> dict[str, Any]:
     """{key: default} of a section's settings, as schema.yaml gives them (None where it gives none)."""
-    properties = _load()["properties"][name]["properties"]
-    return {key: copy.deepcopy(spec.get("default")) for key, spec in properties.items()}
+    return {key: copy.deepcopy(spec.get("default")) for key, spec in node(name)["properties"].items()}

@@ -47,6 +47,6 @@ def load(path: str | Path) -> dict[str, Any]:
     """The study config file at `path`, validated, every default filled in, checked."""
     import yaml
 
-    config = fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, schema.load(), str(path))
+    config = fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, schema.node(), str(path))
     configcheck.check(config)
     return config
