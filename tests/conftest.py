@@ -138,3 +138,13 @@ def recorded_calls(record: Path) -> list[list[str]]:
     if not record.exists():
         return []
     return [json.loads(line) for line in record.read_text().splitlines() if line]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh's `-n 2 --dist loadfile`), the modules that run a whole
+    workflow (marked `slow`) are handed out first: a module of minutes taken last would run alone
+    while the other worker waits. Each module's own order is kept."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)
