@@ -4,11 +4,10 @@
 # skip with the reason otherwise). Extra arguments go to pytest, e.g. `-m "not slurm"`.
 #
 # Without arguments the suite runs as two pytest sessions side by side: the Slurm tests (marked
-# `slurm`) spend much of their time waiting for the scheduler and its polling, so they run beside
-# the rest instead of after it, with the tests marked `beside_slurm` (so that both end about
-# together). The rest runs on two pytest-xdist workers, one test module per worker at a time (its
-# module fixtures built once): three streams of tests keep both cores busy while one waits for a
-# process, a signal or Slurm. Their report follows the other's; the exit status is the worse of the two.
+# `slurm`: one cluster at a time, one test at a time) and the rest on two pytest-xdist workers, one
+# test module per worker at a time (its module fixtures built once). Three streams of tests keep
+# both cores busy while one waits for a process, a signal or the scheduler's polling. The Slurm
+# tests' report follows the other's; the exit status is the worse of the two.
 # SCALESTUDY_TEST_SERIAL=1 runs one session, as with arguments.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,15 +28,15 @@ fi
 temp="$(mktemp -d)"
 trap 'rm -rf "$temp"' EXIT
 echo "test.sh: the Slurm tests run beside the others; their report follows (log: $temp/slurm.log)"
-python -m pytest -ra --durations=20 -m "slurm or beside_slurm" -p no:cacheprovider --basetemp "$temp/slurm" \
+python -m pytest -ra --durations=20 -m slurm -p no:cacheprovider --basetemp "$temp/slurm" \
   >"$temp/slurm.log" 2>&1 &
 slurm=$!
 status=0
-python -m pytest -ra --durations=20 -n 2 --dist loadfile -m "not slurm and not beside_slurm" \
+python -m pytest -ra --durations=20 -n 2 --dist loadfile -m "not slurm" \
   --basetemp "$temp/rest" || status=$?
 slurm_status=0
 wait "$slurm" || slurm_status=$?
-echo "======================= the Slurm tests (-m \"slurm or beside_slurm\") ======================="
+echo "======================= the Slurm tests (-m slurm) ======================="
 cat "$temp/slurm.log"
 # pytest exits 5 when it selects no test: not a failure of the suite
 [ "$slurm_status" -eq 5 ] && slurm_status=0

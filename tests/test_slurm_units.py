@@ -165,8 +165,10 @@ def bootstrap_copy(tmp_path):
     copy = tmp_path / "checkout"
     for part in (
         "scripts/bootstrap.sh",
+        "scripts/uv_index_args.py",
         "envs/requirements.txt",
         "envs/requirements-dev.txt",
+        "envs/requirements.lock",
         "pyproject.toml",
     ):
         (copy / part).parent.mkdir(parents=True, exist_ok=True)

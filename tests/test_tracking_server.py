@@ -24,7 +24,7 @@ pytest.importorskip("mlflow")
 from scalestudy.tracking import store, sync  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.beside_slurm]  # it mostly waits for servers
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

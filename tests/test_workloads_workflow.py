@@ -17,7 +17,7 @@ import yaml
 
 from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.beside_slurm]  # balances scripts/test.sh's two sessions
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
