@@ -12,16 +12,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Debian's Slurm, TeX and Chromium for the tests that need them, installed beside the venv (a fresh
-# machine spends minutes on each); done before any test starts, so none sees half a package.
+# machine spends minutes on them); done before any test starts, so none sees half a package.
 packages_log="$(mktemp)"
 bash tests/system_packages.sh >"$packages_log" 2>&1 &
 packages=$!
 source scripts/bootstrap.sh
-wait "$packages" || echo "test.sh: tests/system_packages.sh failed (log: $packages_log); the tests" \
-  "that need a missing package install it themselves or skip" >&2
 ruff check .
 ruff format --check .
 snakemake --lint --profile profiles/local
+# On a fresh machine the packages take longer than the venv (Slurm, TeX and Chromium ~2 min; uv ~1)
+wait "$packages" || echo "test.sh: tests/system_packages.sh failed (log: $packages_log); the tests" \
+  "that need a missing package install it themselves or skip" >&2
 if [ $# -gt 0 ] || [ "${SCALESTUDY_TEST_SERIAL:-0}" = 1 ]; then
   exec python -m pytest -ra "$@"
 fi
