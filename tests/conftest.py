@@ -16,7 +16,7 @@ from scalestudy.plan.cluster import THREAD_POOL_ENV
 REPO = Path(__file__).resolve().parent.parent
 
 # One thread per process in every test and everything a test starts, unless the environment says
-# otherwise: the suite runs as two sessions side by side on CI's 2 cores (scripts/test.sh), and its
+# otherwise: the suite runs as three streams side by side on CI's 2 cores (scripts/test.sh), and its
 # models are tiny. Measured here: a width-8 ResNet step on 2 threads beside a busy core took 3.8x the
 # CPU of 1 thread (and 3x the time); on an idle machine 1.7x the CPU for a 15 % faster step. Set
 # before any test imports torch; workflow jobs and ranks set their own (Snakemake, launch specs).
