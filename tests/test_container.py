@@ -15,6 +15,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from tests.conftest import copy_workflow, snakemake_env, stub_apptainer
 
@@ -43,13 +44,15 @@ def parse_definition(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return header, sections
 
 
-def requirement_lines() -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+def requirement_lines(path: Path = REQUIREMENTS) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
     return [line for line in lines if line]
 
 
-def pins() -> dict[str, str]:
-    return {match[1].lower(): match[2] for match in map(PIN.match, requirement_lines()) if match}
+def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
+    """{canonical name: version} of a requirements file's `name==version` lines."""
+    matches = (PIN.match(line) for line in requirement_lines(path))
+    return {canonicalize_name(match[1]): match[2] for match in matches if match}
 
 
 @pytest.fixture(scope="module")

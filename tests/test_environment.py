@@ -10,25 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+
+from tests.test_container import PIN, pins, requirement_lines
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = REPO / "envs"
 
 
 def _pins(path: Path) -> dict[str, str]:
-    """{canonical name: version} of a requirements file's `name==version` lines."""
-    pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        requirement = Requirement(line)
-        (specifier,) = requirement.specifier
-        assert specifier.operator == "==", f"{path.name}: {line!r} is not pinned with =="
-        pins[canonicalize_name(requirement.name)] = specifier.version
-    return pins
+    """{canonical name: version} of a requirements file, every line of which must pin with ==."""
+    loose = [line for line in requirement_lines(path) if not PIN.match(line)]
+    assert not loose, f"{path.name}: not pinned with ==: {loose}"
+    return pins(path)
 
 
 def _uv_index_args():
