@@ -622,7 +622,7 @@ def test_a_window_in_seconds_lasts_that_long_in_whole_steps_and_trains_the_same(
     with the steps the seconds take; the training (batches, weights) is the reference's, bit for bit.
     The seconds are 3 steps of the reference's fastest interval: on a machine whose load falls between
     the two runs, 5 of its mean steps re-planned the window twice, past the run's 24 steps."""
-    seconds = 3 * BASE["per_gpu_batch"] / _results(reference[0])["images_per_s_max"]
+    seconds = 3 * reference[2]["global_batch"] / _results(reference[0])["images_per_s_max"]
     out, ckpt, config = runs("seconds", measure_steps=2, measure_intervals=2, measure_seconds=seconds)
     assert _main(out, config) == 0
     r = _results(out)
