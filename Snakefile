@@ -36,11 +36,23 @@ provenance.export_git_state(workflow.basedir)
 report: "report/workflow.rst"
 
 
+# The include order matters in two ways, both checked by tests/test_include_order.py:
+# - the shared helpers first, each file using only those above it when it is read: common.smk (values,
+#   params), then rules/common/ by role: paths, resources, report, hooks (registries, start/exit hooks);
+# - a rule file that names another file's rule (rules.X, read when the file is) after that file:
+#   aggregate.smk after comm.smk and profile.smk; plots.smk after aggregate.smk and comm.smk; paper.smk
+#   after system.smk, comm.smk, profile.smk and aggregate.smk; compare.smk after aggregate.smk;
+#   crate.smk after gate.smk. What a rule file registers (provide, gate_training_on, on_start) is read
+#   only once every file is included: its order does not matter.
 include: "rules/common.smk"
+include: "rules/common/paths.smk"
+include: "rules/common/resources.smk"
+include: "rules/common/report.smk"
+include: "rules/common/hooks.smk"
 include: "rules/container.smk"
 include: "rules/fetch.smk"
 include: "rules/preprocess.smk"
-# Checks before any training job (gate_training_on, rules/common.smk).
+# Checks before any training job (gate_training_on, rules/common/hooks.smk).
 include: "rules/sitecheck.smk"
 include: "rules/system.smk"
 include: "rules/smoke.smk"
@@ -59,7 +71,7 @@ include: "rules/crate.smk"
 
 
 # Once every rule exists: the environment the jobs inherit, the GPUs the local executor schedules
-# (rules/common.smk, prepare_workflow), and the rules that run on the submit host (Snakemake's
+# (rules/common/hooks.smk, prepare_workflow), and the rules that run on the submit host (Snakemake's
 # localrules, from one list; the `localrules:` keyword itself takes only literal names).
 prepare_workflow()
 workflow.localrules(*submit_host_rules())
@@ -67,13 +79,13 @@ workflow.localrules(*submit_host_rules())
 
 rule all:
     input:
-        # what each rule file registered for the study (provide(), rules/common.smk)
+        # what each rule file registered for the study (provide(), rules/common/hooks.smk)
         provided("profile", "analysis", "figures", "paper", "track", "compare", "crate"),
     default_target: True
 
 
 onstart:
-    run_hooks("start")  # rules/common.smk: on_start()
+    run_hooks("start")  # rules/common/hooks.smk: on_start()
 
 
 onsuccess:

@@ -3,6 +3,9 @@
 # in the report, results/compare/summary.json and comparison.md; the paper's comparison section reads
 # the table. Ratios are this study / the other. On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST):
 # the other study may sit anywhere the submit host sees, not only where the image is bound.
+# Two studies whose matched points differ in run-config keys beyond compare.axis are not the same
+# experiment: the comparison refuses them (exit 3) and the rule fails, printing that one line (the
+# log's last) naming the keys, unless compare.allow_different (then a warning line opens the text).
 
 from pathlib import Path
 
@@ -19,10 +22,10 @@ if COMPARE["against"]:
             runs=rules.table_runs.output.runs,
             other=_compare.study_file(COMPARE["against"]),
         output:
-            table=table_report(os.path.basename(paths.COMPARISON_TABLE), "Comparison"),
+            table=table_report(os.path.basename(paths.COMPARISON_TABLE), "Comparison", "Tables"),
             summary=f"{paths.COMPARE_DIR}/summary.json",
             markdown=f"{paths.COMPARE_DIR}/comparison.md",
-            png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison"),
+            png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison", subcategory="Figures"),
             pdf=f"{paths.PAPER_FIGURES_DIR}/comparison.pdf",
         params:
             against=lambda wildcards: COMPARE["against"],  # a function: never formatted
@@ -30,6 +33,7 @@ if COMPARE["against"]:
             label_a=lambda wildcards: ["--label-a", COMPARE["label"]] if COMPARE["label"] else [],
             label_b=config["study"]["name"],
             axis=lambda wildcards: ["--axis", *COMPARE["axis"]] if COMPARE["axis"] else [],
+            allow=["--allow-different"] if COMPARE.get("allow_different") else [],
             here=lambda wildcards, input: str(Path(input.runs).parent.parent),  # results/
             analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
         log:
@@ -39,8 +43,9 @@ if COMPARE["against"]:
         conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.compare {params.against:q} {params.here:q} {params.label_a:q}"
-            " --label-b {params.label_b:q} {params.axis:q} --analysis-json {params.analysis:q}"
+            " --label-b {params.label_b:q} {params.axis:q} {params.allow:q} --analysis-json {params.analysis:q}"
             " --table {output.table:q} --summary {output.summary:q} --markdown {output.markdown:q}"
             " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
+            " || {{ status=$?; tail -n 1 {log:q} >&2; exit $status; }}"
 
     provide("compare", rules.compare.output)

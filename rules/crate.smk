@@ -9,7 +9,14 @@ import scalestudy.crate as _crate
 
 CRATE = config["crate"]
 # The workflow's own files, carried in the crate (the main workflow, its rules, its pins).
-CRATE_SOURCES = sorted(["Snakefile", *glob.glob("rules/*.smk"), "envs/requirements.txt", "envs/scalestudy.yaml"])
+CRATE_SOURCES = sorted(
+    [
+        "Snakefile",
+        *glob.glob("rules/**/*.smk", recursive=True),
+        "envs/requirements.txt",
+        "envs/scalestudy.yaml",
+    ]
+)
 
 
 CRATE_STUDY = json.dumps(

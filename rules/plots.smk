@@ -67,7 +67,7 @@ for _name, _figure in FIGURES.items():
             **_figure.inputs,
             image=image_input(),
         output:
-            png=report(f"{paths.FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category),
+            png=report(f"{paths.FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category, subcategory="Figures"),
             pdf=f"{paths.PAPER_FIGURES_DIR}/{_name}.pdf",
         params:
             figure=_figure.command,

@@ -186,6 +186,7 @@ rule figure_profile_breakdown:
             PROFILE_FIGURE_FILES["profile_breakdown"]["png"],
             caption="../report/profile_breakdown.rst",
             category="Profiling",
+            subcategory="Figures",
         ),
         pdf=PROFILE_FIGURE_FILES["profile_breakdown"]["pdf"],
     log:
@@ -208,6 +209,7 @@ rule figure_profile_top_kernels:
             PROFILE_FIGURE_FILES["profile_top_kernels"]["png"],
             caption="../report/profile_top_kernels.rst",
             category="Profiling",
+            subcategory="Figures",
         ),
         pdf=PROFILE_FIGURE_FILES["profile_top_kernels"]["pdf"],
     log:
@@ -230,6 +232,7 @@ rule figure_profile_ncu:
             PROFILE_FIGURE_FILES["profile_ncu_throughput"]["png"],
             caption="../report/profile_ncu_throughput.rst",
             category="Profiling",
+            subcategory="Figures",
         ),
         pdf=PROFILE_FIGURE_FILES["profile_ncu_throughput"]["pdf"],
     params:

@@ -7,7 +7,7 @@
 
 import re
 
-# SITE_CHECK, SITE_NAME, SITE_RESULT and SITE_CHECKED (what the other checks wait for): common.smk.
+# SITE_CHECK, SITE_NAME, SITE_RESULT, SITE_CHECKED (what the other checks wait for): rules/common/paths.smk.
 # Two ranks, as the study's multi-rank points start them (one, if the study has none).
 SITE_WORLD = min(2, grid.largest_world_size(config))
 

@@ -6,4 +6,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
 snakemake --profile profiles/local "$@"
 snakemake --profile profiles/local "$@" --report results/report.html
+# the report into the study's crate, which rule crate wrote before the report could exist
+if [ -d results/crate ]; then
+    python -m scalestudy.crate add results/crate --zip results/crate.zip results/report.html
+fi
 echo "demo: report at $(pwd)/results/report.html"

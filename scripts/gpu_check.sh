@@ -1,44 +1,57 @@
 #!/usr/bin/env bash
-# The checks only a GPU node can run, in one go, each step time-limited:
-#   1. the node: nvidia-smi, torch, CUDA, cuDNN and NCCL versions, ncu and nsys if present;
-#   2. study: the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy of the
-#      workflow, the benchmark at its strong 1-GPU point, and the verdicts: no two training jobs
-#      overlapped on the GPU, no point contended, the strong point within 10 % of the benchmark,
-#      convolution kernels in the ncu table (scripts/gpu_study.sh; limit 530 s). A machine without
-#      Snakemake needs .gpu-bundle/, built beforehand where PyPI is: bash scripts/gpu_bundle.sh;
-#   3. tests/test_gpu.py: the trainer on CUDA at fp32/tf32/bf16/fp16 and compiled, with the NVML
-#      monitor; the one-rank NCCL group; the GPT under DDP and FSDP2 on NCCL; the node description
-#      through NVML; Nsight Compute inside the trainer's NVTX step ranges (limit 270 s);
-#   4. the ResNet benchmark (python -m scalestudy.benchmark --device cuda): matmul peak, data
-#      pipeline, trainer vs reference trainer, against the GPU targets of docs/benchmarks.md (190 s);
-#   5. the GPT-2 small benchmark (python -m scalestudy.benchmark.lm): tokens/s and MFU, DDP vs FSDP2
-#      (100 s).
+# The one prepared command for a GPU node (issue 41): at most 9 minutes (GPU_CHECK_BUDGET_S=540), every
+# part time-limited, everything written into OUT_DIR (default docs/measurements/<device>-<date>, the
+# device from nvidia-smi, e.g. h100, else `cpu`; the date in UTC):
+#   node      (always, ~10 s) nvidia-smi, torch, CUDA, cuDNN, NCCL -> node.txt;
+#   study     (limit 330 s) the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy
+#             of the workflow, only what the verdicts read (the run catalog and the ncu table: no
+#             figures, paper or crate; 250 s), the ResNet benchmark at its strong point: project
+#             trainer eager vs the reference trainer, 2 repeats (55 s), and the verdicts ->
+#             study-check.txt, its last line `study wall N s`; study/ keeps the logs, benchmark.csv
+#             and study-results.tar.gz (scripts/gpu_study.sh);
+#   variants  (limit 100 s) the step variants, eager vs compiled (default mode, CUDA graphs) at
+#             batch 512, as many rounds as fit in 90 s -> variants.csv (scalestudy.benchmark.variants);
+#   lm        (limit  75 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 8 + 30 steps -> lm.csv;
+#   tests, benchmark: tests/test_gpu.py (270 s) and the full ResNet benchmark (190 s), only when
+#             named in GPU_CHECK_STEPS (they do not fit the same 9 minutes).
 #
-#   bash scripts/gpu_check.sh [OUT_DIR]    # default bench-out/gpu; logs and CSVs land there
+#   bash scripts/gpu_check.sh [OUT_DIR]
 #
-# The steps run in that order while their limits fit in GPU_CHECK_BUDGET_S (default 570: one
-# 10-minute command on a lent machine, the node's description and a margin included); a step whose
-# limit no longer fits is not run, and said so. GPU_CHECK_STEPS picks a subset of "study tests
-# benchmark lm" (on a lent machine: GPU_CHECK_STEPS=study, then "tests benchmark" in another call;
-# on a node of your own: GPU_CHECK_BUDGET_S=1200 runs all four). The script goes on after a failed
-# step; the exit status says whether any failed. PYTHON picks the interpreter (default:
-# .venv/bin/python, else python3); BENCH_PRECISIONS the benchmark's (fp32,bf16).
+# GPU_CHECK_STEPS picks the parts (default "study variants lm"); a part whose limit no longer fits in
+# the budget is not run, and said so. With GPU_CHECK_COPY_TO (the device tool's $OUT) the folder is
+# also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with study-check.txt and the CSVs beside it
+# (what comes back from a lent machine; docs/gpus.md). The script goes on after a failed part; the
+# exit status says whether any failed. PYTHON picks the interpreter (default .venv/bin/python, else
+# python3); STUDY_DEVICE=cpu with GPU_CHECK_CPU_SMALL=1 runs every part at a tiny size on a CPU (the
+# test; GPU_CHECK_LIMIT_SCALE multiplies every limit and the budget there). A machine without Snakemake needs .gpu-bundle/ (bash scripts/gpu_bundle.sh, beforehand).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out="${1:-bench-out/gpu}"
-mkdir -p "$out"
 python="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # Snakemake and jsonschema for a machine that lacks them (scripts/gpu_bundle.sh): every step may use it
 [ -d .gpu-bundle ] && export PYTHONPATH="$PWD/.gpu-bundle:$PYTHONPATH"
-budget=${GPU_CHECK_BUDGET_S:-570}
+
+device_label() {  # h100, h200, a100, ... from nvidia-smi's first GPU; cpu without one
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  [ "${STUDY_DEVICE:-cuda}" != cpu ] && [ -n "$name" ] || { echo cpu; return; }
+  local short
+  short=$(echo "$name" | tr 'A-Z' 'a-z' | grep -oE '\b[a-z]{1,2}[0-9]{2,4}[a-z]?\b' | head -n 1)
+  echo "${short:-$(echo "$name" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')}"
+}
+
+out="${1:-docs/measurements/$(device_label)-$(date -u +%Y-%m-%d)}"
+mkdir -p "$out"
+scale=${GPU_CHECK_LIMIT_SCALE:-1}  # every limit and the budget x this (a loaded CPU's test: slower starts)
+budget=$((${GPU_CHECK_BUDGET_S:-540} * scale))
+device=${STUDY_DEVICE:-cuda}
 failed=()
 not_run=()
 
 step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, its output to OUT/NAME.log
-  local name=$1 limit=$2
+  local name=$1 limit=$(($2 * scale))
   shift 2
-  [[ " ${GPU_CHECK_STEPS:-study tests benchmark lm} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_STEPS:-study variants lm} " == *" $name "* ]] || return 0
   local left=$((budget - SECONDS))
   if [ "$limit" -gt "$left" ]; then
     echo "=== $name: not run: its limit ${limit}s is more than the ${left}s left of GPU_CHECK_BUDGET_S=$budget"
@@ -47,9 +60,10 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, its o
   fi
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
   local start=$SECONDS
-  timeout --signal=TERM --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$out/$name.log" 2>&1
   local code=$?
-  echo "=== $name: exit $code after $((SECONDS - start)) s"
+  step_wall=$((SECONDS - start))
+  echo "=== $name: exit $code after ${step_wall} s"
   [ "$code" -eq 0 ] || failed+=("$name")
 }
 
@@ -58,25 +72,57 @@ describe_node() {
   "$python" - <<'EOF'
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
-print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
-print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
+if torch.cuda.is_available():
+    print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+    print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
 EOF
   for tool in ncu nsys; do command -v "$tool" && "$tool" --version | tail -1; done
   return 0
 }
 
-echo "=== node"
-describe_node >"$out/node.log" 2>&1
-step study 530 bash scripts/gpu_study.sh "$out/study"
+# The parts' sizes: the GPU's, or (GPU_CHECK_CPU_SMALL=1) a CPU's tiny ones that exercise the same path
+if [ "${GPU_CHECK_CPU_SMALL:-0}" = 1 ]; then
+  variants_args=(--device cpu --variants eager --batches 16 --repeats 1 --steps 2 --warmup 1)
+  lm_args=(--preset demo --device cpu --precision fp32 --per-gpu-batch 2 --steps 2 --warmup 1 --repeats 1
+    --parallelism ddp)
+else
+  variants_args=(--device "$device" --variants eager,compiled,compiled-cudagraphs --batches 512 --repeats 2)
+  lm_args=(--preset gpt2-small --device "$device" --precision bf16 --steps 30 --warmup 8 --repeats 1)
+fi
+
+echo "=== $(date -u +%FT%TZ) into $out (budget ${budget}s)"
+echo "=== node -> $out/node.txt"
+start=$SECONDS
+describe_node >"$out/node.txt" 2>&1
+echo "=== node: $((SECONDS - start)) s"
+step_wall=
+export STUDY_LIMIT_S=${STUDY_LIMIT_S:-$((250 * scale))} STUDY_BENCH_LIMIT_S=${STUDY_BENCH_LIMIT_S:-$((55 * scale))}
+export STUDY_TARGETS=${STUDY_TARGETS:-verdicts} STUDY_DEVICE=$device
+step study 330 bash scripts/gpu_study.sh "$out/study"
+if [ -n "$step_wall" ]; then  # the verdicts, ending with the study's wall time (`study wall N s`)
+  cp "$out/study/check.txt" "$out/study-check.txt" 2>/dev/null ||
+    echo "FAIL  study: no verdicts after ${step_wall} s (study.log)" >"$out/study-check.txt"
+fi
+step variants 100 "$python" -m scalestudy.benchmark.variants "${variants_args[@]}" --budget-s $((90 * scale)) \
+  --out "$out/variants.csv"
+step lm 75 "$python" -m scalestudy.benchmark.lm "${lm_args[@]}" --out "$out/lm.csv"
 step tests 270 "$python" -m pytest -p no:cacheprovider -rs -s --durations=0 tests/test_gpu.py
-step benchmark 190 "$python" -m scalestudy.benchmark --device cuda --sections matmul,pipeline,training \
+step benchmark 190 "$python" -m scalestudy.benchmark --device "$device" --sections matmul,pipeline,training \
   --precisions "${BENCH_PRECISIONS:-fp32,bf16}" --repeats 2 --out "$out/benchmark.csv"
-step lm 100 "$python" -m scalestudy.benchmark.lm --preset gpt2-small --device cuda --precision bf16 \
-  --steps 50 --warmup 10 --repeats 1 --out "$out/lm.csv"
-tail -n 25 "$out/node.log" "$out"/benchmark.log "$out"/lm.log 2>/dev/null
+
+tail -n 25 "$out/node.txt" 2>/dev/null
+for log in variants lm benchmark; do [ -f "$out/$log.log" ] && tail -n 14 "$out/$log.log"; done
 grep -E "passed|failed|skipped|images/s|ncu:" "$out/tests.log" 2>/dev/null | tail -n 20
-cat "$out/study/check.txt" 2>/dev/null
+cat "$out/study-check.txt" 2>/dev/null
+if [ -n "${GPU_CHECK_COPY_TO:-}" ]; then  # what comes back from a lent machine: at most 8 files
+  mkdir -p "$GPU_CHECK_COPY_TO"
+  tar -czf "$GPU_CHECK_COPY_TO/measurements.tar.gz" --exclude='study/workflow' -C "$(dirname "$out")" \
+    "$(basename "$out")"
+  cp "$out"/study-check.txt "$out"/*.csv "$GPU_CHECK_COPY_TO/" 2>/dev/null
+  ls -l "$GPU_CHECK_COPY_TO"
+fi
 [ ${#not_run[@]} -eq 0 ] || echo "gpu_check: not run (GPU_CHECK_BUDGET_S): ${not_run[*]}"
+echo "gpu_check: $SECONDS s in all"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: FAILED: ${failed[*]} (logs in $out)"
   exit 1

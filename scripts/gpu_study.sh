@@ -16,7 +16,9 @@
 # A machine without Snakemake needs the bundle built beforehand on a machine with PyPI and this
 # venv (bash scripts/gpu_bundle.sh -> .gpu-bundle/, carried with the working tree): it goes on
 # PYTHONPATH here. PYTHON picks the interpreter (default: .venv/bin/python, else python3);
-# GPU_BUNDLE the bundle folder; STUDY_LIMIT_S, STUDY_BENCH_LIMIT_S the parts' limits. To try the
+# GPU_BUNDLE the bundle folder; STUDY_LIMIT_S, STUDY_BENCH_LIMIT_S the parts' limits; STUDY_TARGETS=verdicts
+# asks Snakemake only for what the verdicts read (the run catalog and the ncu table: every training
+# run, no figures, paper or crate). check.txt ends with `study wall N s` (the Snakemake run's). To try the
 # script itself on a CPU: STUDY_CONFIG=config/demo.yaml STUDY_DEVICE=cpu STUDY_BENCH_ARGS="--steps 3
 # --repeats 1" (its verdicts then say what a CPU demo is: jobs side by side, no GPU monitor).
 set -uo pipefail
@@ -54,8 +56,13 @@ rm -rf "$out/workflow" && mkdir -p "$out/workflow"
 cp -r Snakefile rules config report profiles scalestudy containers envs examples "$out/workflow/"
 cd "$out/workflow"
 # --keep-going: one failed job (ncu without counters, say) must not cost the rest of the study
+targets=()  # targets before --configfile, which takes several values (shared/FACTS.md)
+[ "${STUDY_TARGETS:-}" = verdicts ] && targets=(results/tables/runs.csv results/profile/w1/ncu_status.json \
+  results/profile/w1/ncu_kernels.csv)
+study_start=$SECONDS
 timed "${STUDY_LIMIT_S:-360}" "$out/snakemake.log" \
-  "$python" -m snakemake --profile profiles/local --keep-going --configfile "$config"
+  "$python" -m snakemake --profile profiles/local --keep-going "${targets[@]}" --configfile "$config"
+study_wall=$((SECONDS - study_start))
 tail -n 60 "$out/snakemake.log" | grep -E "Job stats|^total|steps \(|Error|error|Finished|Complete log" || true
 
 strong=results/runs/scaling/strong/w1_r0
@@ -72,6 +79,7 @@ fi
 "$python" -m scalestudy.benchmark.studycheck check --results results --benchmark "$out/benchmark.csv" \
   | tee "$out/check.txt"
 check=${PIPESTATUS[0]}
+echo "study wall $study_wall s" | tee -a "$out/check.txt"
 [ "$status" -ne 0 ] || status=$check
 
 # The results to take home, small: tables, figures, run folders, profiles, logs; not the data, the

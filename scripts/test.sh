@@ -7,7 +7,9 @@
 # `slurm`: one cluster at a time, one test at a time) and the rest on two pytest-xdist workers, one
 # test module per worker at a time (its module fixtures built once). Three streams of tests keep
 # both cores busy while one waits for a process, a signal or the scheduler's polling. The Slurm
-# tests' report follows the other's; the exit status is the worse of the two.
+# tests' report follows the other's; the exit status is the worse of the two. Each session ends with
+# its wall time, CPU-seconds and 20 costliest test phases (tests/cputime.py), and the last line adds
+# the two sessions up, so that a creeping cost shows at once.
 # SCALESTUDY_TEST_SERIAL=1 runs one session, as with arguments.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,16 +31,21 @@ fi
 temp="$(mktemp -d)"
 trap 'rm -rf "$temp"' EXIT
 echo "test.sh: the Slurm tests run beside the others; their report follows (log: $temp/slurm.log)"
-python -m pytest -ra --durations=20 -m slurm -p no:cacheprovider --basetemp "$temp/slurm" \
+host_before="$(python -c 'from tests.cputime import host_cpu; print(host_cpu() or 0)')"
+SCALESTUDY_CPU_REPORT="$temp/cpu-slurm.json" \
+  python -m pytest -ra --durations=20 -m slurm -p no:cacheprovider --basetemp "$temp/slurm" \
   >"$temp/slurm.log" 2>&1 &
 slurm=$!
 status=0
-python -m pytest -ra --durations=20 -n 2 --dist loadfile -m "not slurm" \
+SCALESTUDY_CPU_REPORT="$temp/cpu-rest.json" \
+  python -m pytest -ra --durations=20 -n 2 --dist loadfile -m "not slurm" \
   --basetemp "$temp/rest" || status=$?
 slurm_status=0
 wait "$slurm" || slurm_status=$?
 echo "======================= the Slurm tests (-m slurm) ======================="
 cat "$temp/slurm.log"
+# Each session printed its own cost (tests/cputime.py); this is both together
+python -m tests.cputime "$host_before" "$temp/cpu-rest.json" "$temp/cpu-slurm.json" || true
 # pytest exits 5 when it selects no test: not a failure of the suite
 [ "$slurm_status" -eq 5 ] && slurm_status=0
 [ "$status" -eq 5 ] && status=0

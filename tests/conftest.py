@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scalestudy.plan.cluster import THREAD_POOL_ENV
+from tests.cputime import CpuClock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,6 +139,11 @@ def recorded_calls(record: Path) -> list[list[str]]:
     if not record.exists():
         return []
     return [json.loads(line) for line in record.read_text().splitlines() if line]
+
+
+def pytest_configure(config):
+    """Every session ends with its wall time, CPU-seconds and costliest phases (tests/cputime.py)."""
+    config.pluginmanager.register(CpuClock(config), "scalestudy-cputime")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -189,3 +189,20 @@ def test_the_gain_note_speaks_the_sample_unit_and_names_further_axes():
     ]
     assert "bucket 100 MB, parallelism ddp at N=8" in note["note"]  # empty: the default, DDP
     assert note["note"].endswith("tokens/s per rank (one run each)")
+
+
+def test_the_loader_row_is_a_ratio_read_in_times_not_a_percentage():
+    """The demo's loader row read '5247.0%': the loader alone was 52 times the training rate."""
+    scaling = pd.DataFrame({"mode": ["strong"], "world_size": [2], "images_per_s_per_gpu_mean": [1000.0]})
+    io_result = {"loader": {"loader": "tensor", "images_per_s": 52_470.0, "device": "cpu"}}
+    (row,) = acceptance.loader_rows(io_result, scaling)
+    assert row["target"] == ">= 1x" and row["measured"] == pytest.approx(52.47)
+    assert acceptance.format_measured(row["measured"], row["target"]) == "52.5x"
+    assert acceptance.format_measured(0.93, ">= 70%") == "93.0%"  # the other rows as they were
+    assert acceptance.format_measured(12.3, ">= 20 GB/s") == "12.3 GB/s"
+    html = acceptance.to_html(pd.DataFrame([row]))
+    assert "<td>52.5x</td>" in html and "5247" not in html
+    from scalestudy.paper import tables
+
+    latex = tables.acceptance_table(pd.DataFrame([row]))
+    assert "& 52.5x &" in latex and "5247" not in latex

@@ -16,7 +16,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scalestudy.benchmark import dag, matmul, measure, pipelines, project, report, studyconfig, suite
+from scalestudy.benchmark import (
+    dag,
+    matmul,
+    measure,
+    pipelines,
+    project,
+    reference_trainer,
+    report,
+    studyconfig,
+    suite,
+)
 from scalestudy.benchmark.__main__ import main
 from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row, Target
@@ -242,12 +252,13 @@ def test_the_reference_row_says_how_its_fp32_ran_on_a_gpu():
     project's IEEE fp32 (docs/benchmarks.md), so its row must not read as plain fp32 there."""
     from scalestudy.train import process
 
-    assert suite.reference_math(torch.device("cpu")) == "fp32"
-    assert suite.reference_math(torch.device("cuda")) == "fp32, torch's defaults (cuDNN convolutions in tf32)"
+    math = reference_trainer.reference_math
+    assert math(torch.device("cpu")) == "fp32"
+    assert math(torch.device("cuda")) == "fp32, torch's defaults (cuDNN convolutions in tf32)"
     before = process.fp32_math()
     process.set_fp32_math("ieee")  # what the project trainer's fp32 sets
     try:
-        assert suite.reference_math(torch.device("cuda")).endswith("(cuDNN convolutions in ieee)")
+        assert math(torch.device("cuda")).endswith("(cuDNN convolutions in ieee)")
     finally:
         process.set_fp32_math(before["cudnn_conv"], before["cudnn_rnn"], before["cuda_matmul"])
 

@@ -122,3 +122,19 @@ def test_cuda_without_a_gpu_is_refused(capsys):
     with pytest.raises(SystemExit):
         lm.parse_args(["--device", "cuda"])
     assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_compile_and_its_mode_reach_the_trainers_run_config(tmp_path):
+    """--compile: the run config compiles (model.compile) in --compile-mode, which the trainer's rules
+    accept; without it neither key asks for a compile."""
+    compiled = lm.parse_args(["--device", "cpu", "--compile", "--compile-mode", "reduce-overhead"])
+    run = lm.run_config(compiled, "ddp", tmp_path, tmp_path / "ckpt")
+    assert run["compile"] is True and run["compile_mode"] == "reduce-overhead"
+    eager = lm.run_config(lm.parse_args(["--device", "cpu"]), "fsdp", tmp_path, tmp_path / "ckpt")
+    assert eager["compile"] is False and "compile_mode" not in eager
+
+
+def test_the_csv_names_the_peaks_entry_and_source(benchmark):
+    table, _ = benchmark
+    assert set(table["peak_tflops_key"]) == {"cpu"}
+    assert table["peak_tflops_source"].str.startswith("analysis.peak_tflops[cpu][fp32] of").all()

@@ -383,8 +383,10 @@ def _highest_step(path: Path) -> int:
 def _when_steps_reported(
     process: subprocess.Popen, progress: Path, count: int, measure=_progress_steps
 ) -> None:
-    deadline = time.monotonic() + 120
-    while measure(progress) < count and process.poll() is None and time.monotonic() < deadline:
+    """Until the run has reported `count` steps or ended; a generous ceiling (a loaded host is slow)."""
+    deadline = time.monotonic() + 600
+    while measure(progress) < count and process.poll() is None:
+        assert time.monotonic() < deadline, f"{measure(progress)} of {count} steps reported in 600 s"
         time.sleep(0.01)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +15,7 @@ from scalestudy import compare
 from scalestudy.analysis import aggregate, stats
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.compare import __main__ as compare_cli
-from scalestudy.compare import points
+from scalestudy.compare import points, spread
 from scalestudy.plan import studyconfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +36,12 @@ def write_study(root: Path, repeats: int = 3) -> Path:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     return write_study(tmp_path_factory.mktemp("a"))
+
+
+@pytest.fixture(scope="module")
+def once(tmp_path_factory) -> Path:
+    """The constructed study with one repeat per point."""
+    return write_study(tmp_path_factory.mktemp("once"), repeats=1)
 
 
 def edited_copy(reference: Path, dest: Path, edit) -> Path:
@@ -105,20 +112,43 @@ def test_a_copy_slowed_at_some_points_is_flagged_slower_exactly_there(reference,
     assert table.loc[table["point"] == "strong/w1", "repeats_b"].item() == 2
 
 
-def test_a_point_whose_run_config_differs_is_paired_and_the_key_named(reference, tmp_path):
+def test_a_point_whose_run_config_differs_is_refused_in_one_line_unless_allowed(reference, tmp_path, capsys):
     def change_lr(runs):
         runs.loc[runs["point"].str.startswith("weak/w2_r"), "config.lr"] = 0.123
         return runs
 
     other = edited_copy(reference, tmp_path / "lr", change_lr)
-    table = run_compare(reference, other)
+    assert compare_cli.main([str(reference), str(other)]) == compare_cli.EXIT_NOT_THE_SAME
+    captured = capsys.readouterr()
+    refusal = [line for line in captured.err.splitlines() if line.startswith("compare:")]
+    assert len(refusal) == 1 and "not the same experiment" in refusal[0], captured.err
+    assert "lr (0.05 vs 0.123)" in refusal[0] and "--axis lr" in refusal[0] and not captured.out
+
+    markdown = tmp_path / "c.md"
+    table = run_compare(reference, other, "--allow-different", "--markdown", str(markdown))
     row = table[table["point"] == "weak/w2"].squeeze()
-    assert row["match"].startswith("run configs differ") and "lr" in row["match"] and "0.123" in row["match"]
+    assert row["match"] == points.CONFIGS_DIFFER and row["config_differences"] == "lr 0.05 vs 0.123"
     assert row["verdict"] == points.SAME  # the throughput is the same; the config difference is named
     assert not (table["verdict"].isin([points.ONLY_A, points.ONLY_B])).any()
+    lines = markdown.read_text().splitlines()
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert len(warnings) == 1 and lines.index(warnings[0]) == 2 and "lr (0.05 vs 0.123)" in warnings[0]
+    rows = [line for line in lines if line.startswith("| scaling/weak/w2 ")]
+    assert len(rows) == 1 and "configs differ [1]" in rows[0] and "0.123" not in rows[0]
+    assert "[1] Run configs differ (A vs B): lr 0.05 vs 0.123." in lines
     # The axis the studies are meant to differ in is not a difference: the points match as equal.
     table = run_compare(reference, other, "--axis", "lr")
-    assert table.loc[table["point"] == "weak/w2", "match"].item() == "same run config"
+    assert table.loc[table["point"] == "weak/w2", "match"].item() == points.SAME_CONFIG
+
+
+def test_a_key_left_at_the_trainers_default_is_no_difference(reference, tmp_path):
+    def write_default(runs):
+        runs["config.optimizer_impl"] = "auto"  # runconfig.DEFAULTS, written out in B only
+        return runs
+
+    other = edited_copy(reference, tmp_path / "explicit", write_default)
+    table = run_compare(reference, other)
+    assert set(table["match"]) == {points.SAME_CONFIG}
 
 
 def test_one_repeat_per_side_gives_a_ratio_but_no_verdict(tmp_path):
@@ -126,6 +156,152 @@ def test_one_repeat_per_side_gives_a_ratio_but_no_verdict(tmp_path):
     table = run_compare(single, single)
     assert table["verdict"].str.startswith(points.NOT_TESTED).all()
     assert table["throughput_ratio"].eq(1.0).all() and table["throughput_ratio_ci_low"].isna().all()
+
+
+SPREAD = (-1.5, -0.5, 0.5, 1.5)  # four sub-intervals around a run's throughput
+
+
+def with_window(runs: pd.DataFrame, cv: float) -> pd.DataFrame:
+    """Each run's steady-state window as four sub-interval rates spread by `cv` around its rate."""
+    runs["interval_images_per_s"] = [
+        json.dumps([r * (1 + cv * f) for f in SPREAD]) for r in runs["images_per_s"]
+    ]
+    runs["window_filled"] = True
+    return runs
+
+
+def scale_throughput(runs: pd.DataFrame, rows: pd.Series, factor: float) -> pd.DataFrame:
+    """`runs` with the throughput of `rows` times `factor`: the window's rate, its sub-intervals' and
+    the whole run's (a study that ran that much slower or faster there)."""
+    for column in ("images_per_s", "images_per_s_per_gpu", "whole_run_images_per_s"):
+        if column in runs:
+            runs.loc[rows, column] = pd.to_numeric(runs.loc[rows, column], errors="coerce") * factor
+    if "interval_images_per_s" in runs:
+        runs["interval_images_per_s"] = runs["interval_images_per_s"].astype(object)
+        runs.loc[rows, "interval_images_per_s"] = [
+            json.dumps([factor * r for r in json.loads(cell)]) if isinstance(cell, str) else cell
+            for cell in runs.loc[rows, "interval_images_per_s"]
+        ]
+    return runs
+
+
+def slowed(runs: pd.DataFrame, factor: float = 0.8) -> pd.DataFrame:
+    return scale_throughput(runs, runs["point"].str.startswith(SCALED), factor)
+
+
+def catalog_copy(results: Path, dest: Path, edit) -> Path:
+    """A study holding `results`' run catalog edited by `edit` (nothing else: the comparison reads
+    only runs.csv): dest/results."""
+    (dest / "results/tables").mkdir(parents=True)
+    runs = edit(pd.read_csv(results / "tables/runs.csv"))
+    runs.to_csv(dest / "results/tables/runs.csv", index=False)
+    return dest / "results"
+
+
+def log_spread(cell) -> float:
+    """The standard deviation of a run's log sub-interval rates (its runs.csv cell); NaN for none."""
+    rates = spread.interval_rates(cell)
+    return statistics.stdev(math.log(r) for r in rates) if len(rates) > 1 else math.nan
+
+
+def test_one_repeat_per_side_is_judged_on_each_runs_window_spread(once, tmp_path):
+    """One repeat: the interval from both runs' sub-interval spreads (one sub-interval's spread each,
+    not the window mean's standard error), the slowed points called slower and named first."""
+    single = edited_copy(once, tmp_path / "a", lambda r: with_window(r, 0.02))
+    slow = edited_copy(single, tmp_path / "b", slowed)
+    markdown = tmp_path / "c.md"
+    table = run_compare(single, slow, "--markdown", str(markdown))
+    assert set(table["verdict_basis"]) == {spread.WITHIN}
+    flagged = table[table["verdict"] == points.SLOWER]
+    assert (
+        sorted(flagged["point"]) == ["strong/w2", "weak/w1"]
+        and (flagged["throughput_ratio"].round(9) == 0.8).all()
+    )
+    assert set(table.loc[~table.index.isin(flagged.index), "verdict"]) == {points.SAME}
+
+    row = flagged.iloc[0]
+    logs = [math.log(1 + 0.02 * f) for f in SPREAD]  # the same spread on both sides: df 3 + 3
+    half = stats.t_quantile(0.975, 6.0) * math.sqrt(2 * statistics.variance(logs))
+    assert row["throughput_ratio_ci_low"] == pytest.approx(0.8 * math.exp(-half))
+    assert row["throughput_ratio_ci_high"] == pytest.approx(0.8 * math.exp(half))
+    text = markdown.read_text()
+    first = text.split("\n")[2]
+    assert (
+        first.startswith("Points: 15")
+        and "Slower in B: 2 (scaling/strong/w2 0.800, scaling/weak/w1 0.800)" in first
+    )
+    assert "within-run spread, one repeat" in text and "| slower (one repeat) |" in text
+
+
+def test_one_repeat_with_a_noisy_window_gives_no_verdict_but_names_the_gap(once, tmp_path):
+    single = edited_copy(once, tmp_path / "a", lambda r: with_window(r, 0.2))
+    slow = edited_copy(single, tmp_path / "b", slowed)
+    summary = tmp_path / "s.json"
+    table = run_compare(single, slow, "--summary", str(summary))
+    assert not table["verdict"].isin([points.SLOWER, points.FASTER]).any()
+    info = json.loads(summary.read_text())
+    assert [p["point"] for p in info["apart_without_verdict"]] == ["scaling/strong/w2", "scaling/weak/w1"]
+    from scalestudy.paper import numbers
+
+    macros = numbers.build({"comparison": table}, {"compared_with": "a"}).macros
+    assert macros["ComparisonApart"].value == (
+        "Apart by 10\\,\\% or more without a verdict: scaling/strong/w2 (0.8), scaling/weak/w1 (0.8)."
+    )
+    assert macros["ComparisonSlowerPoints"].value == "none"
+
+
+def test_a_window_not_filled_gives_no_interval(once, tmp_path):
+    def unfilled(runs):
+        runs = with_window(runs, 0.02)
+        runs["window_filled"] = runs["point"].ne("strong/w2_r0")
+        runs["whole_run_images_per_s"] = runs["images_per_s"]  # what an unfilled window reports
+        return runs
+
+    single = edited_copy(once, tmp_path / "a", unfilled)
+    table = run_compare(single, single)
+    row = table[table["point"] == "strong/w2"].squeeze()
+    assert row["throughput_ratio"] == 1.0 and math.isnan(row["throughput_ratio_ci_low"])
+    assert row["verdict"].startswith(points.NOT_TESTED) and pd.isna(row["verdict_basis"])
+    assert (table.loc[table["point"] != "strong/w2", "verdict"] == points.SAME).all()
+
+
+def test_the_figure_has_a_legend_and_says_when_the_studies_differ(reference, tmp_path, monkeypatch):
+    from scalestudy.compare import figure
+    from scalestudy.plots import style
+
+    drawn = {}
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: drawn.update(fig=fig))
+
+    def change_lr(runs):
+        runs.loc[runs["point"].str.startswith("weak/w2_r"), "config.lr"] = 0.123
+        return runs
+
+    other = edited_copy(reference, tmp_path / "lr", lambda runs: slowed(with_window(change_lr(runs), 0.02)))
+    assert compare_cli.main([str(reference), str(other), "--allow-different", "--png", "x.png"]) == 0
+    ax = drawn["fig"].axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "slower (repeats)" in labels and "no significant difference (repeats)" in labels
+    assert any(label.startswith("not tested") for label in labels)
+    assert ax.get_title(loc="left").startswith("NOT THE SAME EXPERIMENT") and "lr" in ax.get_title(loc="left")
+    assert ax.get_xscale() == "log" and figure.COLOURS[points.SLOWER]
+
+
+def test_labels_are_the_studys_name_from_its_crate_and_help_names_the_module(reference, tmp_path, capsys):
+    crate = reference / "crate"
+    crate.mkdir(exist_ok=True)
+    # the crate's title is its root dataset's name; the study's name is in its effective config
+    (crate / "ro-crate-metadata.json").write_text(json.dumps({"@graph": [{"@id": "./", "name": "A title"}]}))
+    (crate / "config.json").write_text(json.dumps({"study": {"name": "site-a-h100", "title": "A title"}}))
+    try:
+        summary = tmp_path / "s.json"
+        assert compare_cli.main([str(reference), str(reference.parent), "--summary", str(summary)]) == 0
+        assert json.loads(summary.read_text())["a"]["label"] == "site-a-h100"
+    finally:
+        shutil.rmtree(crate)
+    assert capsys.readouterr().out.startswith("# site-a-h100 (B) against site-a-h100 (A)")
+    with pytest.raises(SystemExit):
+        compare_cli.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m scalestudy.compare ")
 
 
 def test_energy_is_compared_where_both_sides_measured_it_and_said_not_measured_otherwise(reference, tmp_path):
@@ -176,10 +352,43 @@ def test_the_ratio_interval_is_welchs_on_the_logarithms():
     assert 0.0 < result["p_value"] < 0.05
 
 
+def test_a_side_with_repeats_against_a_side_run_once_combines_both_spreads():
+    """Repeats on A (the mean's standard error, df n - 1) against one run of B (one sub-interval's
+    spread, df k - 1): Welch-Satterthwaite; with repeats on both sides, stats.ratio_interval itself."""
+    a, b, windows = [100.0, 104.0, 97.0], [80.0], [76.0, 82.0, 79.0, 83.0]
+    result = spread.throughput_interval(a, b, [], windows, 0.95)
+    la, lw = [math.log(x) for x in a], [math.log(x) for x in windows]
+    va, vb = statistics.variance(la) / 3, statistics.variance(lw)
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    diff = math.log(80.0) - statistics.fmean(la)
+    half = stats.t_quantile(0.975, df) * math.sqrt(va + vb)
+    assert result["basis"] == spread.WITHIN and result["df"] == pytest.approx(df)
+    assert result["ci_low"] == pytest.approx(math.exp(diff - half))
+    assert result["ci_high"] == pytest.approx(math.exp(diff + half))
+    both = spread.throughput_interval(a, [90.0, 95.0, 88.0], windows, windows, 0.95)
+    assert both == stats.ratio_interval(a, [90.0, 95.0, 88.0], 0.95) | {"basis": spread.REPEATS}
+    assert spread.throughput_interval(a, b, [], [], 0.95)["basis"] == ""
+
+
 def test_default_labels_name_the_study_not_its_results_folder(tmp_path):
     assert compare.default_label(tmp_path / "site-b" / "results") == "site-b"
     assert compare.default_label(tmp_path / "site-b" / "results" / "crate.zip") == "site-b"
     assert compare.default_label(tmp_path / "h100-run") == "h100-run"
+
+
+def test_the_papers_comparison_says_when_the_studies_differ(reference, tmp_path):
+    from scalestudy.paper import numbers
+
+    def gpu_like(runs):
+        runs["config.backend"], runs["config.width"] = "nccl", 64
+        return runs
+
+    other = edited_copy(reference, tmp_path / "gpu", gpu_like)
+    table = run_compare(reference, other, "--allow-different")
+    macros = numbers.build({"comparison": table}, {"compared_with": "gpu"}).macros
+    sentence = macros["ComparisonNotSame"].value
+    assert sentence.startswith("The two are not the same experiment: at 15 of 15 matched points")
+    assert "backend (gloo vs nccl), width (8 vs 64)" in sentence
 
 
 def test_the_papers_comparison_macros(reference, tmp_path):
@@ -197,7 +406,11 @@ def test_the_papers_comparison_macros(reference, tmp_path):
     assert values["ComparisonSame"] == "2" and values["ComparisonNotTested"] == "11"
     assert values["ComparisonOnlyHere"] == values["ComparisonOnlyThere"] == "0"
     assert values["ComparisonEnergy"] == "not measured"
+    assert values["ComparisonSlowerPoints"] == "scaling/strong/w2 (0.8), scaling/weak/w1 (0.8)"
+    assert values["ComparisonFasterPoints"] == "none" and values["ComparisonNotSame"] == ""
+    assert values["ComparisonBasis"].startswith("on the repeats at 4 points and on one repeat per side at 0")
     absent = {name: m.value for name, m in numbers.build({}, {}).macros.items() if name.startswith("Compar")}
     assert absent["ComparedWith"].startswith("no other study")
-    assert absent["ComparisonSlower"] == "not measured"
+    assert absent["ComparisonSlower"] == "not measured" and absent["ComparisonNotSame"] == ""
+    assert values["ComparisonApart"] == absent["ComparisonApart"] == ""
     assert set(absent) == set(values)

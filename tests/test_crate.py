@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import zipfile
 from pathlib import Path
 
@@ -31,6 +32,7 @@ RULES = {
         "output": [r"results/figures/throughput\.png$"],
         "benchmark": None,
         "snakefile": "rules/study.smk",
+        "retries": 0,  # a rule Snakemake never retries: a completed job took one attempt
     },
 }
 IMAGE_SHA = "ab" * 32
@@ -38,7 +40,8 @@ T0 = 1_790_000_000.0
 
 
 def record(path: Path, name: str, rule: str, inputs, logs=(), start=0.0, end=10.0, jobid=None) -> None:
-    """One output's metadata record, named as snakemake.persistence.file names it (long names split)."""
+    """One output's metadata record, named as snakemake.persistence.file names it (long names split);
+    a job's outputs share its hash and command (Snakemake's: the rule and the outputs, hashed)."""
     encoded = base64.urlsafe_b64encode(name.encode()).decode()
     parts = [encoded[i : i + 254] for i in range(0, len(encoded), 254)]
     target = path.joinpath(*["@" + p for p in parts[:-1]], parts[-1])
@@ -49,9 +52,9 @@ def record(path: Path, name: str, rule: str, inputs, logs=(), start=0.0, end=10.
                 "rule": rule,
                 "input": list(inputs),
                 "log": list(logs),
-                "shellcmd": f"python -m something {name}",
+                "shellcmd": f"python -m something {rule} {' '.join(logs)}",
                 "record_format_version": 6,
-                "job_hash": hash((rule, tuple(inputs))) & 0xFFFFFFF,
+                "job_hash": hash((rule, tuple(inputs), tuple(logs))) & 0xFFFFFFF,
                 "starttime": T0 + start,
                 "endtime": T0 + end,
                 "incomplete": False,
@@ -61,10 +64,14 @@ def record(path: Path, name: str, rule: str, inputs, logs=(), start=0.0, end=10.
     )
 
 
-def run_folder(root: Path, point: str, energy: float | None, attempt: int) -> list[str]:
+def run_folder(
+    root: Path, point: str, energy: float | None, attempt: int, gpu_hours: float | None = None
+) -> list[str]:
     folder = root / "results/runs/scaling" / point
     folder.mkdir(parents=True)
     results = {"world_size": 2, "device": "cuda", "total_time_s": 1800.0, "images_per_s": 1000.0}
+    if gpu_hours is not None:  # the summary's own (runs.csv's), which the crate repeats
+        results["gpu_hours"] = gpu_hours
     if energy is not None:
         results["energy_j"] = energy
     provenance = {
@@ -101,11 +108,11 @@ def study(tmp_path, monkeypatch) -> Path:
     metadata = root / ".snakemake/metadata"
     record(metadata, "results/data/archive.bin", "fetch", [], start=0, end=5, jobid="100")
     measured = run_folder(root, "strong/w2_r0", energy=5.4e6, attempt=2)
-    unmeasured = run_folder(root, "strong/w1_r0", energy=None, attempt=1)
+    unmeasured = run_folder(root, "strong/w1_r0", energy=None, attempt=1, gpu_hours=0.25)
     for outputs, start in ((measured, 10), (unmeasured, 20)):
         point = outputs[0].split("scaling/")[1].rsplit("/", 1)[0]
         log = f"results/logs/scaling/{point}.log"
-        for name in outputs:
+        for index, name in enumerate(outputs):  # Snakemake records each output's end on its own
             record(
                 metadata,
                 name,
@@ -113,7 +120,7 @@ def study(tmp_path, monkeypatch) -> Path:
                 ["results/data/archive.bin"],
                 [log],
                 start,
-                start + 1800,
+                start + 1800 + index * 0.001,
                 "4242",
             )
     (root / "results/logs/scaling/strong/w2_r0.attempt1.log").write_text("killed at the time limit\n")
@@ -172,7 +179,7 @@ def test_every_job_is_an_action_with_what_it_recorded(study):
     }, "the stale record of no target's job is left out"
     run = actions["#job-scaling_run:point=strong/w2_r0"]
     assert run["instrument"] == {"@id": "#rule-scaling_run"} and run["@type"] == "CreateAction"
-    assert run["startTime"] == jobs.iso_time(T0 + 10) and run["endTime"] == jobs.iso_time(T0 + 1810)
+    assert run["startTime"] == jobs.iso_time(T0 + 10) and run["endTime"] == jobs.iso_time(T0 + 1810.001)
     assert (
         run["actionStatus"] == "http://schema.org/CompletedActionStatus" and run["location"] == "gpu[01-02]"
     )
@@ -187,11 +194,25 @@ def test_every_job_is_an_action_with_what_it_recorded(study):
         graph[u["@id"]]["propertyID"]: graph[u["@id"]]["value"] for u in as_list(other["resourceUsage"])
     }
     assert other_usage["energy_j"] == runfiles.NOT_MEASURED and "energy not measured" in other["description"]
+    assert other_usage["gpu_hours"] == 0.25  # the summary's, as runs.csv has it
     assert "Slurm job 100" in actions["#job-fetch"]["description"]
+    # a job of the local executor: its host, and one attempt where the rule is never retried
+    figure = actions["#job-figure_throughput"]
+    figure_usage = {
+        graph[u["@id"]]["propertyID"]: graph[u["@id"]]["value"] for u in as_list(figure.get("resourceUsage"))
+    }
+    assert figure["location"] == socket.gethostname() and figure_usage["attempts"] == 1
+    assert "attempts 1" in figure["description"] and "(local executor)" in figure["description"]
+    assert "attempts not recorded" in actions["#job-fetch"]["description"]  # retries unknown
+    # one action per job, and the README and the study's run count them
+    assert f"with {len(actions)} jobs." in (study / "results/crate/README.md").read_text()
+    assert graph["#study-run"]["description"].endswith(f": {len(actions)} jobs")
     results = {r["@id"] for r in as_list(run["result"])}
     assert {
         "results/runs/scaling/strong/w2_r0/summary.json",
         "results/logs/scaling/strong/w2_r0.log",
+        "results/logs/scaling/strong/w2_r0.attempt1.log",  # the attempt the time limit stopped
+        "results/logs/scaling/strong/w2_r0.attempt2.log",
     } <= results
     controls = [e for e in graph.values() if e.get("@type") == "ControlAction"]
     assert len(controls) == 4 and all(graph[c["instrument"]["@id"]]["@type"] == "HowToStep" for c in controls)
@@ -312,3 +333,59 @@ def test_offline_contexts_are_the_published_ones():
 def test_a_missing_metadata_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no Snakemake metadata"):
         jobs.read_records(tmp_path / "nowhere")
+
+
+def test_validate_without_network_serves_the_packaged_contexts_and_says_so(study, monkeypatch, capsys):
+    """No network (as on a compute node): the contexts come from the package, with one line saying so;
+    a validator that fails anyway (here: --online where nothing answers) is one line, never a traceback."""
+    write(study)
+    zipped = str(study / "results/crate.zip")
+    capsys.readouterr()  # what writing it logged
+    monkeypatch.setattr(validation, "network_problem", lambda: "https://w3id.org/... cannot be fetched")
+    assert crate_cli.main(["validate", zipped]) == 0
+    out, err = capsys.readouterr()
+    assert "the JSON-LD contexts from the package (--online to insist)" in out
+    assert "provenance-run-crate-0.5 at REQUIRED" in out and ": passed" in out and err == ""
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("<urlopen error [Errno -2] Name or service not known>\nTraceback (most recent")
+
+    monkeypatch.setattr(validation, "validate", unreachable)
+    assert crate_cli.main(["validate", zipped, "--online"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"crate validate: {zipped}: ConnectionError: <urlopen error") and "--offline" in err
+
+
+def test_a_tampered_zip_is_named_by_the_zip_one_line_per_file(study, tmp_path, capsys):
+    write(study)
+    capsys.readouterr()  # what writing it logged
+    tampered = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(study / "results/crate.zip") as original, zipfile.ZipFile(tampered, "w") as copy:
+        for item in original.infolist():
+            data = original.read(item)
+            if item.filename == "results/runs/scaling/strong/w1_r0/metrics.csv":
+                data += b"2,0.9\n"
+            if item.filename != "results/data/archive.bin":
+                copy.writestr(item, data)
+    assert crate_cli.main(["check", str(tampered)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"crate check: {tampered}: results/") for line in lines)
+    assert "scalestudy-crate-" not in "".join(lines)  # not the folder it was extracted to
+    (tmp_path / "not.zip").write_bytes(b"PK\x03\x04 cut short")
+    assert crate_cli.main(["check", str(tmp_path / "not.zip")]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_report_is_added_to_a_written_crate_and_its_zip(study, capsys):
+    crate = write(study)
+    report = study / "results/report.html"
+    report.write_text("<html>the study's report</html>\n")
+    zipped = study / "results/crate.zip"
+    assert crate_cli.main(["add", str(crate), "--zip", str(zipped), "results/report.html"]) == 0
+    graph = entities(crate)
+    assert graph["results/report.html"]["sha256"] == file_digests(report, ("sha256",))["sha256"]
+    assert {"@id": "results/report.html"} in as_list(graph["./"]["hasPart"])
+    assert crate_cli.main(["check", str(zipped)]) == 0
+    assert crate_cli.main(["add", str(crate), "--zip", str(zipped), "results/nowhere.html"]) == 2
+    assert "nowhere.html" in capsys.readouterr().err

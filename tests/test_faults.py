@@ -97,7 +97,7 @@ def _start(argv: list[str]) -> subprocess.Popen:
 
 def _pids(folder: Path, ranks: int, process: subprocess.Popen) -> list[int]:
     """(runner, script, grandchild) pids of every rank, once every rank has written them."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a generous ceiling: each rank imports torch first
     paths = [folder / f"pids{rank}" for rank in range(ranks)]
     while not all(path.exists() for path in paths):
         assert process.poll() is None, process.communicate()[1][-3000:]

@@ -101,6 +101,19 @@ def test_energy_figure_draws_measured_energy_and_rings_the_cheapest_scales(gpu_s
     assert energy.unit_of(pd.Series([7200.0, 90.0]), energy.TIME_UNITS) == (3600.0, "h")
 
 
+def test_the_energy_hours_panel_is_titled_in_the_unit_its_axis_is_in(gpu_study, tmp_path, monkeypatch):
+    """Panel (c) once read 'rank-hours' above an axis in rank-seconds (issue 43)."""
+    drawn = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: drawn.append(fig))
+    table = gpu_study["scaling"]
+    for scale, shown in ((1.0, "seconds"), (3600.0, "hours")):  # GPU-hours of a few seconds, then hours
+        hours = table["gpu_hours_to_target_mean"] / table["gpu_hours_to_target_mean"].max() * scale / 3600
+        energy.figure(table.assign(gpu_hours_to_target_mean=hours * 2), tmp_path / "e.png")
+        panel = drawn[-1].axes[2]
+        assert panel.get_ylabel() == f"GPU-{shown} to target"
+        assert panel.get_title() == f"(c) GPU-{shown} to target"
+
+
 def test_energy_figure_without_energy_says_not_measured_and_why(cpu_study, tmp_path, monkeypatch):
     said = placeholder_texts(monkeypatch)
     png, pdf = style.png_and_pdf(tmp_path / "energy_cpu")

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 
-from scalestudy.plan import grid
+from scalestudy.plan import grid, windowtime
 from scalestudy.plan.studyconfig import load as study_config
 from tests import gpufake
 from tests.conftest import REPO, run_snakemake, snakemake_env
@@ -38,6 +38,31 @@ def test_the_one_gpu_config_is_the_real_model_on_one_gpu_with_a_precision_by_bat
         f"{precision}/bs{batch}" for precision in ("fp32", "tf32", "bf16") for batch in (256, 512)
     ]
     assert grid.window_problems(config) == []  # every point fills train.measure
+
+
+# Images/s on one GPU (issue 41's H100 run, shared FACTS: the H100 and H200), the fastest seen per
+# precision; the check below asks every point to fill its window 25 % faster still.
+FASTEST_IMAGES_PER_S = {"fp32": 9_200, "tf32": 36_500, "bf16": 56_000}
+HEADROOM = 1.25
+
+
+def test_every_point_fills_its_window_in_seconds_at_the_fastest_rates_seen():
+    """train.measure.seconds at the rates a GPU reached: the warm-up plus the steps the trainer plans
+    for the seconds fit every point's steps (bf16/bs512 left 112 of 171 steps unmeasured, issue 41)."""
+    config = study_config(REPO / CONFIG_FILE)
+    assert config["train"]["measure"]["seconds"] == 2
+    samples = grid.samples_per_epoch(config)
+    for point, run in windowtime.grid_runs(config):
+        step_s = run["per_gpu_batch"] / (FASTEST_IMAGES_PER_S[run["precision"]] * HEADROOM)
+        assert windowtime.seconds_problem(point, run, step_s, samples) == [], point.run_dir
+    # the check can fail: at twice the headroom the bf16 points at batch 256 run out of steps
+    bf16 = [(p, r) for p, r in windowtime.grid_runs(config) if r["precision"] == "bf16"]
+    short = [
+        line
+        for point, run in bf16
+        for line in windowtime.seconds_problem(point, run, run["per_gpu_batch"] / 140_000, samples)
+    ]
+    assert short and all("(needs " in line and "epochs" in line for line in short), short
 
 
 def test_the_one_gpu_study_dry_runs_with_the_local_profile(workflow_copy):

@@ -37,6 +37,7 @@ def run_config(**overrides) -> dict:
         "precision": "fp32",
         "reshard_after_forward": True,
         "compile": False,
+        "compile_mode": "default",
         "comm_hook": "none",
         "deterministic": False,
         "seed": 0,

@@ -378,6 +378,11 @@ def test_the_project_check_refuses_booleans_itself():
         ("scaling.parallelism", ["ddp", "fsdp"], "scaling.parallelism = fsdp is for the gpt workload"),
         ("train.parallelism", "fsdp", "train.parallelism = fsdp is for the gpt workload"),
         ("sensitivity.axes.parallelism", ["fsdp"], "sensitivity.axes.parallelism = fsdp is for the gpt"),
+        (
+            "scaling.world_sizes",
+            [1, 3],
+            "scaling.world_sizes[1] = 3: scaling.strong_global_batch=64 does not split evenly over 3 ranks",
+        ),
     ],
 )
 def test_settings_that_do_not_fit_the_grid_are_refused_naming_key_and_value(key, value, named):
@@ -447,6 +452,39 @@ def test_snakemake_stops_on_a_float_world_size_naming_the_key(workdir, key, valu
     output = result.stdout + result.stderr
     assert result.returncode != 0 and named in output, output[-3000:]
     assert "MissingInputException" not in output and "Building DAG" not in output
+
+
+def test_a_world_size_the_strong_batch_does_not_divide_stops_snakemake_in_one_line(workdir):
+    """Issue 43: the sentence came before a traceback into grid.py; now the config check says it."""
+    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+    config["scaling"]["world_sizes"] = [1, 3]
+    result = run_workflow(workdir, config, "-n")
+    output = result.stdout + result.stderr
+    named = "scaling.world_sizes[1] = 3: scaling.strong_global_batch=64 does not split evenly over 3 ranks"
+    assert result.returncode != 0 and named in output, output[-3000:]
+    assert "grid.py" not in output and "Traceback" not in output and len(output.splitlines()) < 8, output
+
+
+def test_a_missing_configfile_is_named_by_snakemake_before_the_workflow_is_read(workdir):
+    """Snakemake 9 reads every --configfile itself, before the Snakefile or anything of this project
+    runs, and its loader opens the file outside the handler meant to turn FileNotFoundError into its
+    one-line "Config file ... not found." (snakemake/common/configfile.py, _load_configfile): the
+    traceback is Snakemake's, and no profile or Snakefile code can shorten it. What it must still do:
+    name the file and plan nothing."""
+    env = snakemake_env()
+    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/local"]
+    result = subprocess.run(
+        [*command, "--configfile", "no-such-study.yaml"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    error = [line for line in output.splitlines() if "Error" in line][-1]  # (on stdout, oddly)
+    assert result.returncode != 0 and "no-such-study.yaml" in error, output[-3000:]
+    assert "Building DAG" not in output and "Job stats" not in output
 
 
 @pytest.mark.parametrize(

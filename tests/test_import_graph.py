@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "scalestudy"
-WORKFLOW_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
+WORKFLOW_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").rglob("*.smk"))]
 
 
 def module_name(path: Path) -> str:
@@ -112,7 +112,7 @@ def test_the_package_has_no_import_cycle_not_even_through_imports_inside_functio
 
 
 def workflow_imports() -> set[str]:
-    """The scalestudy modules the Snakefile and rules/*.smk import (their `import` lines)."""
+    """The scalestudy modules the Snakefile and rules/**/*.smk import (their `import` lines)."""
     found = set()
     pattern = re.compile(r"^\s*(?:from\s+(scalestudy[\w.]*)\s+import\s+(.+)|import\s+(scalestudy[\w.]*))")
     for path in WORKFLOW_FILES:
@@ -295,8 +295,16 @@ def write_diagram() -> None:
 
 # --- the rule files --------------------------------------------------------------------------------
 
-RULE_FILES = sorted((REPO / "rules").glob("*.smk"))
-SHARED_RULE_FILE = "common.smk"  # the helpers every rule file may use (snakemake-workflows' layout)
+RULE_FILES = sorted((REPO / "rules").rglob("*.smk"))
+# the helpers every rule file may use (snakemake-workflows' layout), split by role under rules/common/
+SHARED_RULE_FILES = {
+    "rules/common.smk",
+    *(f"rules/common/{p.name}" for p in (REPO / "rules/common").glob("*.smk")),
+}
+
+
+def rule_file_name(path: Path) -> str:
+    return str(path.relative_to(REPO))
 
 
 def top_level_names(path: Path) -> set[str]:
@@ -308,20 +316,20 @@ def top_level_names(path: Path) -> set[str]:
 
 def foreign_globals() -> list[str]:
     """`file: NAME (home)` for every name a rule file (or the Snakefile) uses that another rule file
-    than common.smk binds: rule files share outputs through provide()/provided(), rules.<name>, and
-    the hooks and gates through one call each (rules/common.smk)."""
-    homes = {name: path.name for path in RULE_FILES for name in top_level_names(path)}
+    than the shared ones bind: rule files share outputs through provide()/provided(), rules.<name>,
+    and the hooks and gates through one call each (rules/common/hooks.smk)."""
+    homes = {name: rule_file_name(path) for path in RULE_FILES for name in top_level_names(path)}
     found = []
     for path in [*RULE_FILES, REPO / "Snakefile"]:
-        text = path.read_text()
+        text, own = path.read_text(), rule_file_name(path)
         for name, home in sorted(homes.items()):
-            if home not in (path.name, SHARED_RULE_FILE) and re.search(rf"(?<![.\w]){name}\b", text):
-                found.append(f"{path.name}: {name} ({home})")
+            if home != own and home not in SHARED_RULE_FILES and re.search(rf"(?<![.\w]){name}\b", text):
+                found.append(f"{own}: {name} ({home})")
     return found
 
 
 def test_no_rule_file_reads_another_rule_files_globals():
-    assert len(RULE_FILES) > 15
+    assert len(RULE_FILES) > 15 and len(SHARED_RULE_FILES) > 1
     assert foreign_globals() == []
 
 

@@ -514,12 +514,17 @@ def test_the_mlflow_ui_lists_every_point_of_the_demo_and_draws_a_metric_chart(
     run = mlflow_run(client, experiment, "scaling/strong/w2_r0", runs["scaling/strong/w2_r0"])
     everything = client.search_runs([experiment], max_results=1000)
     (study,) = [found for found in everything if found.data.tags.get("stage") == "study"]
-    nested = {
-        found.data.tags.get("scalestudy.point")
+    stages = {  # the stages' runs, nested under the study's run
+        found.info.run_id: found.data.tags.get("stage")
         for found in everything
         if found.data.tags.get("mlflow.parentRunId") == study.info.run_id
     }
-    assert set(points) <= nested, sorted(set(points) - nested)  # every point under the study's run
+    nested = {
+        found.data.tags.get("scalestudy.point")
+        for found in everything
+        if stages.get(found.data.tags.get("mlflow.parentRunId")) == found.data.tags.get("stage")
+    }
+    assert set(points) <= nested, sorted(set(points) - nested)  # every point under its stage's run
     mlflow_server.check_ui(
         chromium, MLFLOW_PORT, experiment, study.data.tags["mlflow.runName"], len(everything),
         run.info.run_id, tmp_path, via=slurm.client,

@@ -160,13 +160,14 @@ def test_a_point_too_short_for_its_window_is_named_with_its_arithmetic():
     config["train"]["epochs"] = 20  # weak scaling at 16 GPUs: 50000/16/256 = 12 steps x 20 = 240 < 250
     problems = grid.window_problems(config)
     assert problems == [
-        f"results/runs/scaling/weak/w16_r{r}: 20 epochs x 12 steps = 240 steps cannot fill the measurement "
-        "window of 250 (train.measure warmup_steps + steps): raise its epochs"
+        f"results/runs/scaling/weak/w16_r{r}: 20 epochs x 12 steps = 240 steps (needs 21 epochs, "
+        "train.epochs) cannot fill the measurement window of 250 (train.measure warmup_steps + steps)"
         for r in range(3)
     ]
     config["sensitivity"]["epochs"] = 2  # batch 512 at 8 GPUs: 12 steps per epoch
-    assert "results/runs/sensitivity/bf16/bs512_bucket25: 2 epochs x 12 steps = 24 steps" in "\n".join(
-        grid.window_problems(config)
+    assert (
+        "results/runs/sensitivity/bf16/bs512_bucket25: 2 epochs x 12 steps = 24 steps (needs 21 epochs, "
+        "sensitivity.epochs)" in "\n".join(grid.window_problems(config))
     )
 
 
@@ -197,41 +198,70 @@ def seconds_window(clock: FakeClock, warmup: int, steps: int, intervals: int, se
     return clocked_window(clock, warmup, steps, intervals, min_seconds=seconds, **kwargs)
 
 
-def test_a_window_in_seconds_lasts_at_least_that_long_in_whole_steps():
+def test_a_window_in_seconds_plans_its_steps_from_the_warm_ups_rate():
     clock = FakeClock()
     agreed = []
     w = seconds_window(clock, 2, 4, 2, 10.0, agree=lambda s: agreed.append(s) or s)
     w.start(global_step=100)
     train(w, clock, 40, epoch_steps=10**6)
     r = w.result(world_size=1)
-    # the first window (4 steps, 4 s) is too short: 10 s x 1.05 at 1 step/s = 11 steps, measured anew
-    assert agreed == [4.0, 11.0] and r["measure_probes"] == 1 and r["measure_seconds"] == 10.0
+    # the warm-up's second step took 1 s: 10 s x 1.05 at 1 step/s = 11 steps, planned as it opens
+    assert agreed == [1.0, 11.0] and r["measure_extensions"] == 0 and r["measure_seconds"] == 10.0
     assert r["window_filled"] and (r["measure_steps"], r["measured_steps"]) == (11, 11)
     assert r["measured_s"] == pytest.approx(11.0) and r["measured_s"] >= 10.0
-    assert r["measure_start_step"] == 100 + 2 + 4  # after the warm-up and the discarded window
-    assert r["measure_start_s"] == pytest.approx(6.0) and r["measure_end_s"] == pytest.approx(17.0)
-    assert r["measure_segments_s"] == [[6.0, 17.0]]
-    assert len(r["interval_images_per_s"]) == 2  # [6, 5] steps: still the configured intervals
+    assert r["measure_start_step"] == 100 + 2  # right after the warm-up: nothing discarded
+    assert r["measure_start_s"] == pytest.approx(2.0) and r["measure_end_s"] == pytest.approx(13.0)
+    assert r["measure_segments_s"] == [[2.0, 13.0]]
+    assert len(r["interval_images_per_s"]) == 2  # [6, 5] steps: the configured intervals
 
 
-def test_a_window_long_enough_in_steps_is_not_measured_again():
+def test_a_window_long_enough_in_steps_is_not_extended():
     clock = FakeClock()
     w = seconds_window(clock, 2, 4, 2, 3.0)
     w.start(global_step=0)
     train(w, clock, 10, epoch_steps=10**6)
     r = w.result(world_size=1)
-    assert r["window_filled"] and r["measure_probes"] == 0 and r["measured_steps"] == 4
+    assert r["window_filled"] and r["measure_extensions"] == 0 and r["measured_steps"] == 4
 
 
-def test_steps_that_got_faster_are_measured_again_until_the_window_is_long_enough():
+def test_the_issue_41_point_fills_its_window_in_the_steps_it_has():
+    """bf16 at batch 512 on one H100 (issue 41): ~13.5 ms a step after a slow start, 30 warm-up steps,
+    100 steps and 2 s asked for, 390 steps in the run. Planned from the warm-up, the window is
+    156 steps, over after step 186; with an epoch end (evaluation) in the warm-up left out."""
     clock = FakeClock()
-    w = seconds_window(clock, 1, 4, 1, 10.0)
+    w = seconds_window(clock, 30, 100, 5, 2.0)
+    w.start(global_step=0)
+    slow = {0: 3.0, 1: 0.2, 2: 0.1}  # the first steps autotune and grow the allocator
+    train(w, clock, 390, step_s=lambda i: slow.get(i, 0.0135), epoch_steps=20, pause_s=0.5)
+    r = w.result(world_size=1)
+    assert r["window_filled"] and r["measure_extensions"] == 0 and r["measure_start_step"] == 30
+    assert r["measure_steps"] == math.ceil(2.0 * 1.05 / 0.0135) == 156 and r["measured_s"] >= 2.0
+    assert r["images_per_s"] == pytest.approx(IMAGES / 0.0135)
+
+
+def test_steps_faster_than_the_warm_up_extend_the_window_without_discarding_it():
+    clock = FakeClock()
+    w = seconds_window(clock, 4, 4, 2, 10.0)
+    w.start(global_step=0)
+    # warm-up steps 3-4 at 2 s: 6 steps planned (10.5 s at 2 s), run at 1 s: 6 s, then 5 more (11 x 1 s)
+    train(w, clock, 40, step_s=lambda i: 2.0 if i < 4 else 1.0, epoch_steps=10**6)
+    r = w.result(world_size=1)
+    assert r["window_filled"] and r["measure_extensions"] == 1 and r["measure_start_step"] == 4
+    assert r["measure_steps"] == r["measured_steps"] == 11 and r["measured_s"] == pytest.approx(11.0)
+    assert len(r["interval_images_per_s"]) == 4  # [3, 3] planned, then [3, 2] added: none larger
+
+
+def test_steps_that_keep_getting_faster_extend_the_window_again():
+    clock = FakeClock()
+    w = seconds_window(clock, 1, 4, 1, 10.0)  # one warm-up step: nothing to plan from
     w.start(global_step=0)
     train(w, clock, 60, step_s=lambda i: 1.0 if i < 5 else 0.5, epoch_steps=10**6)
     r = w.result(world_size=1)
-    # 4 steps of 1 s -> 11 steps planned, at 0.5 s only 5.5 s -> 21 steps (10.5 s)
-    assert r["measure_probes"] == 2 and r["measure_steps"] == 21 and r["measured_s"] == pytest.approx(10.5)
-    assert r["measure_start_step"] == 1 + 4 + 11
+    # 4 steps of 1 s -> 11 steps in all; 7 more at 0.5 s: 7.5 s -> 16 steps in all (10 s)
+    assert (
+        r["measure_extensions"] == 2 and r["measure_steps"] == 16 and r["measured_s"] == pytest.approx(10.0)
+    )
+    assert r["measure_start_step"] == 1
 
 
 def test_ranks_with_different_clocks_agree_on_the_steps_and_end_together():
@@ -250,18 +280,19 @@ def test_ranks_with_different_clocks_agree_on_the_steps_and_end_together():
             if w.filled and ended is None:
                 ended = i
         results.append((w.result(1)["measure_steps"], ended))
-    assert results[0] == results[1] == (10, 2 + 4 + 10 - 1)  # ceil(10 x 1.05 x 4 / 4.4) = 10 steps
+    assert results[0] == results[1] == (10, 2 + 10 - 1)  # ceil(10 x 1.05 / 1.1) = 10 steps from the warm-up
     clock = FakeClock()
     alone = seconds_window(clock, 2, 4, 2, 10.0)  # without agreeing, the slow rank would plan its own
     alone.start(global_step=0)
     train(alone, clock, 40, step_s=lambda i: 1.2, epoch_steps=10**6)
-    assert alone.result(1)["measure_steps"] == 9  # ceil(10 x 1.05 x 4 / 4.8): the ranks would part
+    assert alone.result(1)["measure_steps"] == 9  # ceil(10 x 1.05 / 1.2): the ranks would part
 
 
 def test_the_window_in_seconds_of_reported_steps():
     """The command workload replays its script's steps through the same window."""
     r = window_of_steps([1.0] * 30, [IMAGES] * 30, 2, 4, 2, 1, min_seconds=10.0)
-    assert r["window_filled"] and r["measure_probes"] == 1 and r["measured_steps"] == 11
+    assert r["window_filled"] and r["measure_extensions"] == 0 and r["measured_steps"] == 11
+    assert r["measure_start_step"] == 2
 
 
 def test_a_window_of_no_seconds_is_refused():
@@ -308,12 +339,21 @@ def test_windows_too_short_for_the_gpu_monitor_are_named_from_the_smoke_tests_st
     assert not any(p.startswith("results/runs/scaling/strong/w16_r0:") for p in problems)  # 100 s there
     config["train"]["measure"]["seconds"] = 1.5
     assert not any("GPU monitor samples" in p for p in windowtime.short_window_problems(config, tmp_path))
-    config["train"]["measure"]["seconds"] = 60.0  # 20,000 steps of 3 ms: more than a run of 1 GPU has
+    config["train"]["measure"]["seconds"] = 60.0  # 21,000 steps of 3 ms: more than a run of 1 GPU has
     lines = windowtime.short_window_problems(config, tmp_path)
-    assert any(
-        p.startswith("results/runs/scaling/weak/w1_r0:") and "may not fill a window of 60 s" in p
-        for p in lines
-    )
+    weak_1 = next(p for p in lines if p.startswith("results/runs/scaling/weak/w1_r0:"))
+    # weak w1: 50,000 / 256 = 195 steps an epoch; 50 warm-up + ceil(60 x 1.05 / 0.00075) = 84,050 steps
+    assert "(needs 432 epochs, train.epochs) cannot fill a window of 60 s (50 warm-up steps + 84000" in weak_1
+    assert "steps of 0.75 ms, the smoke test's step time at this batch)" in weak_1
+
+
+def test_the_smoke_tests_step_time_is_its_fastest_after_the_first(tmp_path):
+    """A few smoke steps still warm up (autotuning, allocator): the fastest is nearest the steady
+    state, and a faster step means more steps needed for a window in seconds."""
+    from scalestudy.plan import windowtime
+
+    _smoke(tmp_path, 1, 256, 0.5, steps=[3.0, 0.009, 0.004, 0.006])
+    assert windowtime.smoke_step_times(tmp_path) == {1: (0.004, 256)}
 
 
 def test_a_smoke_test_on_the_cpu_gives_no_monitor_window_warning(tmp_path):
@@ -399,16 +439,16 @@ def test_cuda_events_give_the_device_span_read_once_per_interval_without_a_synch
     assert report["gradient_wait_s"] == pytest.approx(0.1) and report["data_wait_s"] == pytest.approx(0.2)
 
 
-def test_a_window_measured_again_measures_its_parts_afresh():
+def test_an_extended_window_measures_its_parts_over_all_its_steps():
     clock = FakeClock()
     parts = step_parts.StepParts(clock=clock)
     w = parted_window(clock, parts, warmup=1, steps=2, intervals=1, min_seconds=5.0)
     w.start(global_step=0)
-    train_parted(w, clock, 3, data_s=1.0)  # the first window (2 steps of 1.65 s) is too short
-    train_parted(w, clock, 30, data_s=0.1, work_s=1.4)  # as long, another data wait
+    train_parted(w, clock, 3, data_s=1.0)  # the window (2 steps of 1.65 s) is too short
+    train_parted(w, clock, 30, data_s=0.1, work_s=1.4)  # as long a step, a shorter data wait
     r = w.result(1)
-    assert r["measure_probes"] == 1 and r["window_filled"]
-    assert parts.report(r["measured_s"], r["measured_steps"])["data_wait_s"] == pytest.approx(0.1)
+    assert r["measure_extensions"] == 1 and r["window_filled"] and r["measured_steps"] == 4
+    assert parts.report(r["measured_s"], r["measured_steps"])["data_wait_s"] == pytest.approx(0.55)
 
 
 def test_the_result_reports_every_ranks_parts_once_gathered():

@@ -223,12 +223,17 @@ def test_sync_fills_the_store_and_the_numbers_are_the_summarys(finished):
         "1",
         record["study_run"],
     )
-    # nested under the study's run; the UI link opens the training runs, not the GenAI overview
-    assert tags["mlflow.parentRunId"] == record["study_run"]
-    nested = client.search_runs(
+    # nested under its stage's run, nested under the study's run; both FINISHED by the sync
+    (stage,) = client.search_runs(
         [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{record['study_run']}'"
     )
+    assert stage.data.tags["mlflow.runName"] == "scaling" and stage.info.status == "FINISHED"
+    assert tags["mlflow.parentRunId"] == stage.info.run_id
+    nested = client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{stage.info.run_id}'"
+    )
     assert [child.info.run_id for child in nested] == [run.info.run_id]
+    # the UI link opens the training runs, not the GenAI overview
     assert (
         record["ui"] == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
     )
@@ -267,6 +272,33 @@ def test_sync_twice_adds_nothing_and_a_new_config_supersedes(finished, tmp_path)
     old = client.get_run(first["runs"][0]["run_id"])
     assert old.data.tags[tracking.TAG_SUPERSEDED] == "true"
     assert old.data.tags["scalestudy.superseded_by"] == third["runs"][0]["run_id"]
+
+
+def test_a_scheduled_run_starts_when_its_job_started_not_when_it_was_scheduled(finished, tmp_path):
+    """MLflow's duration counts from a run's start time: a SCHEDULED run made RUNNING is made again
+    from the journal's start record (the SCHEDULED one deleted), and ends at its end record."""
+    root, out, _ = finished
+    study = tmp_path / "study"
+    shutil.copytree(root / "results/runs", study / "results/runs")
+    folder = study / "results/runs/scaling/strong-w1_r0"
+    summary = json.loads((folder / "summary.json").read_text())
+    config_hash = provenance.config_hash(summary["run"])
+    settings = settings_for(study)
+    sync.schedule(settings, [{"point": "scaling/strong-w1_r0", "run": summary["run"]}])
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    (scheduled,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    start, end = time.time() + 60, time.time() + 76  # a 16 s run that waited a minute in the queue
+    records = [{"kind": "start", "at": start}, {"kind": "end", "at": end, "status": "FINISHED"}]
+    text = "".join(json.dumps({**item, "config_hash": config_hash}) + "\n" for item in records)
+    (folder / tracking.JOURNAL).write_text(text)
+    sync.sync(settings, study / "results/runs", [], study)
+    (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
+    assert run.info.run_id != scheduled.info.run_id
+    assert client.get_run(scheduled.info.run_id).info.lifecycle_stage == "deleted"
+    assert (run.info.start_time, run.info.end_time) == (int(start * 1000), int(end * 1000))
+    assert run.data.tags[tracking.TAG_HISTORY] == "SCHEDULED,RUNNING,FINISHED"
+    assert run.data.params == scheduled.data.params and run.data.params["per_gpu_batch"] == "16"
 
 
 def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
@@ -431,6 +463,13 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
     client = store.client(settings)
     experiment = store.experiment_id(client, settings)
     found = client.search_runs([experiment], filter_string="tags.stage != 'study'")
+    stages = {r.data.tags["stage"]: r for r in found if r.data.tags[tracking.TAG_POINT].startswith("study/")}
+    assert sorted(stages) == ["comm_bench", "smoke"]  # a run per stage, the points nested under it
+    for run in found:
+        point = run.data.tags[tracking.TAG_POINT]
+        if point not in ("study/comm_bench", "study/smoke"):
+            assert run.data.tags["mlflow.parentRunId"] == stages[point.split("/")[0]].info.run_id
+    found = [r for r in found if r not in stages.values()]
     assert sorted((r.data.tags["stage"], r.info.status) for r in found) == [
         ("comm_bench", "FINISHED"),
         ("smoke", "FINISHED"),
@@ -505,7 +544,7 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
         assert (run["created"], run["metrics"], run["artifacts"]) == (False, 0, 0), run
         assert run["run_id"] == first[run["point"]]["run_id"]
     runs = client.search_runs([experiment], max_results=100)
-    assert len(runs) == 4  # the three points and the study's run
+    assert len(runs) == 6  # the three points, their two stages' runs and the study's run
 
 
 def test_a_smoke_test_rerun_with_another_config_supersedes_its_run(preflight_study, tmp_path, monkeypatch):

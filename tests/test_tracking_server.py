@@ -6,6 +6,8 @@ demo against a server, and its runs in the MLflow UI in headless Chromium: tests
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,3 +105,42 @@ def test_the_server_killed_mid_run_loses_nothing_and_doubles_nothing(study):
         assert run.data.metrics["summary_final_test_acc"] == pytest.approx(summary["final_test_acc"])
     again = sync.sync(settings, root / "results/runs", [], root)
     assert sum(r["metrics"] + r["artifacts"] for r in again["runs"]) == 0
+
+
+# the runs table's name cells: a row's expander (a run with nested runs) and its name
+EXPANDERS = "[...document.querySelectorAll('button[data-component-id*=runnamecellrenderer]')]"
+CLOSE_ASSISTANT = "document.querySelector('button[data-component-id=\"mlflow.assistant.chat_panel.close\"]')"
+
+
+def test_the_runs_page_lists_the_stages_under_the_study_and_the_points_under_them(study, tmp_path):
+    """The page the sync prints, in headless Chromium: MLflow 3's model-training runs table (not the
+    GenAI overview), the study's run with one run per stage nested under it, each point under its
+    stage (opened as a user opens them, with a click on each expander); its screenshot kept in
+    $SCALESTUDY_SCREENSHOT_DIR/mlflow_ui.png when that is set."""
+    from tests.chromium.devtools import Page
+    from tests.mlflow_server import chromium_binary
+
+    _, settings, _, record, port = study
+    client = store.client(settings)
+    page_url = store.runs_page(f"http://127.0.0.1:{port}", store.experiment_id(client, settings))
+    assert page_url == record["ui"]  # the address the sync printed
+    stages, points = ["scaling", "sensitivity"], ["scaling/strong-w1_r0", "sensitivity/bs32"]
+    with Page(chromium_binary(), tmp_path / "profile") as page:
+        text = page.open(page_url, "study served", "5 matching runs")  # the study, 2 stages, 2 points
+        assert "5 matching runs" in text and "Model training" in text, text[-2000:]
+        assert "Token Usage" not in text and "Detect Issues" not in text  # not the GenAI overview
+        rows = text.splitlines()
+        assert not set(stages + points) & set(rows), "nested: only the study's run shows at first"
+        page.evaluate(f"{EXPANDERS}[0].click()")
+        rows = page.wait_for(*stages, timeout_s=60).splitlines()
+        assert set(stages) <= set(rows) and not set(points) & set(rows), rows
+        assert page.evaluate(f"{EXPANDERS}.length") == 3  # the study's and each stage's
+        page.evaluate(f"{EXPANDERS}.slice(1).forEach(button => button.click())")
+        rows = page.wait_for(*points, timeout_s=60).splitlines()
+        assert set(points) <= set(rows), rows
+        page.evaluate(f"{CLOSE_ASSISTANT}?.click()")
+        time.sleep(1)
+        shot = page.screenshot(tmp_path / "mlflow_ui.png")
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("SCALESTUDY_SCREENSHOT_DIR"):
+        shutil.copy(shot, Path(os.environ["SCALESTUDY_SCREENSHOT_DIR"]) / "mlflow_ui.png")

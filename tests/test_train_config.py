@@ -155,6 +155,90 @@ def test_every_key_has_a_rule_and_every_default_passes_it():
         assert runconfig.RULES[key].accepts(value), key
 
 
+# --- the schema is the one home of each key's type and range ------------------------------------
+
+PROBES = (
+    None,
+    True,
+    False,
+    -1,
+    0,
+    1,
+    0.5,
+    1.5,
+    2**32 - 1,
+    2**32,
+    "",
+    "x",
+    "none",
+    "ddp",
+    "fp32",
+    "auto",
+    {},
+    [],
+)
+
+
+def _schema_accepts(key, value) -> bool:
+    import jsonschema
+
+    from scalestudy.plan import schema
+
+    path = {**runconfig.STUDY_KEYS, "epochs": ("train", "epochs"), "workload": ("workload", "name")}.get(key)
+    entry = schema.node(*path) if path else schema.definition("run_config")["properties"][key]
+    document = {"$defs": schema.load()["$defs"], **entry}
+    return jsonschema.Draft202012Validator(document).is_valid(value)
+
+
+@pytest.mark.parametrize("key", sorted(set(runconfig.DEFAULTS) | set(runconfig.REQUIRED)))
+def test_the_trainer_accepts_exactly_what_the_schema_accepts(key):
+    """Every run-config key: the trainer's check and JSON Schema's own reading of the schema entry
+    agree on every probe value (the study settings' entries are the study config's)."""
+    disagree = [v for v in PROBES if runconfig.RULES[key].accepts(v) != _schema_accepts(key, v)]
+    assert disagree == [], key
+
+
+@pytest.mark.parametrize("key", ["checkpoint_every_steps", "step_timing_every", "log_every_steps"])
+def test_a_step_interval_of_0_or_null_means_never_and_a_negative_one_is_named(key):
+    assert _validated(**{key: 0})[key] == 0 and _validated(**{key: None})[key] is None
+    with pytest.raises(runconfig.RunConfigError, match=f"{key}=-1 must be an integer >= 0 or null"):
+        _validated(**{key: -1})
+
+
+def test_the_run_config_module_gives_no_range_or_choices_of_its_own():
+    """Every Rule is made from a schema entry (rule_of): runconfig.py gives none a literal bound or
+    literal choices (a planted `Rule("integer", minimum=1)` is found)."""
+    import ast
+    import inspect
+
+    def literal_rules(source: str) -> list[str]:
+        def literal(node):
+            numeric = isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+            return numeric or isinstance(node, ast.Tuple | ast.List)
+
+        return [
+            ast.unparse(node)
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "Rule"
+            and any(literal(arg) for arg in [*node.args, *(keyword.value for keyword in node.keywords)])
+        ]
+
+    assert literal_rules(inspect.getsource(runconfig)) == []
+    assert literal_rules('Rule("integer", minimum=1)\nRule("choice", choices=("a",))') == [
+        "Rule('integer', minimum=1)",
+        "Rule('choice', choices=('a',))",
+    ]
+
+
+def test_a_schema_entry_the_trainer_cannot_check_is_refused():
+    with pytest.raises(ValueError, match="runconfig cannot check"):
+        runconfig.rule_of({"type": "number", "exclusiveMaximum": 1})
+    with pytest.raises(ValueError, match="runconfig cannot check"):
+        runconfig.rule_of({"type": "string"})  # a string the trainer takes is a non-empty one
+    assert runconfig.rule_of({"$ref": "#/$defs/positive_int"}) == runconfig.Rule("integer", minimum=1)
+
+
 def test_several_bad_keys_are_named_in_one_message():
     with pytest.raises(runconfig.RunConfigError) as error:
         _validated(epochs=True, lr="fast", seed=-1)

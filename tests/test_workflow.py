@@ -194,6 +194,24 @@ def test_the_demo_crate_has_one_action_per_job_of_the_study(demo_run):
     assert len(by_rule["scaling_run"]) == 4 and len(by_rule["sensitivity_run"]) == 8
     run = by_rule["scaling_run"][0]
     assert run["startTime"] < run["endTime"] and "energy not measured" in run["description"]
+    # the README counts the actions; every local job has its host and attempts; GPU-hours are runs.csv's
+    import pandas as pd
+
+    readme = (demo_run / "results/crate/README.md").read_text()
+    assert f"with {len(actions)} jobs." in readme, readme[:400]
+    assert not [a["@id"] for a in actions if "not recorded" in a["description"]]
+    entities = {e["@id"]: e for e in graph}
+    hours = pd.read_csv(demo_run / "results/tables/runs.csv").set_index("run_dir")["gpu_hours"]
+    for action in by_rule["scaling_run"] + by_rule["sensitivity_run"]:
+        results = {r["@id"] for r in action["result"]}
+        (summary,) = [path for path in results if path.endswith("/summary.json")]
+        usage = {
+            entities[u["@id"]]["propertyID"]: entities[u["@id"]]["value"] for u in action["resourceUsage"]
+        }
+        assert usage["gpu_hours"] == pytest.approx(hours[summary.rsplit("/", 1)[0]], rel=1e-12)
+    kept = sorted(str(p.relative_to(demo_run)) for p in (demo_run / "results/logs").rglob("*.attempt*.log"))
+    assert kept and set(kept) <= set(entities), "every kept attempt log is in the crate"
+    assert "results/report.html" in entities  # scripts/demo.sh adds it after the report
 
 
 def test_an_edited_demo_crate_fails_validation_or_comparison_naming_the_file(demo_run, tmp_path, capsys):
@@ -238,7 +256,12 @@ def test_the_demo_compared_with_its_own_crate_differs_nowhere(demo_run, tmp_path
     comparison = pd.read_csv(table)
     assert len(comparison) == 15 and set(comparison["match"]) == {"same run config"}
     assert comparison["throughput_ratio"].eq(1.0).all()
-    assert comparison["verdict"].str.startswith("not tested").all()  # one repeat per point
+    # one repeat per point: judged on each run's window (no difference), untested where a window was
+    # not filled (the profile runs, 5 steps)
+    windowed = comparison["verdict_basis"].eq("within-run spread, one repeat")
+    assert set(comparison.loc[windowed, "verdict"]) == {"no significant difference"}
+    assert set(comparison.loc[~windowed, "stage"]) == {"profile"}
+    assert comparison.loc[~windowed, "verdict"].str.startswith("not tested").all()
 
 
 def test_a_title_change_rewrites_only_the_paper(demo_run):
@@ -375,3 +398,98 @@ def test_compare_against_another_study_runs_inside_the_workflow(demo_run, tmp_pa
     assert "Comparison with another study" in (demo_run / "results/paper/paper.tex").read_text()
     crate = json.loads((demo_run / "results/crate/ro-crate-metadata.json").read_text())
     assert any(entity["@id"] == "#job-compare" for entity in crate["@graph"])
+
+
+def _gpu_like(runs):
+    """The demo's catalog as a one-GPU study would write it: nccl, cuda, width 64, 30x the throughput."""
+    import pandas as pd
+
+    from tests.test_compare import scale_throughput
+
+    runs["config.backend"], runs["config.device"], runs["config.width"] = "nccl", "cuda", 64
+    return scale_throughput(runs, pd.Series(True, index=runs.index), 30.0)
+
+
+def test_a_slowed_copy_of_the_demo_is_judged_on_its_windows_and_named(demo_run, tmp_path):
+    """Issue 43: the demo (one repeat) against a copy of its catalog whose 2-process points ran at
+    0.8x. A point is called slower exactly where both runs' window spreads resolve 20 % (the interval
+    from one sub-interval's spread per side, df 2(k-1)); every such point is named in the headline
+    either way; the untouched points are never called slower or faster."""
+    import math
+
+    import pandas as pd
+
+    from scalestudy.analysis.stats import t_quantile
+    from scalestudy.compare import __main__ as compare_cli
+    from scalestudy.compare import points, spread
+    from tests.test_compare import catalog_copy, log_spread, scale_throughput
+
+    results = demo_run / "results"
+    runs = pd.read_csv(results / "tables/runs.csv")
+    two = runs["world_size"].eq(2)
+    slow = catalog_copy(
+        results, tmp_path / "demo-slow", lambda r: scale_throughput(r, r["world_size"].eq(2), 0.8)
+    )
+    out = {name: tmp_path / name for name in ("t.csv", "c.md")}
+    argv = [str(results), str(slow), "--table", str(out["t.csv"]), "--markdown", str(out["c.md"])]
+    assert compare_cli.main(argv) == 0
+    table = pd.read_csv(out["t.csv"])
+    table.index = table["stage"] + "/" + table["point"]
+    headline = out["c.md"].read_text().split("\nA: ")[0]
+    assert headline.startswith("# demo-slow (B) against demo (A)")  # A's name from its crate
+    for _, run in runs[two].iterrows():
+        row = table.loc[points.point_name(run)]
+        assert row["throughput_ratio"] == pytest.approx(0.8) and row["repeats_a"] == row["repeats_b"] == 1
+        assert f"{row.name} 0.800" in headline, row.name
+        rates = spread.interval_rates(run.get("interval_images_per_s"), run.get("window_filled"))
+        if len(rates) < 2:
+            assert row["verdict"].startswith(points.NOT_TESTED), row.name
+            continue
+        half = (
+            t_quantile(0.975, 2 * (len(rates) - 1)) * math.sqrt(2) * log_spread(run["interval_images_per_s"])
+        )
+        assert row["verdict_basis"] == spread.WITHIN
+        assert (row["verdict"] == points.SLOWER) == (math.log(0.8) + half < 0), (row.name, half)
+    untouched = table.drop(index=[points.point_name(run) for _, run in runs[two].iterrows()])
+    assert not untouched["verdict"].isin([points.SLOWER, points.FASTER]).any()
+    assert "within-run spread, one repeat" in headline
+
+
+def test_a_gpu_study_against_the_demo_is_refused_in_one_line_or_warned_once(demo_run, tmp_path, capsys):
+    from scalestudy.compare import __main__ as compare_cli
+    from tests.test_compare import catalog_copy
+
+    results = demo_run / "results"
+    gpu = catalog_copy(results, tmp_path / "h100", _gpu_like)
+    assert compare_cli.main([str(results), str(gpu)]) == compare_cli.EXIT_NOT_THE_SAME
+    captured = capsys.readouterr()
+    refusal = [line for line in captured.err.splitlines() if line.startswith("compare:")]
+    assert len(refusal) == 1 and not captured.out, captured.err
+    for named in ("backend (gloo vs nccl)", "device (cpu vs cuda)", "width (8 vs 64)", "--allow-different"):
+        assert named in refusal[0], refusal[0]
+    markdown = tmp_path / "c.md"
+    assert compare_cli.main([str(results), str(gpu), "--allow-different", "--markdown", str(markdown)]) == 0
+    lines = markdown.read_text().splitlines()
+    assert lines[0] == "# h100 (B) against demo (A)"
+    assert [i for i, line in enumerate(lines) if "not the same experiment" in line] == [2]
+
+
+def test_the_compare_rule_refuses_another_experiment_unless_allowed(demo_run, tmp_path):
+    """Run after the comparison above (it leaves the demo's comparison with the GPU-like copy)."""
+    from tests.test_compare import catalog_copy
+
+    gpu = catalog_copy(demo_run / "results", tmp_path / "h100", _gpu_like)
+    config = yaml.safe_load((demo_run / "config/demo.yaml").read_text())
+    config["compare"] = {"against": str(gpu), "label": "h100"}
+    path = demo_run / "config/demo-h100.yaml"
+    path.write_text(yaml.safe_dump(config))
+    target = "results/tables/comparison.csv"
+    result = run_snakemake(demo_run, target, "--configfile", str(path), check=False)
+    assert result.returncode != 0
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "compare: refused:" in line]
+    assert said and "backend (nccl vs gloo)" in said[0], result.stderr[-3000:]  # A: the other study
+    config["compare"]["allow_different"] = True
+    path.write_text(yaml.safe_dump(config))
+    run_snakemake(demo_run, target, "--configfile", str(path))
+    text = (demo_run / "results/compare/comparison.md").read_text().splitlines()
+    assert text[2].startswith("WARNING: h100 and demo are not the same experiment")

@@ -147,7 +147,8 @@ def test_a_ddp_only_table_keeps_todays_columns_first_and_its_values():
     memory_end = list(table.columns).index("peak_memory_source") + 1
     assert list(table.columns[memory_end - 5 : memory_end]) == [*appended, "peak_memory_source"]
     stats = [f"{c}_{k}" for c in energy.SCALING_STATS for k in ("mean", "std", "ci_low", "ci_high")]
-    assert list(table.columns[memory_end:]) == [*stats, "energy_source"]  # energy, appended last
+    flag = "efficiency_above_ideal"  # scalestudy.analysis.above_ideal, appended after energy
+    assert list(table.columns[memory_end:]) == [*stats, "energy_source", flag]
     assert list(table.columns[:3]) == ["mode", "world_size", "nodes"]  # as before
     assert set(table["parallelism"]) == {"ddp"} and set(table["sample_unit"]) == {"images"}
     assert table["peak_memory_bytes"].isna().all()

@@ -10,9 +10,11 @@ DDP first, the series named in the criterion ("... (FSDP)"). Rates are in the ru
 
 A criterion gets no verdict from a point whose window was not filled (whole-run throughput) or whose
 GPUs were shared with a foreign process while it measured (contended: scalestudy.analysis.contention):
-its row says "not measured (...)" and why, and how to re-measure. The GPU health rows leave out the
-GPUs of contended runs and those whose window held fewer than analysis.monitor.min_window_samples
-samples.
+its row says "not measured (...)" and why, and how to re-measure. Nor does a point whose efficiency
+is above 100 % (scaling.csv's efficiency_above_ideal: a measurement problem, not a gain,
+scalestudy.analysis.above_ideal): its row keeps the measured value and says so. The GPU health
+rows leave out the GPUs of contended runs and those whose window held fewer than
+analysis.monitor.min_window_samples samples.
 
     python -m scalestudy.analysis.acceptance --scaling results/tables/scaling.csv \
         --sensitivity results/tables/sensitivity.csv --out results/tables/acceptance.csv \
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, monitor_window, series
+from scalestudy.analysis import above_ideal, cli, monitor_window, series
 from scalestudy.analysis.contention import contended, flags
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.analysis.tableio import read_csv, read_json
@@ -38,6 +40,7 @@ log = logging.getLogger("scalestudy.analysis.acceptance")
 
 COLUMNS = ("criterion", "target", "world_size", "measured", "ci_low", "ci_high", "status", "note")
 PASS, FAIL, NOT_MEASURED, INFORMATIVE = "pass", "fail", "not measured", "informative"
+ABOVE_IDEAL = f"{NOT_MEASURED} (efficiency above 100%)"
 
 
 def _row(criterion, target, world, measured=math.nan, status=NOT_MEASURED, note="", ci=(math.nan, math.nan)):
@@ -128,10 +131,27 @@ def _strong_row(name, target, strong, world, minimum, informative):
     if unjudged:
         return unjudged
     ci = (float(r["efficiency_ci_low"]), float(r["efficiency_ci_high"]))
+    flagged = _above_ideal(name, target, world, value, strong, [world], informative, ci)
+    if flagged:
+        return flagged
     note = _ci_note(value, ci, minimum, int(r["repeats"]), higher_is_better=True)
     if informative:
         note = ("meets" if value >= minimum else "below") + f" the threshold; {note}"
     return _row(name, target, world, value, _verdict(value >= minimum, informative), note, ci)
+
+
+def _above_ideal(name, target, world, value, table, worlds, informative, ci=(math.nan, math.nan)):
+    """The row of a criterion one of whose points at `worlds` has an efficiency above 100 %: the
+    value kept, no verdict (informative rows stay informative), and why; None where none has."""
+    rows = table[table["world_size"].isin(list(worlds)) & above_ideal.flagged(table)]
+    if rows.empty:
+        return None
+    said = "; ".join(
+        above_ideal.words(r["efficiency_mean"], r["world_size"], r.get("mode", ""))
+        for _, r in rows.iterrows()
+    )
+    note = f"no verdict: {said}; {above_ideal.REMEASURE}"
+    return _row(name, target, world, value, INFORMATIVE if informative else ABOVE_IDEAL, note, ci)
 
 
 def _ci_note(value, ci, threshold, repeats, higher_is_better) -> str:
@@ -169,6 +189,10 @@ def _weak_row(name, target, weak, world, maximum, informative):
     unjudged = _no_verdict(name, target, worst_n, value, weak, within.index)
     if unjudged:
         return unjudged
+    above = weak[weak["world_size"].isin(within.index) & above_ideal.flagged(weak)]
+    if not above.empty:  # its step time fell below the 1-rank reference's: the row says by how much
+        first = int(above["world_size"].min())
+        return _above_ideal(name, target, first, float(variation.loc[first]), weak, [first], informative)
     note = f"worst at N={worst_n}: {within.loc[worst_n]:.4g} s vs {reference:.4g} s per step at N=1"
     if informative:
         note = ("meets" if value <= maximum else "exceeds") + f" the limit; {note}"
@@ -341,7 +365,7 @@ def busbw_rows(busbw: pd.DataFrame | None, minimum: float | None) -> list[dict]:
 def loader_rows(smoke_io: dict | None, scaling: pd.DataFrame) -> list[dict]:
     """The loader alone (smoke test) against the training throughput per rank it must feed."""
     name = "data loader alone / training throughput per rank"
-    target = ">= 100%"
+    target = f">= 1{TIMES}"
     if smoke_io is None:
         return [_row(name, target, math.nan, note="no smoke test result given")]
     column = "images_per_s_per_gpu_mean"
@@ -388,12 +412,16 @@ def to_html(table: pd.DataFrame) -> str:
 
 
 ABSOLUTE_UNITS = (" GB/s", " W")  # a target ending in one: its measured value is in that unit, not a ratio
+TIMES = "x"  # a target ending in it ('>= 1x'): its measured value is a ratio, read in times
 
 
 def format_measured(value: float, target: str) -> str:
-    """A measured value as its criterion states it: 0.93 -> '93.0%', 12.3 for '<= 20 GB/s' -> '12.3 GB/s'."""
+    """A measured value as its criterion states it: 0.93 -> '93.0%', 12.3 for '<= 20 GB/s' -> '12.3 GB/s',
+    52.47 for '>= 1x' -> '52.5x' (a ratio in times)."""
     unit = next((u for u in ABSOLUTE_UNITS if str(target).endswith(u)), None)
-    return f"{value:.3g}{unit}" if unit else f"{value:.1%}"
+    if unit:
+        return f"{value:.3g}{unit}"
+    return f"{value:.3g}{TIMES}" if str(target).endswith(TIMES) else f"{value:.1%}"
 
 
 def _cell(value, column: str, target: str = "") -> str:

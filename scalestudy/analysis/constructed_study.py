@@ -71,6 +71,12 @@ class Truth:
     straggler_s: float = 0.0  # the slowest rank's own step time over the median rank's, at N > 1
     unexplained_s: float = 0.0  # step time at N > 1 that nothing measures
     overlap_fraction: float = 0.0  # hidden share of the raw all-reduce (alpha_s, beta_s: the exposed)
+    # per precision, how much faster than fp32 its compute is (others: half_precision_speedup), e.g.
+    # (("tf32", 2.9), ("bf16", 2.3)) for a GPU whose bf16 point loses to its tf32 point
+    precision_speedups: tuple[tuple[str, float], ...] = ()
+    # the scaling stage's 1-rank runs take this much longer per step (a slow or noisy reference):
+    # above 1, an N > 1 point whose loss is smaller has an efficiency above 100 % (a measurement problem)
+    reference_slowdown: float = 1.0
 
 
 def exposed_comm_s(truth: Truth, run: dict) -> float:
@@ -88,12 +94,15 @@ def data_wait_s(truth: Truth, run: dict) -> float:
 
 
 def step_time(truth: Truth, run: dict, rng: np.random.Generator) -> float:
-    speed = 1.0 if run["precision"] == "fp32" else truth.half_precision_speedup
+    speeds = {"fp32": 1.0, **dict(truth.precision_speedups)}
+    speed = speeds.get(run["precision"], truth.half_precision_speedup)
     scale = run["width"] ** 2 / 64**2
     clean = truth.compute_s_per_image * scale * run["per_gpu_batch"] / speed + exposed_comm_s(truth, run)
     clean += data_wait_s(truth, run) + truth.host_overhead_s
     if run["world_size"] > 1:
         clean += truth.straggler_s + truth.unexplained_s
+    elif run["stage"] == "scaling":
+        clean *= truth.reference_slowdown
     return clean * (1.0 + truth.noise * rng.standard_normal()) if truth.noise else clean
 
 

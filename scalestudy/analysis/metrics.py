@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, contention, energy, modelsize
+from scalestudy.analysis import above_ideal, cli, contention, energy, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import runconfig
@@ -330,7 +330,7 @@ def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
         row.update(_series_and_memory(group, parallelism))
         row.update(energy.scaling_columns(group, settings["confidence"]))
         rows.append(row)
-    return pd.DataFrame(rows)
+    return above_ideal.mark(pd.DataFrame(rows))  # efficiency above 100 %: flagged and noted
 
 
 def _series_and_memory(group: pd.DataFrame, parallelism: str) -> dict:

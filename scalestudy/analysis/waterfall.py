@@ -42,8 +42,12 @@ the point's repeats of each run's loss and parts (a part some repeat lacks is no
 point) and its remainder the mean loss less the mean parts, so a row adds up too. The remainder's
 share of the loss is reported (negative where the parts over-explain it); `unexplained_flagged`
 marks a row whose share exceeds analysis.waterfall.unexplained_share_max in size, and the paper
-says so. `runs` names the row's runs and its 1-rank reference's (runs.csv's stage/point), where
-their provenance is.
+says so. A point with no loss is not split (its remainder empty, its note saying why): one whose
+efficiency is at the ideal, and one above it, which is a measurement problem, not a gain
+(scalestudy.analysis.above_ideal: `efficiency_above_ideal`), never drawn as parts against a negative
+loss. A series with no N > 1 point (a one-GPU study) gets one row per 1-rank run saying that one
+rank has no scaling loss to split, rather than an empty table. `runs` names the row's runs and
+its 1-rank reference's (runs.csv's stage/point), where their provenance is.
 
 Example (weak scaling, N = 8, T(1) = 100 ms, T(8) = 139 ms: E = 72 %, L = 39 ms = 28 points): c =
 26.4 ms (19 points), d(8) - d(1) = 2.8 ms (2 points), h(8) - h(1) = 1.4 ms (1 point), g = 5.6 ms
@@ -66,7 +70,7 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, commmodel, metrics, modelsize, series
+from scalestudy.analysis import above_ideal, cli, commmodel, metrics, modelsize, series
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plan import runconfig
 from scalestudy.plan.runfiles import NOT_MEASURED
@@ -87,7 +91,13 @@ NO_DEVICE_TIMELINE = f"{NOT_MEASURED} on the CPU: no device timeline"
 NO_HOOK = f"{NOT_MEASURED}: no gradient hook (FSDP2's sharded parameters)"
 NOT_MODELLED = f"{NOT_MEASURED}: the communication model covers DDP's all-reduce only"
 NO_REFERENCE = f"{NOT_MEASURED} at the 1-GPU reference"
-NO_LOSS = "no loss to explain (at or above the ideal)"
+NO_LOSS = "no loss to explain (at the ideal)"
+NOT_SPLIT = "not split: there is no loss to split"
+ONE_RANK = (
+    "one rank only: no scaling loss to split (the waterfall splits what N > 1 ranks lose against the "
+    "1-rank reference; this series has no N > 1 point)"
+)
+NOT_SCALED = f"{NOT_MEASURED}: one rank, no scaling loss"
 OVERLAP_COLUMNS = ("world_size", "tool", "communication_s", "overlap_s", "exposed_communication_s", "steps")
 NUMERIC = (
     "step_time_s",
@@ -110,6 +120,7 @@ COLUMNS = (
     "remainder_share",
     "unexplained_flagged",
     "unexplained_share_max",
+    above_ideal.COLUMN,
     *(f"{part}_how" for part in PARTS),
     "sample_unit",
     "runs",
@@ -275,7 +286,33 @@ def run_terms(runs: pd.DataFrame, settings: dict, comm: ExposedComm) -> pd.DataF
         for index in group.index[group["world_size"] > 1]:
             exposed = comm.of(scaling, index) if parallelism == series.DDP else (math.nan, NOT_MODELLED)
             rows.append(_run_row(scaling.loc[index], mode, parallelism, base, exposed))
+        if not (group["world_size"] > 1).any():
+            rows += [_one_rank_row(reference.loc[index], mode, parallelism) for index in reference.index]
     return pd.DataFrame(rows)
+
+
+def _one_rank_row(run: pd.Series, mode: str, parallelism: str) -> dict:
+    """A 1-rank run of a series with no N > 1 point: its step time, no loss and no parts (ONE_RANK)."""
+    step = float(run["time_per_step_s"])
+    row = {
+        "mode": mode,
+        "parallelism": parallelism,
+        "world_size": 1,
+        "per_gpu_batch": run["per_gpu_batch"],
+        "global_batch": run["global_batch"],
+        "step_time_s": step,
+        "ideal_step_time_s": step,
+        "efficiency": float(run["efficiency"]),
+        "loss_s": 0.0,
+        "loss_points": 0.0,
+        "sample_unit": run["sample_unit"],
+        "run": f"{run['stage']}/{run['point']}",
+        "reference_runs": "",
+        "note": run["note"],
+    }
+    for part in PARTS:
+        row |= {f"{part}_s": math.nan, f"{part}_points": math.nan, f"{part}_how": NOT_SCALED}
+    return row
 
 
 def run_ids(runs: pd.DataFrame) -> str:
@@ -327,21 +364,35 @@ def waterfall_table(terms: pd.DataFrame, share_max: float) -> pd.DataFrame:
         row |= {column: group[column].iloc[0] for column in ("per_gpu_batch", "global_batch", "sample_unit")}
         row |= {column: group[column].mean(skipna=False) for column in NUMERIC}
         row |= {f"{part}_how": "; ".join(dict.fromkeys(group[f"{part}_how"])) for part in PARTS}
+        notes = [*dict.fromkeys(note for note in group["note"].fillna("").astype(str) if note)]
+        reference = group["reference_runs"].iloc[0]
+        row["runs"] = ", ".join(group["run"]) + (f"; 1-rank reference: {reference}" if reference else "")
+        row[above_ideal.COLUMN] = above_ideal.above(row["efficiency"])
+        rows.append(row | {"unexplained_share_max": share_max} | _remainder(row, notes, share_max))
+    return pd.DataFrame(rows)[list(COLUMNS)]
+
+
+def _remainder(row: dict, notes: list[str], share_max: float) -> dict:
+    """The remainder (seconds, points, share of the loss), whether it is flagged, and the row's note.
+    A point with no loss (a 1-rank series, an efficiency at or above the ideal) is not split: its
+    remainder is empty, and the note says why."""
+    if int(row["world_size"]) == 1:
+        why = ONE_RANK
+    elif row[above_ideal.COLUMN]:
+        why = f"{above_ideal.NOTE}; {NOT_SPLIT}"
+    elif not row["loss_s"] > 0:
+        why = NO_LOSS
+    else:
+        out = {}
         for unit in ("s", "points"):
-            row[f"remainder_{unit}"] = row[f"loss_{unit}"] - sum(
+            out[f"remainder_{unit}"] = row[f"loss_{unit}"] - sum(
                 row[f"{part}_{unit}"] for part in PARTS if pd.notna(row[f"{part}_{unit}"])
             )
-        share = row["remainder_s"] / row["loss_s"] if row["loss_s"] > 0 else math.nan
-        notes = [*dict.fromkeys(note for note in group["note"].fillna("").astype(str) if note)]
-        row["runs"] = f"{', '.join(group['run'])}; 1-rank reference: {group['reference_runs'].iloc[0]}"
-        row |= {
-            "remainder_share": share,
-            "unexplained_flagged": bool(abs(share) > share_max) if pd.notna(share) else False,
-            "unexplained_share_max": share_max,
-            "note": "; ".join(notes + ([] if row["loss_s"] > 0 else [NO_LOSS])),
-        }
-        rows.append(row)
-    return pd.DataFrame(rows)[list(COLUMNS)]
+        share = out["remainder_s"] / row["loss_s"]
+        flagged = bool(abs(share) > share_max)
+        return out | {"remainder_share": share, "unexplained_flagged": flagged, "note": "; ".join(notes)}
+    empty = {"remainder_s": math.nan, "remainder_points": math.nan, "remainder_share": math.nan}
+    return empty | {"unexplained_flagged": False, "note": "; ".join([*notes, why])}
 
 
 def analyse(

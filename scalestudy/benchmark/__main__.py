@@ -152,10 +152,9 @@ def _given(value, default):
 def machine_context(settings) -> dict:
     import torch
 
-    name = torch.cuda.get_device_name(settings.device) if settings.device.type == "cuda" else cpu_model()
     return {
         "device": settings.device.type,
-        "device_name": name,
+        "device_name": device_name(settings.device),
         "cpu_model": cpu_model(),
         "cores": settings.workers,
         "torch_threads": torch.get_num_threads(),
@@ -167,6 +166,22 @@ def machine_context(settings) -> dict:
     }
 
 
+DEVICE_PROBE = "import torch; print(torch.cuda.get_device_name())"
+
+
+def device_name(device, python: str = sys.executable) -> str:
+    """The GPU's name from a fresh Python (this process starts no CUDA before its trainers have
+    measured: suite.training_rows), or the CPU's."""
+    import subprocess
+
+    if device.type != "cuda":
+        return cpu_model()
+    result = subprocess.run([python, "-c", DEVICE_PROBE], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"python -m scalestudy.benchmark: no CUDA device: {result.stderr.strip()[-300:]}")
+    return result.stdout.strip()
+
+
 def cpu_model() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -176,25 +191,31 @@ def cpu_model() -> str:
     return models[0] if models else platform.machine()
 
 
+# The sections in the order they run: the trainers (each in a process of its own) first, while this
+# process has no CUDA context that their GPU monitors would list on the GPU; then the sections that
+# measure in this process. The table keeps the order of SECTIONS.
+RUN_ORDER = ("training", "fixed_cost", "matmul", "pipeline")
+
+
 def run_sections(settings, sections: list[str], config: dict) -> list[Row]:
     from scalestudy.benchmark import pipelines, suite
 
-    rows: list[Row] = []
+    measure = {
+        "training": lambda data_dir, workdir: suite.training_rows(settings, config, data_dir, workdir),
+        "fixed_cost": lambda data_dir, workdir: suite.fixed_cost_rows(settings, config, data_dir, workdir),
+        "matmul": lambda data_dir, workdir: suite.matmul_rows(settings),
+        "pipeline": lambda data_dir, workdir: suite.pipeline_rows(settings, data_dir),
+    }
+    rows: dict[str, list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="scalestudy-bench-") as tmp:
         workdir = Path(tmp)
         suite.run_configs(settings, config, workdir / "data", sections)  # refused ones fail here, at once
         batches = max(settings.steps, settings.pipeline_batches)
         per_class = pipelines.images_per_class(batches, settings.batch, settings.workers)
         data_dir = pipelines.write_packed(workdir / "data", per_class, 10)
-        if "matmul" in sections:
-            rows += suite.matmul_rows(settings)
-        if "pipeline" in sections:
-            rows += suite.pipeline_rows(settings, data_dir)
-        if "training" in sections:
-            rows += suite.training_rows(settings, config, data_dir, workdir)
-        if "fixed_cost" in sections:
-            rows += suite.fixed_cost_rows(settings, config, data_dir, workdir)
-    return rows
+        for name in (name for name in RUN_ORDER if name in sections):
+            rows[name] = measure[name](data_dir, workdir)
+    return [row for name in SECTIONS for row in rows.get(name, [])]
 
 
 def matmul_peak(rows: list[Row]) -> float | None:

@@ -1,6 +1,6 @@
 """python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] [--device auto|cpu|cuda]
     [--precision fp32|bf16] [--per-gpu-batch B] [--steps N] [--warmup W] [--parallelism ddp fsdp]
-    [--repeats R] [--world-size R] [--out CSV] [--runs-dir DIR]
+    [--repeats R] [--world-size R] [--compile [--compile-mode MODE]] [--out CSV] [--runs-dir DIR]
 
 The GPT workload's training throughput (tokens/s per rank) and MFU, DDP against FSDP2: the project
 trainer runs each parallelism --repeats times, interleaved, each run in a process of its own (under
@@ -12,7 +12,11 @@ throughput does not depend on what the tokens say, and the model keeps its prese
 (gpt2-small: 50304), so its size and FLOPs per token are the preset's; the tokens only use its
 first 256 ids. MFU = tokens/s per rank x training FLOPs per token / the device's peak FLOP/s at
 the run's precision (analysis.peak_tflops of config/schema.yaml; on a CPU its `cpu` entry, a
-placeholder of 0.1 TFLOP/s, so a CPU's MFU is not comparable with a GPU's).
+placeholder of 0.1 TFLOP/s, so a CPU's MFU is not comparable with a GPU's); the CSV names the
+peak's entry and source (`peak_tflops_source`). `--compile` compiles the model as the study's
+`model.compile` does (the DDP module whole; under FSDP2 each block before sharding), in
+`--compile-mode`. The attention is F.scaled_dot_product_attention (flash on a GPU in bf16) and
+AdamW's step is fused (scalestudy.train.optim) in every run.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ TABLE_COLUMNS = (
     "peak_memory_mib",
 )
 MIB = 2**20
+PEAK_SOURCE = (
+    "analysis.peak_tflops[{key}][{precision}] of scalestudy/plan/schema.yaml: the vendor's dense peak "
+    "of that math (H100 SXM bf16 989.4: NVIDIA H100 datasheet, without sparsity)"
+)
 RANK_VARIABLES = frozenset(
     ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
     + ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS")
@@ -80,6 +88,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats", type=int, default=3, help="runs of each parallelism, interleaved; the median (3)"
     )
     parser.add_argument("--world-size", type=int, default=1, help="ranks (>1: torchrun on this node)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (model.compile)")
+    parser.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
+        help="torch.compile's mode with --compile (train.compile_mode)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "lm.csv", help="CSV (atomic)")
     parser.add_argument(
         "--runs-dir", type=Path, help="keep the token data and the runs (summary.json, metrics.csv) here"
@@ -156,6 +171,8 @@ def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, check
             "measure_intervals": min(4, args.steps),
             "log_every_steps": max(1, steps // 5),
             "monitor_interval_s": 1.0,
+            "compile": args.compile,
+            **({"compile_mode": args.compile_mode} if args.compile else {}),
         }
     )
 
@@ -249,6 +266,11 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
     context = {
         "peak_tflops": peak,
         "peak_tflops_key": peak_key,
+        "peak_tflops_source": PEAK_SOURCE.format(
+            key=peak_key, precision=runs[first][0]["precision_effective"]
+        ),
+        "compile": args.compile,
+        "compile_mode": args.compile_mode if args.compile else None,
         **provenance.git_state(),
         "torch": torch_version(),
         "cores": os.cpu_count(),

@@ -15,12 +15,10 @@ from typing import Any
 
 import torch
 
-from scalestudy.benchmark import matmul, pipelines, project
+from scalestudy.benchmark import matmul, pipelines, project, reference_trainer
 from scalestudy.benchmark.measure import interleave, timed_rate
-from scalestudy.benchmark.reference_trainer import ReferenceTrainer
 from scalestudy.benchmark.report import Row
 from scalestudy.plan.runconfig import RULES
-from scalestudy.train.process import fp32_math
 from scalestudy.workloads.resnet_cifar import model
 
 REFERENCE = "reference trainer"
@@ -115,37 +113,31 @@ def pipeline_rows(s: Settings, data_dir: Path) -> list[Row]:
 
 
 def training_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> list[Row]:
+    """The reference and each project variant, every sample in a fresh process of its own: this
+    process holds no CUDA context while they measure (a trainer's GPU monitor would see it)."""
     flops = 3 * model.count_flops(model.build_model(s.width), 1)
-    reference = ReferenceTrainer(s.width, s.device)
-    loader = pipelines.tutorial_loader(data_dir, s.batch, s.device, s.workers)
+    job = reference_trainer.Job(str(data_dir), s.width, s.batch, s.steps, s.workers, s.device.type)
+    references: list[reference_trainer.ReferenceRun] = []
 
-    def trained_rate(batches) -> float:
-        return timed_rate(lambda: reference.train(batches, s.steps)[0], s.device)
+    def reference_rate() -> float:
+        references.append(reference_trainer.spawn(job))
+        return references[-1].images_per_s
 
-    runs = {REFERENCE: lambda: pipelines.on_fresh_pass(loader, trained_rate)}
+    runs = {REFERENCE: reference_rate}
     settings = {}
     for variant in s.variants:
         run = _project_run(s, config, data_dir, **dict(variant.overrides))
         runs[variant.name] = lambda run=run: project.spawn_fresh(run, workdir).images_per_s
         settings[variant.name] = describe_run(run)
-    runs[REFERENCE]()  # warm-up; the project runs warm up in their own first epoch
-    samples = interleave(runs, s.repeats, warmup=0)
-    loader_settings = f"{DATALOADER} ({s.workers} workers), {s.steps} steps per sample"
-    reference_settings = f"{reference_math(s.device)}, {loader_settings}"
+    samples = interleave(runs, s.repeats, warmup=0)  # each process warms up before it measures
+    steps = f"{s.steps} steps per sample after {s.steps} to warm up, a fresh process each"
+    reference_settings = f"{references[0].math}, {DATALOADER} ({s.workers} workers), {steps}"
     rows = [Row("training", REFERENCE, "img/s", tuple(samples[REFERENCE]), reference_settings, None, flops)]
     rows += [
         Row("training", name, "img/s", tuple(samples[name]), settings[name], REFERENCE, flops)
         for name in settings
     ]
     return rows
-
-
-def reference_math(device: torch.device) -> str:
-    """How the reference's fp32 runs: with torch's defaults, which on a GPU run cuDNN's convolutions
-    in TF32 (measured on an H100: 2x the project trainer's IEEE fp32, docs/benchmarks.md)."""
-    if device.type != "cuda":
-        return "fp32"
-    return f"fp32, torch's defaults (cuDNN convolutions in {fp32_math()['cudnn_conv']})"
 
 
 def fixed_cost_rows(s: Settings, config: dict, data_dir: Path, workdir: Path) -> list[Row]:

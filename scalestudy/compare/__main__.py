@@ -1,13 +1,15 @@
 """`python -m scalestudy.compare A B`: two studies compared point by point.
 
-    python -m scalestudy.compare A B [--axis KEY ...] [--label-a NAME --label-b NAME]
+    python -m scalestudy.compare A B [--axis KEY ...] [--allow-different] [--label-a NAME --label-b NAME]
         [--analysis-json JSON | --config CONFIG] [--table CSV] [--summary JSON] [--markdown MD]
         [--png PNG [--pdf PDF]]
 
 A and B: a study's results/ folder (or the folder holding it), its crate folder or its crate.zip
 (checked first: a missing or changed file stops the comparison, naming it). Ratios are B / A.
 Prints the comparison as Markdown; the options write the table, the summary, the text and the
-figure. Exit 0 whatever the verdicts; 2 for a study that cannot be read (named).
+figure. Exit 0 whatever the verdicts; 2 for a study that cannot be read (named); 3 where points
+matched by name differ in run config beyond the --axis keys (the two are not the same experiment:
+one line names the keys), unless --allow-different (then one warning line opens the text).
 """
 
 from __future__ import annotations
@@ -17,34 +19,58 @@ from collections.abc import Sequence
 
 from scalestudy import atomic
 from scalestudy.analysis import cli
-from scalestudy.compare import points, report, study
+from scalestudy.compare import figure, points, report, study
 from scalestudy.crate.check import CrateError
 
+PROG = "python -m scalestudy.compare"
+EXIT_UNREADABLE, EXIT_NOT_THE_SAME = 2, 3
 
-def main(argv: Sequence[str] | None = None) -> int:
+
+def arguments(argv: Sequence[str] | None):
     parser = cli.parser(__doc__.splitlines()[0])
+    parser.prog = PROG
     parser.add_argument("a", help="The reference study (A).")
     parser.add_argument("b", help="The study compared with it (B).")
     parser.add_argument(
         "--axis", nargs="*", default=[], help="Run-config keys A and B are meant to differ in."
     )
-    parser.add_argument("--label-a", help="A's name in the outputs (default: its folder's name).")
-    parser.add_argument("--label-b", help="B's name in the outputs (default: its folder's name).")
+    parser.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="Compare even where matched points differ in run-config keys other than --axis (a warning "
+        "line opens the text; without it the comparison is refused, exit 3).",
+    )
+    named = "(default: the study's name in its crate, else its folder's)"
+    parser.add_argument("--label-a", help=f"A's name {named}.")
+    parser.add_argument("--label-b", help=f"B's name {named}.")
     parser.add_argument("--table", help="The comparison table (CSV) to write.")
     parser.add_argument("--summary", help="The summary (JSON) to write.")
     parser.add_argument("--markdown", help="The comparison as Markdown, to write.")
     parser.add_argument("--png", help="The figure (PNG) to write.")
     parser.add_argument("--pdf", help="The figure as PDF, with --png.")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(argv)
     settings = cli.start(args)
     try:
         a = study.load(args.a, settings, args.label_a)
         b = study.load(args.b, settings, args.label_b)
     except (OSError, ValueError, CrateError) as error:
         print(f"compare: {error}", file=sys.stderr)
-        return 2
+        return EXIT_UNREADABLE
     table = points.compare(a, b, settings["confidence"], args.axis)
-    info = report.summary(table, a, b)
+    different = report.not_the_same(table, a.label, b.label)
+    if different and not args.allow_different:
+        keys = " ".join(points.differing_keys(table))
+        print(
+            f"compare: refused: {different} (name the keys the studies are meant to differ in: "
+            f"--axis {keys}; or compare anyway: --allow-different)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_THE_SAME
+    info = report.summary(table, a, b, allowed_different=bool(different))
     text = report.markdown(table, info)
     if args.table:
         atomic.write_csv(args.table, table)
@@ -53,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         atomic.write_text(args.markdown, text)
     if args.png:
-        report.figure(table, info, args.png, args.pdf)
+        figure.figure(table, info, args.png, args.pdf)
     sys.stdout.write(text)
     return 0
 

@@ -3,12 +3,14 @@
 A study is found as (first match): `<path>/tables/runs.csv` (a results/ folder),
 `<path>/results/tables/runs.csv` (a workflow folder, or an unpacked crate), or a crate zip. A crate is
 checked first (scalestudy.crate.check): a file missing or changed since the crate was written stops
-the comparison, naming the file.
+the comparison, naming the file. A study's name (its label, unless one is given) is config study.name
+as its crate records it (the crate, or the crate/ beside its results), else its folder's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -75,12 +77,28 @@ def opened(path: str | os.PathLike) -> Iterator[Path]:
         yield path
 
 
+def study_name(folder: Path) -> str | None:
+    """The study's name (config study.name) as its crate records it, in the crate's effective config
+    (the crate, or the crate/ beside a study's results); None where there is none."""
+    from scalestudy.crate.write import CONFIG_JSON
+
+    for crate_dir in (folder, folder / Path(paths.CRATE_DIR).name, folder / paths.CRATE_DIR):
+        if (crate_dir / check.METADATA).is_file() and (crate_dir / CONFIG_JSON).is_file():
+            try:
+                name = (json.loads((crate_dir / CONFIG_JSON).read_text()).get("study") or {}).get("name")
+            except (ValueError, AttributeError):
+                return None
+            return name if isinstance(name, str) and name.strip() else None
+    return None
+
+
 def load(path: str | os.PathLike, settings: dict, label: str | None = None) -> Study:
     """A study's runs with the derived metrics (throughput, time per step, efficiency, ...)."""
     with opened(path) as folder:
         csv = runs_csv(folder)
         runs = metrics.run_metrics(read_csv(csv), settings, str(csv))
-    return Study(label or default_label(Path(path)), str(path), runs)
+        name = label or study_name(folder) or default_label(Path(path))
+    return Study(name, str(path), runs)
 
 
 def clean(value):

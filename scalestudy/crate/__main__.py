@@ -1,15 +1,19 @@
-"""`python -m scalestudy.crate write|check|validate`: the study as a Workflow Run RO-Crate.
+"""`python -m scalestudy.crate write|add|check|validate`: the study as a Workflow Run RO-Crate.
 
     python -m scalestudy.crate write --out-dir results/crate --zip results/crate.zip \\
         --metadata-dir .snakemake/metadata --targets FILE... --rules-json JSON --sources FILE... \\
         --config-files FILE... --config-json JSON --study-json JSON [--exclude GLOB...]
+    python -m scalestudy.crate add CRATE_DIR --zip ZIP FILE...   (results/report.html, once it exists)
     python -m scalestudy.crate check CRATE          (a folder or a zip: every file and its sha256)
-    python -m scalestudy.crate validate CRATE [--offline] [--severity REQUIRED|RECOMMENDED]
+    python -m scalestudy.crate validate CRATE [--offline|--online] [--severity REQUIRED|RECOMMENDED]
 
-`write` is what rule crate (rules/crate.smk) runs. `check` exits 1 naming each file that is missing
-or changed. `validate` runs roc-validator (envs/requirements-dev.txt) against every profile the
-crate declares and exits 1 if one fails at the severity asked for; --offline serves the crate's
-JSON-LD contexts from the package instead of the network.
+`write` is what rule crate (rules/crate.smk) runs; `add` puts files made after the workflow (the
+report: scripts/demo.sh runs it after `snakemake --report`) into the written crate and its zip.
+`check` exits 1 naming each file that is missing or changed. `validate` runs roc-validator
+(envs/requirements-dev.txt) against every profile the crate declares and exits 1 if one fails at the
+severity asked for. The crate's JSON-LD contexts come from the network where it answers, else (or
+with --offline) from the package; --online insists on the network. Any problem is one line on
+stderr: exit 1 for a crate that fails, 2 for one not validated.
 """
 
 from __future__ import annotations
@@ -57,26 +61,64 @@ def write(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_command(args: argparse.Namespace) -> int:
+    from scalestudy.crate.write import add_files
+
+    try:
+        added = add_files(args.crate_dir, args.zip, args.files)
+    except (ValueError, OSError) as error:
+        print(f"crate add: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.crate_dir} and {args.zip}: {added} file(s) added")
+    return 0
+
+
 def check_command(args: argparse.Namespace) -> int:
     try:
         with check.opened(args.crate) as crate_dir:
-            check.verify(crate_dir)
+            found = check.problems(crate_dir)
             count = len(check.listed_files(crate_dir))
     except check.CrateError as error:
         print(f"crate check: {error}", file=sys.stderr)
+        return 1
+    for problem in found:  # named by the crate as given (a zip, not the folder it was extracted to)
+        print(f"crate check: {args.crate}: {problem}", file=sys.stderr)
+    if found:
         return 1
     print(f"{args.crate}: {count} files, every one present with its recorded sha256")
     return 0
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from scalestudy.crate import validation
+    """roc-validator on the crate; any failure to run it is one line (exit 2), never a traceback."""
+    try:
+        from scalestudy.crate import validation
+    except ImportError as error:  # pragma: no cover - the venv has it
+        print(f"crate validate: needs roc-validator (envs/requirements-dev.txt): {error}", file=sys.stderr)
+        return 2
+    offline = args.offline
+    if offline is None:  # neither --offline nor --online: offline where the contexts cannot be fetched
+        reason = validation.network_problem()
+        offline = reason is not None
+        if offline:
+            print(f"crate validate: {reason}: the JSON-LD contexts from the package (--online to insist)")
+    try:
+        return _validate(args, validation, offline)
+    except check.CrateError as error:
+        print(f"crate validate: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # noqa: BLE001 - the validator's own failures (network, parsing)
+        hint = "" if offline else " (no network? --offline serves the JSON-LD contexts from the package)"
+        print(f"crate validate: {args.crate}: {validation.one_line(error)}{hint}", file=sys.stderr)
+        return 2
 
+
+def _validate(args: argparse.Namespace, validation, offline: bool) -> int:
     with check.opened(args.crate) as crate_dir, tempfile.TemporaryDirectory() as tmp:
-        cache = validation.seed_cache(Path(tmp) / "contexts") if args.offline else None
+        cache = validation.seed_cache(Path(tmp) / "contexts") if offline else None
         failed = False
         for profile, covered in validation.profiles_to_run(validation.declared_profiles(crate_dir)).items():
-            report = validation.validate(crate_dir, profile, args.severity, args.offline, cache)
+            report = validation.validate(crate_dir, profile, args.severity, offline, cache)
             failed |= not report.passed
             verdict = "passed" if report.passed else "FAILED"
             print(f"{profile} at {args.severity} (with {', '.join(covered)}): {verdict}")
@@ -101,13 +143,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--study-json", required=True, help="{title, name, license, author, url}.")
     w.add_argument("--exclude", nargs="*", default=[], help="Globs of outputs described but not carried.")
     w.set_defaults(run=write)
+    a = commands.add_parser("add", help="Add files made after the workflow (the report) to a crate.")
+    a.add_argument("crate_dir")
+    a.add_argument("--zip", required=True)
+    a.add_argument("files", nargs="+")
+    a.set_defaults(run=add_command)
     c = commands.add_parser("check", help="Every file of a crate present, with its recorded sha256.")
     c.add_argument("crate")
     c.set_defaults(run=check_command)
     v = commands.add_parser("validate", help="roc-validator against every profile the crate declares.")
     v.add_argument("crate")
     v.add_argument("--severity", default="REQUIRED", choices=("REQUIRED", "RECOMMENDED"))
-    v.add_argument("--offline", action="store_true", help="Serve the JSON-LD contexts from the package.")
+    network = v.add_mutually_exclusive_group()
+    network.add_argument(
+        "--offline", action="store_true", default=None, help="Serve the JSON-LD contexts from the package."
+    )
+    network.add_argument(
+        "--online", dest="offline", action="store_false", help="Fetch the JSON-LD contexts, even slowly."
+    )
     v.set_defaults(run=validate_command)
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))

@@ -274,7 +274,7 @@ class CrateBuilder:
             "description": job_description(job),
             "instrument": ref(tool),
             "object": self.file_refs(job.inputs),
-            "result": self.file_refs(job.outputs + job.logs),
+            "result": self.file_refs([*job.outputs, *job.logs, *jobinfo.kept_attempt_logs(job.logs)]),
             "actionStatus": FAILED if job.incomplete else COMPLETED,
             "resourceUsage": [ref(v) for v in self._usage(job)],
             "identifier": [ref(v) for v in self._slurm_ids(job)],
@@ -298,8 +298,8 @@ class CrateBuilder:
             ("wall_time_s", job.benchmark.get("s"), "s", "wall time (Snakemake benchmark)"),
             ("cpu_time_s", job.benchmark.get("cpu_time"), "s", "CPU time (Snakemake benchmark)"),
             ("max_rss_mb", job.benchmark.get("max_rss"), "MB", "peak resident memory (Snakemake benchmark)"),
-            ("gpu_hours", job.gpu_hours(), "h", "GPUs x wall time of the run (0: CPU ranks)"),
-            ("attempts", job.attempts, "1", "Snakemake attempts that made the outputs"),
+            ("gpu_hours", job.gpu_hours(), "h", "GPUs (ranks on CPUs) x hours of the run, as runs.csv"),
+            ("attempts", job.attempts, "1", "attempts that made the outputs (1: a rule never retried)"),
             ("energy_j", job.energy_j(), "J", "energy measured by the run"),
         ]
         entities = []
@@ -382,7 +382,7 @@ class CrateBuilder:
         properties = {
             "@type": "CreateAction",
             "name": f"Run of the study {self.study['name']}",
-            "description": f"The scaling study {self.study['name']}: {len(study_jobs)} jobs",
+            "description": f"The scaling study {self.study['name']}: {len({j.key for j in study_jobs})} jobs",
             "instrument": ref(workflow),
             "object": [*self.file_refs(config_files), ref(config_hash)],
             "result": self.file_refs(targets),
@@ -412,7 +412,7 @@ def job_description(job: jobinfo.Job) -> str:
         f"rule {job.rule}",
         "wildcards " + (", ".join(f"{k}={v}" for k, v in sorted(job.wildcards.items())) or "none"),
         "Slurm job " + (", ".join(job.slurm_job_ids()) or "none (run by the local executor)"),
-        f"nodes {job.nodes() or jobinfo.NOT_RECORDED}",
+        f"nodes {job.nodes() or jobinfo.NOT_RECORDED}" + (" (local executor)" if job.local_host else ""),
         f"attempts {job.attempts or jobinfo.NOT_RECORDED}",
         f"image {image} (sha256 {sha256 or jobinfo.NOT_RECORDED})" if image else "no container image",
         f"energy {energy:.6g} J" if energy is not None else f"energy {NOT_MEASURED}",

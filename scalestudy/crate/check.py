@@ -31,7 +31,8 @@ def is_crate(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def opened(path: str | os.PathLike) -> Iterator[Path]:
-    """The crate's folder: the folder itself, or a zip extracted to a temporary folder."""
+    """The crate's folder: the folder itself, or a zip extracted to a temporary folder (a CrateError
+    raised inside names the zip, not that folder)."""
     path = Path(path)
     if path.is_dir():
         yield path
@@ -39,9 +40,15 @@ def opened(path: str | os.PathLike) -> Iterator[Path]:
     if not zipfile.is_zipfile(path):
         raise CrateError(f"{path}: neither a crate folder (with {METADATA}) nor a zip")
     with tempfile.TemporaryDirectory(prefix="scalestudy-crate-") as tmp:
-        with zipfile.ZipFile(path) as archive:
-            archive.extractall(tmp)
-        yield Path(tmp)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                archive.extractall(tmp)
+        except (OSError, zipfile.BadZipFile) as error:
+            raise CrateError(f"{path}: unreadable zip ({error})") from None
+        try:
+            yield Path(tmp)
+        except CrateError as error:  # named by the zip, not the folder it was extracted to
+            raise CrateError(str(error).replace(tmp, str(path))) from None
 
 
 def graph(crate_dir: Path) -> list[dict]:

@@ -9,7 +9,10 @@ Sources, per job:
 * the rule's `benchmark:` TSV (Snakemake's): wall time, CPU time, peak RSS;
 * a training run's summary.json (`provenance`: Slurm job id, nodes, attempt, image and its sha256,
   software versions; `results`: world size, device, and energy where a measurement wrote `energy_j`);
-* the kept attempt logs (scalestudy.launch.attempt_logs): how many attempts a job took.
+* the kept attempt logs (scalestudy.launch.attempt_logs): how many attempts a job took; a job of a
+  rule Snakemake never retries (`retries` 0: the local profile) that completed took one;
+* a job the local executor ran (no external job id): the host that writes the crate, where Snakemake
+  and its local jobs run (rule crate runs on the submit host).
 
 The study's jobs are those that made the crate rule's inputs, and transitively their inputs; a
 record of a file no job of the study needs (a grid point since removed from the config) is left out.
@@ -56,6 +59,7 @@ class Job:
     benchmark: dict[str, float] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     attempts: int | None = None
+    local_host: str | None = None  # the host of the local executor, for a job it ran
 
     @property
     def key(self) -> str:
@@ -81,7 +85,7 @@ class Job:
         hosts = self.provenance.get("hosts")
         if isinstance(hosts, list) and hosts:
             return ",".join(sorted(set(map(str, hosts))))
-        return slurm.get("job_nodelist") or self.provenance.get("host")
+        return slurm.get("job_nodelist") or self.provenance.get("host") or self.local_host
 
     def image(self) -> tuple[str | None, str | None]:
         return self.provenance.get("image"), self.provenance.get("image_sha256")
@@ -95,13 +99,14 @@ class Job:
         return None
 
     def gpu_hours(self) -> float | None:
-        """GPUs x wall time of a training run on GPUs; 0 for a run on CPU ranks; None where the job
-        trained nothing (its resources are its benchmark's)."""
-        world, device = self.results.get("world_size"), self.results.get("device")
-        seconds = self.results.get("total_time_s") or self.benchmark.get("s")
-        if not world or not seconds or not device:
-            return None
-        return float(world) * float(seconds) / 3600.0 if str(device).startswith("cuda") else 0.0
+        """GPUs (ranks, on CPU ranks) x the run's hours: the summary's `gpu_hours`, the value runs.csv
+        holds (scalestudy.analysis.energy.hours); None where the job trained nothing (its resources
+        are its benchmark's)."""
+        value = self.results.get("gpu_hours")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        world, seconds = self.results.get("world_size"), self.results.get("total_time_s")
+        return float(world) * float(seconds) / 3600.0 if world and seconds else None
 
 
 def iso_time(timestamp: float | None) -> str | None:
@@ -132,11 +137,16 @@ def read_records(metadata_dir: str | os.PathLike) -> dict[str, dict]:
 
 
 def study_jobs(
-    records: Mapping[str, dict], targets: Iterable[str], rule_patterns: Mapping[str, Mapping[str, Any]]
+    records: Mapping[str, dict],
+    targets: Iterable[str],
+    rule_patterns: Mapping[str, Mapping[str, Any]],
+    local_host: str | None = None,
 ) -> list[Job]:
-    """The jobs that made `targets`, and transitively their inputs, ordered by start time."""
+    """The jobs that made `targets`, and transitively their inputs, ordered by start time; a job the
+    local executor ran (no external job id) ran on `local_host`."""
     _holds_attempt_logs.cache_clear()
-    # one job's records share its hash and end time (each output's start time is its own)
+    # one job's records share its rule, hash and command (each output's start and end time is its own:
+    # Snakemake records them one after the other, a millisecond apart)
     outputs_of: dict[tuple, list[str]] = {}
     for path, record in records.items():
         outputs_of.setdefault(_job_key(record), []).append(path)
@@ -157,11 +167,13 @@ def study_jobs(
             for output in outputs_of[key]:
                 pending.extend(records[output].get("input") or [])
     jobs = [_job(sorted(outputs), records, rule_patterns) for outputs in groups.values()]
+    for job in jobs:
+        job.local_host = None if job.external_jobid else local_host
     return sorted(jobs, key=lambda job: (job.start or 0.0, job.key))
 
 
 def _job_key(record: dict) -> tuple:
-    return (record.get("rule"), record.get("job_hash"), record.get("endtime"))
+    return (record.get("rule"), record.get("job_hash"), record.get("shellcmd"))
 
 
 def _job(
@@ -169,6 +181,7 @@ def _job(
 ) -> Job:
     record = records[outputs[0]]
     starts = [records[path]["starttime"] for path in outputs if records[path].get("starttime")]
+    ends = [records[path]["endtime"] for path in outputs if records[path].get("endtime")]
     rule = record.get("rule") or "unknown"
     patterns = rule_patterns.get(rule) or {}
     job = Job(
@@ -177,7 +190,7 @@ def _job(
         inputs=sorted(record.get("input") or []),
         logs=sorted(record.get("log") or []),
         start=min(starts) if starts else None,
-        end=record.get("endtime"),
+        end=max(ends) if ends else None,
         shellcmd=record.get("shellcmd") or "",
         external_jobid=str(record["external_jobid"]) if record.get("external_jobid") else None,
         incomplete=any(records[path].get("incomplete") for path in outputs),
@@ -186,7 +199,8 @@ def _job(
     job.benchmark = read_benchmark(fill_wildcards(patterns.get("benchmark"), job.wildcards))
     summaries = [path for path in outputs if Path(path).name == runfiles.SUMMARY]
     job.summary = _read_json(summaries[0]) if summaries else None
-    job.attempts = job.provenance.get("attempt") or _kept_attempts(job.logs)
+    never_retried = patterns.get("retries") == 0 and not job.incomplete
+    job.attempts = job.provenance.get("attempt") or _kept_attempts(job.logs) or (1 if never_retried else None)
     return job
 
 
@@ -228,6 +242,16 @@ def read_benchmark(path: str | None) -> dict[str, float]:
         except ValueError:
             continue  # "-" where psutil could not measure, or the h:m:s column
     return values
+
+
+def kept_attempt_logs(logs: Iterable[str]) -> list[str]:
+    """The kept attempt logs of a job's logs (`<log stem>.attempt<N>.log`), in the crate beside them."""
+    return [
+        str(path)
+        for log_path in logs
+        if _holds_attempt_logs(os.path.dirname(log_path) or ".")
+        for path in attempt_logs.attempt_logs(log_path).values()
+    ]
 
 
 def _kept_attempts(logs: Iterable[str]) -> int | None:

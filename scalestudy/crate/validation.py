@@ -80,6 +80,31 @@ def context_document(url: str) -> dict:
     return json.loads(gzip.decompress(resource.read_bytes()))
 
 
+def network_problem(url: str = RO_CRATE_CONTEXT, timeout_s: float = 3.0) -> str | None:
+    """Why the crate's JSON-LD context cannot be fetched now (no network, a proxy refusing, a slow
+    answer), in a few words; None where it can."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Accept": ACCEPT}, method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as error:
+        return f"{url} answered HTTP {error.code}"
+    except (OSError, ValueError) as error:
+        return f"{url} cannot be fetched ({one_line(getattr(error, 'reason', error))})"
+
+
+def one_line(error: BaseException | object) -> str:
+    """An exception as one line: its type and the first line of its message (a validator's failure
+    to fetch a context carries a page of HTML or a chained traceback)."""
+    text = str(error).strip().splitlines()
+    first = text[0][:300] if text else ""
+    name = type(error).__name__ if isinstance(error, BaseException) else ""
+    return f"{name}: {first}" if name and first else name or first
+
+
 def seed_cache(cache_path: str | os.PathLike) -> Path:
     """A requests-cache (the validator's backend) holding the crate's contexts under their URLs: each
     fetched once through a session whose transport serves context_document() instead of the network."""

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -63,8 +64,13 @@ def write_crate(
     """Build and write the crate; returns counts and the seconds it took."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    study_jobs = jobinfo.study_jobs(jobinfo.read_records(metadata_dir), targets, rules)
-    outputs = [path for job in study_jobs for path in (*job.outputs, *job.logs, *_benchmarks(job, rules))]
+    records = jobinfo.read_records(metadata_dir)
+    study_jobs = jobinfo.study_jobs(records, targets, rules, local_host=socket.gethostname())
+    outputs = [
+        path
+        for job in study_jobs
+        for path in (*job.outputs, *job.logs, *jobinfo.kept_attempt_logs(job.logs), *_benchmarks(job, rules))
+    ]
     inside, outside = _split_config_files(config_files)
     files = payload.describe([*sources, *inside, *targets, *outputs], exclude)
     missing = sorted(target for target in targets if not Path(target).exists())
@@ -75,7 +81,8 @@ def write_crate(
     try:
         payload.place(files.values(), building)
         identity = study_identity(study, config)
-        generated = _write_generated(building, config, identity, len(study_jobs), outside)
+        count = len({job.key for job in study_jobs})  # the jobs the crate describes, one action each
+        generated = _write_generated(building, config, identity, count, outside)
         files.update(payload.describe(generated, root=building))
         builder = CrateBuilder(identity)
         builder.add_files(files.values(), building)
@@ -109,6 +116,44 @@ def write_crate(
         seconds,
     )
     return {"jobs": len(study_jobs), "files": len(files), "carried": carried, "seconds": seconds}
+
+
+def add_files(crate_dir: str | os.PathLike, zip_path: str | os.PathLike, paths: Sequence[str]) -> int:
+    """Adds files made after the crate's jobs (results/report.html: `snakemake --report` runs once the
+    workflow is done) to a written crate: each carried at its path with its sha256, part of the root,
+    the metadata and the zip written again atomically. Returns how many."""
+    from scalestudy.crate import check
+
+    crate_dir = Path(crate_dir)
+    missing = [path for path in paths if not Path(path).is_file()]
+    if missing:
+        raise ValueError(f"no such file to add to the crate: {', '.join(missing)}")
+    metadata = {"@context": None, "@graph": check.graph(crate_dir)}
+    metadata["@context"] = json.loads((crate_dir / check.METADATA).read_text())["@context"]
+    graph = {entity["@id"]: entity for entity in metadata["@graph"]}
+    root = graph["./"]
+    parts = root.get("hasPart") or []
+    parts = parts if isinstance(parts, list) else [parts]
+    added = payload.describe(paths)
+    for item in added.values():
+        with atomic.atomic_path(crate_dir / item.path) as tmp:
+            shutil.copyfile(item.path, tmp)
+        graph[item.path] = {
+            "@id": item.path,
+            "@type": "File",
+            "name": item.path,
+            "description": "made after the study's jobs (snakemake --report), added to the crate then",
+            "sha256": item.sha256,
+            "contentSize": str(item.size),
+            "encodingFormat": item.media_type,
+        }
+        if {"@id": item.path} not in parts:
+            parts.append({"@id": item.path})
+    root["hasPart"] = parts
+    metadata["@graph"] = list(graph.values())
+    atomic.write_text(crate_dir / check.METADATA, json.dumps(metadata, indent=4) + "\n")
+    payload.write_zip(crate_dir, zip_path)
+    return len(added)
 
 
 def _benchmarks(job: jobinfo.Job, rules: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -156,7 +201,9 @@ A Workflow Run RO-Crate (Provenance Run Crate 0.5) of a scaling study made by sc
 - `ro-crate-metadata.json`: every job as a CreateAction (rule, wildcards, start and end, Slurm job
   ids and nodes, attempts, container image and sha256, resource usage), every file with its sha256.
 - `Snakefile`, `rules/`, `config/`, `{CONFIG_JSON}`: the workflow and the config it ran with.
-- `results/`: the study's outputs in the workflow's layout (`results/tables/runs.csv` is the run catalog).
+- `results/`: the study's outputs in the workflow's layout (`results/tables/runs.csv` is the run
+  catalog), every job's log and each kept attempt's (`results/logs/`), and `results/report.html`
+  where the study's report was added (`python -m scalestudy.crate add`, after `snakemake --report`).
 
 Check it: `python -m scalestudy.crate check crate.zip` (every file and its checksum).
 Compare a study against it: `python -m scalestudy.compare crate.zip results/`, or set

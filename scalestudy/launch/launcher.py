@@ -46,6 +46,8 @@ TORCHRUN_MODULE = "scalestudy.launch.torchrun"  # torchrun, exiting 75 where the
 LAUNCHER_PID_ENV = (
     "SCALESTUDY_LAUNCHER_PID"  # the pid torchrun's agent runs as (scalestudy.launch.distributed)
 )
+# The launch time (time.time(), once the GPUs are held) every rank inherits: scalestudy.train.startup.
+LAUNCH_TIME_ENV = "SCALESTUDY_LAUNCH_TIME"
 # What SLURM_STEP_ID holds in a job's batch script or salloc shell: not a step that srun started.
 NOT_A_STEP = {"", "batch", "extern", "interactive", "4294967294", "4294967291", "4294967292"}
 
@@ -280,7 +282,17 @@ def prepare(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str],
         print(f"launch: warning: {spec['nodes']} nodes asked for; all ranks run here", file=sys.stderr)
     if not options.dry_run:  # last: a launch that fails its checks waits for no GPU
         take_gpus(spec, environ, env, label=f"{options.log or options.module} in {os.getcwd()}")
+        stamp_launch(spec, env)
     return command, env, options.dry_run
+
+
+def stamp_launch(spec: Mapping[str, Any], env: dict[str, str]) -> None:
+    """The launch's time, once its GPUs are held (a wait for one is queueing, not start-up), for the
+    ranks' start-up report (scalestudy.train.startup): through apptainer's channel too."""
+    stamp = f"{time.time():.6f}"
+    env[LAUNCH_TIME_ENV] = stamp
+    if spec["image"]:
+        env[f"APPTAINERENV_{LAUNCH_TIME_ENV}"] = stamp
 
 
 def take_gpus(spec: Mapping[str, Any], environ: Mapping[str, str], env: dict[str, str], label: str) -> None:

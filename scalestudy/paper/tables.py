@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic
+from scalestudy.analysis import above_ideal
+from scalestudy.analysis.acceptance import format_measured
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.progress import setup_logging
 
@@ -52,6 +54,11 @@ def escape(text: Any) -> str:
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def prose(words: Any) -> str:
+    """Text for LaTeX with its percent signs as the tables set them: '100 %' -> '100\\,\\%'."""
+    return escape(words).replace(r" \%", r"\,\%")
 
 
 def number(digits: int = 3) -> Callable[[Any], str]:
@@ -164,6 +171,11 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
     frame["parallelism"] = frame["parallelism"].fillna("ddp") if "parallelism" in frame else "ddp"
     frame = frame.sort_values(["mode", "parallelism", "world_size"])
     frame["efficiency_ci"] = interval(frame, "efficiency", percent())
+    flagged = above_ideal.flagged(frame)
+    frame["efficiency_shown"] = [
+        percent()(value) + (ABOVE_IDEAL_MARK if above else "")
+        for value, above in zip(frame["efficiency_mean"], flagged, strict=True)
+    ]
     series = [Column("parallelism", "Parallelism", lambda v: escape(str(v).upper()), align="l")]
     columns = [
         Column("mode", "Mode", align="l"),
@@ -172,7 +184,7 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
         Column("per_gpu_batch", f"Batch/{unit}", integer),
         Column("images_per_s_mean", f"{capitalised(sample_unit(frame))}/s", number(4)),
         Column("speedup_mean", "Speedup", fixed(2)),
-        Column("efficiency_mean", "Efficiency", percent()),
+        Column("efficiency_shown", "Efficiency", str),
         Column("efficiency_ci", f"{confidence:.0%} CI".replace("%", r"\,\%"), str),
         Column("mfu_mean", "MFU", percent()),
         Column("repeats", "Runs", integer),
@@ -181,7 +193,22 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
         "Efficiency $E(N) = X(N)/(N\\,X(1))$ with $X$ the global throughput (strong: $T(1)/(N\\,T(N))$ per "
         "epoch; weak: $T(1)/T(N)$ per step); means over repeats, Student-$t$ intervals."
     )
+    if flagged.any():
+        note += f" {ABOVE_IDEAL_MARK} {prose(above_ideal.NOTE)}."
+    if len(frame) and int(frame["world_size"].max()) == 1:
+        note += f" One {unit} only: each efficiency is its reference itself; no scaling was measured."
     return booktabs(frame, columns, "Strong- and weak-scaling throughput and efficiency.", "efficiency", note)
+
+
+ABOVE_IDEAL_MARK = r"$^{\dagger}$"  # an efficiency above 100 % (scalestudy.analysis.above_ideal)
+
+
+def measured(value: Any, target: Any) -> str:
+    """An acceptance row's measured value as its criterion states it (acceptance.format_measured:
+    a percentage, a rate in GB/s or W, or a ratio in times), for LaTeX."""
+    if _missing(value):
+        return NA
+    return escape(format_measured(float(value), str(target))).replace(r"\%", r"\,\%")
 
 
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
@@ -229,11 +256,25 @@ def sensitivity_table(
 
 
 def acceptance_table(acceptance: pd.DataFrame, unit: str = "GPU") -> str:
+    # a row judged from a point above 100 % says so in its note (analysis.acceptance): marked here
+    above = acceptance["note"].fillna("").astype(str).str.contains(above_ideal.PROBLEM, regex=False)
+    acceptance = acceptance.assign(
+        shown=[
+            measured(v, t) + (ABOVE_IDEAL_MARK if a else "")
+            for v, t, a in zip(acceptance["measured"], acceptance["target"], above, strict=True)
+        ]
+    )
+    note = (
+        "``not measured'': the grid does not reach that size; ``informative'' rows show the same "
+        "quantity at the largest measured size."
+    )
+    if above.any():
+        note += f" {ABOVE_IDEAL_MARK} No verdict: a point's {prose(above_ideal.NOTE)}."
     columns = [
         Column("criterion", "Criterion", relation, align=ragged(0.34)),
         Column("target", "Target", relation, align=ragged(0.13)),
         Column("world_size", "$N$", integer),
-        Column("measured", "Measured", percent()),
+        Column("shown", "Measured", str),
         Column("status", "Status", align=ragged(0.17)),
     ]
     return booktabs(
@@ -241,8 +282,7 @@ def acceptance_table(acceptance: pd.DataFrame, unit: str = "GPU") -> str:
         columns,
         "Acceptance criteria.",
         "acceptance",
-        "``not measured'': the grid does not reach that size; ``informative'' rows show the same "
-        "quantity at the largest measured size.",
+        note,
     )
 
 

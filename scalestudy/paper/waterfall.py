@@ -7,15 +7,21 @@ Per mode (Strong, Weak): \\WaterfallStrongWorld, \\WaterfallStrongLoss (points l
 part was not), ...RemainderShare, and \\WaterfallStrongSummary, the sentence the template prints
 ("In strong scaling at 8 GPUs, 19 of the 28 points of efficiency lost are exposed all-reduce, ...").
 \\WaterfallUnexplained says where the remainder exceeds its bound (or that it nowhere does).
+
+A point with no loss is not split (analysis.waterfall): its Remainder and RemainderShare read
+"none: no loss to split", not "not measured", and the summary says why: efficiency above 100 % is a
+measurement problem (scalestudy.analysis.above_ideal), and a study of one GPU has no scaling loss
+(waterfall.csv's 1-rank rows), which the summary says rather than leaving the paragraph empty.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from scalestudy.analysis import above_ideal
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.paper.sections import Data, ddp_rows, is_missing, join
-from scalestudy.paper.tables import escape, number, percent
+from scalestudy.paper.tables import escape, number, percent, prose
 
 PART_MACROS = {
     "Comm": "exposed_comm",
@@ -31,6 +37,8 @@ PHRASES = {
     "straggler": "waiting for the slowest rank",
 }
 MACROS = ("World", "Loss", *PART_MACROS, "RemainderShare", "Summary")
+NOT_SPLIT = "none: no loss to split"
+ONE_RANK = "none: one rank has no scaling loss"
 
 
 def points(value) -> str:
@@ -43,6 +51,10 @@ def waterfall(numbers: Numbers, data: Data) -> None:
     for mode in ("strong", "weak"):
         Mode = mode.capitalize()
         chosen = rows[rows["mode"] == mode] if rows is not None else pd.DataFrame()
+        if not chosen.empty and (chosen["world_size"] == 1).all():
+            one_rank(numbers, mode, chosen, data)
+            continue
+        chosen = chosen[chosen["world_size"] > 1] if not chosen.empty else chosen
         if chosen.empty:
             why = (
                 "waterfall.csv not given"
@@ -60,11 +72,14 @@ def waterfall(numbers: Numbers, data: Data) -> None:
         )
         numbers.add(f"Waterfall{Mode}World", str(world), source)
         numbers.add(f"Waterfall{Mode}Loss", points(row["loss_points"]), source + "; loss_points")
+        split = not is_missing(row["remainder_points"])  # a point with no loss is not split
         for name, part in PART_MACROS.items():
-            numbers.add(f"Waterfall{Mode}{name}", points(row[f"{part}_points"]), source + f"; {part}_points")
+            value = points(row[f"{part}_points"]) if split or part != "remainder" else NOT_SPLIT
+            numbers.add(f"Waterfall{Mode}{name}", value, source + f"; {part}_points")
+        share = row["remainder_share"]
         numbers.add(
             f"Waterfall{Mode}RemainderShare",
-            NOT_MEASURED if is_missing(row["remainder_share"]) else percent(0)(row["remainder_share"]),
+            NOT_SPLIT if not split else NOT_MEASURED if is_missing(share) else percent(0)(share),
             source + "; remainder_share",
         )
         numbers.add(f"Waterfall{Mode}Summary", summary(mode, row, data), source + "; every part")
@@ -77,6 +92,11 @@ def summary(mode: str, row: pd.Series, data: Data) -> str:
     world = int(row["world_size"])
     at = f"In {mode} scaling at {world} {data.unit if world == 1 else data.units}"
     loss = row["loss_points"]
+    if above_ideal.row_flagged(row, "efficiency"):
+        return (
+            f"{at}, the efficiency is {percent()(row['efficiency'])}, above the ideal: "
+            f"{prose(above_ideal.PROBLEM)}; there is no loss to split."
+        )
     if is_missing(loss) or not loss > 0:
         return f"{at}, no efficiency is lost against the ideal: there is nothing to split."
     comm = row["exposed_comm_points"]
@@ -108,6 +128,23 @@ def summary(mode: str, row: pd.Series, data: Data) -> str:
     return "; ".join([head + (", " + join(measured) if measured else ""), *missing, rest]) + "."
 
 
+def one_rank(numbers: Numbers, mode: str, rows: pd.DataFrame, data: Data) -> None:
+    """A series of one rank only (a one-GPU study): every macro says there is no scaling loss."""
+    Mode = mode.capitalize()
+    source = f"waterfall.csv mode={mode}: 1-rank rows only; " + data.run_ids(
+        "scaling", **{"config.mode": mode, "world_size": 1}
+    )
+    numbers.add(f"Waterfall{Mode}World", "1", source)
+    for name in MACROS[1:-1]:
+        numbers.add(f"Waterfall{Mode}{name}", ONE_RANK, source)
+    numbers.add(
+        f"Waterfall{Mode}Summary",
+        f"In {mode} scaling the study ran on one {data.unit} only: with no larger point there is no"
+        f" scaling loss to split (its {mode}-scaling efficiency is the reference itself).",
+        source,
+    )
+
+
 def _reason(how) -> str:
     return str(how).removeprefix(NOT_MEASURED).lstrip(" :")
 
@@ -120,6 +157,9 @@ def unexplained(numbers: Numbers, rows: pd.DataFrame | None, data: Data) -> None
         return
     bound = percent(0)(rows["unexplained_share_max"].iloc[0])
     numbers.add("WaterfallShareMax", bound, "waterfall.csv unexplained_share_max (analysis.waterfall)")
+    if rows["remainder_share"].isna().all():  # no point had a loss to split: the summaries say why
+        numbers.add("WaterfallUnexplained", "", "waterfall.csv: no point with a loss to split")
+        return
     flagged = rows[rows["unexplained_flagged"].astype(str).str.lower() == "true"]
     if flagged.empty:
         numbers.add(

@@ -14,7 +14,9 @@ is covered without a change here, and refuses, in one line naming every offendin
   study.title, ...);
 - settings that are each valid but do not fit together or the grid: a sensitivity axis that is no
   run-config key the sweep may set, or a value that key refuses or a run folder cannot be named
-  by; a data source the workload cannot read; a command workload without its script.
+  by; a data source the workload cannot read; a command workload without its script; a strong
+  scaling global batch that a world size does not divide, or any other grid point the grid
+  (scalestudy.plan.grid) refuses to make.
 
 Pure standard library at import (PyYAML is imported only when a schema is read).
 """
@@ -49,7 +51,7 @@ def check(config: Mapping[str, Any], given: Mapping[str, Any] | str | os.PathLik
         given = load_schema(given)
     problems = list(problems_of(config, given))
     if not problems:  # the checks across keys assume the values have their types
-        problems = [*axes_problems(config), *workload_problems(config, given)]
+        problems = [*axes_problems(config), *workload_problems(config, given), *grid_problems(config)]
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
@@ -168,6 +170,28 @@ def workload_problems(config: Mapping[str, Any], given: Mapping[str, Any]) -> li
             if key in data and data[key] == defaults.get(key, {}).get("default")
         ]
     return problems
+
+
+def grid_problems(config: Mapping[str, Any]) -> list[str]:
+    """Strong scaling's global batch divides every world size; then every grid point can be made
+    (a ValueError of scalestudy.plan.grid, as one line, rather than a traceback when a rule file
+    asks for the points)."""
+    scaling = config.get("scaling") or {}
+    if "strong" in (scaling.get("modes") or []):
+        batch = scaling.get("strong_global_batch")
+        uneven = [
+            f"scaling.world_sizes[{index}] = {world}: scaling.strong_global_batch={batch} does not split "
+            f"evenly over {world} ranks (use a multiple of {world})"
+            for index, world in enumerate(scaling.get("world_sizes") or [])
+            if isinstance(batch, int) and isinstance(world, int) and world > 0 and batch % world
+        ]
+        if uneven:
+            return uneven
+    try:
+        grid.all_points(dict(config))
+    except ValueError as error:
+        return [f"the grid cannot be made from this config: {error}"]
+    return []
 
 
 def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:

@@ -328,22 +328,44 @@ def samples_per_epoch(config: dict) -> int | None:
 
 def window_problems(config: dict) -> list[str]:
     """One line per grid point whose run has fewer steps than train.measure needs (warm-up +
-    window), naming the point. Profile runs are left out: they stop after the profiled steps and
-    their throughput is not analysed; so are workloads whose epoch length is not known yet."""
+    window), naming the point and the epochs it needs. Profile runs are left out: they stop after the
+    profiled steps and their throughput is not analysed; so are workloads whose epoch length is not
+    known yet."""
     samples = samples_per_epoch(config)
     if samples is None:
         return []
     problems = []
     for point in [baseline_point(config), *scaling_points(config), *sensitivity_points(config)]:
         run = run_config(config, point)
-        per_epoch = samples // run["world_size"] // run["per_gpu_batch"]
-        if run.get("max_steps_per_epoch") is not None:
-            per_epoch = min(per_epoch, run["max_steps_per_epoch"])
         needed = run["measure_warmup_steps"] + run["measure_steps"]
-        total = per_epoch * run["epochs"]
-        if total < needed:
+        problem = too_few_steps(point, run, samples, needed)
+        if problem:
             problems.append(
-                f"{point.run_dir}: {run['epochs']} epochs x {per_epoch} steps = {total} steps cannot fill "
-                f"the measurement window of {needed} (train.measure warmup_steps + steps): raise its epochs"
+                f"{problem} the measurement window of {needed} (train.measure warmup_steps + steps)"
             )
     return problems
+
+
+def steps_per_epoch(run: dict, samples: int) -> int:
+    """A run's optimizer steps per epoch over `samples` training samples (max_steps_per_epoch too)."""
+    per_epoch = samples // run["world_size"] // run["per_gpu_batch"]
+    if run.get("max_steps_per_epoch") is not None:
+        per_epoch = min(per_epoch, run["max_steps_per_epoch"])
+    return per_epoch
+
+
+def epochs_key(point: Point) -> str:
+    """The config key that sets a grid point's epochs."""
+    return "sensitivity.epochs" if point.stage == "sensitivity" else "train.epochs"
+
+
+def too_few_steps(point: Point, run: dict, samples: int, needed: int) -> str | None:
+    """The start of a problem line if the point's steps are fewer than `needed`, with the epochs it
+    needs ("...: E epochs x S steps = T steps (needs N epochs, <key>) cannot fill"); else None."""
+    per_epoch = steps_per_epoch(run, samples)
+    total = per_epoch * run["epochs"]
+    if total >= needed:
+        return None
+    epochs = math.ceil(needed / per_epoch) if per_epoch else None
+    need = f"needs {epochs} epochs, {epochs_key(point)}" if epochs else "an epoch holds no step"
+    return f"{point.run_dir}: {run['epochs']} epochs x {per_epoch} steps = {total} steps ({need}) cannot fill"

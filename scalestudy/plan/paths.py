@@ -1,7 +1,8 @@
-"""Where the workflow writes: every folder under results/, named once for the rules and the code.
+"""Where the workflow writes: the folders under results/ that its rules write, named once.
 
-The rules (rules/*.smk) build their outputs from these names; the modules that find a file the
-workflow wrote (the paper, the analysis, the pre-flight checks) import them too. The files inside
+The rules (rules/*.smk, rules/common/paths.smk) build their outputs from these names; the modules
+that find a file the workflow wrote (the paper, the analysis, the pre-flight checks) import them too.
+(Some command lines still spell their own default folder: smoke.py, system.py, tracking/.) The files inside
 a run folder are named in scalestudy.plan.runfiles. Standard library only (the Snakefile imports it).
 """
 

@@ -3,7 +3,8 @@
 A run config is one JSON object (the grid writes it: scalestudy.plan.grid.run_config); the trainer fills
 the keys it is not given from DEFAULTS and refuses, before any training starts, a config whose
 values it cannot run, with one message that names every bad key (RunConfigError, exit code
-EXIT_BAD_CONFIG). RULES holds each key's type and range; JSON's true/false never pass as numbers.
+EXIT_BAD_CONFIG). RULES holds each key's type and range, read from the schema (schema.yaml: a study
+setting's own entry, or $defs/run_config); this module adds only the checks across keys.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ TRAIN_KEYS = (  # config["train"][key]
     "monitor_interval_s",
 )
 # config["train"][key] too, written into a run config only where it differs from its default
-OPTIONAL_TRAIN_KEYS = ("parallelism", "reshard_after_forward", "optimizer", "grad_clip")
+OPTIONAL_TRAIN_KEYS = (
+    *("parallelism", "reshard_after_forward", "optimizer", "grad_clip"),
+    *("optimizer_impl", "compile_mode"),  # how the step runs: scalestudy.train.optim, trainer.build_model
+)
 # config["train"]["measure"][key] -> the run config's key (the steady-state window, scalestudy.train.steady)
 MEASURE_KEYS = {
     "warmup_steps": "measure_warmup_steps",
@@ -89,21 +93,20 @@ OWN_DEFAULTS: dict[str, Any] = {
 }
 
 
-def schema_default(path: tuple[str, ...]) -> Any:
-    """The default schema.yaml gives the study setting at `path` ("train", "measure", "steps")."""
-    return copy.deepcopy(schema.node(*path).get("default"))
+class _FromSchema(Mapping):
+    """A mapping built from the schema on first use (the Snakefile imports this module before any
+    config exists, and reading the schema costs a YAML parse); values deep-copied with `copied`."""
 
-
-class _Defaults(Mapping):
-    """DEFAULTS: every key the trainer fills when a run config leaves it out, the study settings'
-    from the schema (read on first use: the Snakefile imports this module before any config exists)."""
+    def __init__(self, build, copied: bool = False):
+        self._build, self._copied = build, copied
 
     @functools.cached_property
     def _values(self) -> dict[str, Any]:
-        return {**OWN_DEFAULTS, **{key: schema_default(path) for key, path in STUDY_KEYS.items()}}
+        return self._build()
 
     def __getitem__(self, key: str) -> Any:
-        return copy.deepcopy(self._values[key])
+        value = self._values[key]
+        return copy.deepcopy(value) if self._copied else value
 
     def __iter__(self):
         return iter(self._values)
@@ -112,7 +115,17 @@ class _Defaults(Mapping):
         return len(self._values)
 
 
-DEFAULTS: Mapping[str, Any] = _Defaults()
+def schema_default(path: tuple[str, ...]) -> Any:
+    """The default schema.yaml gives the study setting at `path` ("train", "measure", "steps")."""
+    return copy.deepcopy(schema.node(*path).get("default"))
+
+
+def _defaults() -> dict[str, Any]:
+    """Every key the trainer fills when a run config leaves it out, the study settings' from the schema."""
+    return {**OWN_DEFAULTS, **{key: schema_default(path) for key, path in STUDY_KEYS.items()}}
+
+
+DEFAULTS: Mapping[str, Any] = _FromSchema(_defaults, copied=True)
 
 
 @dataclass(frozen=True)
@@ -166,81 +179,40 @@ KIND_NAMES = {
 }
 
 
-def _integer(minimum: int | None = 1, maximum: int | None = None, nullable: bool = False) -> Rule:
-    return Rule("integer", minimum=minimum, maximum=maximum, nullable=nullable)
+def rule_of(node: Mapping[str, Any]) -> Rule:
+    """The Rule of a schema entry (its type, enum, minimum, exclusiveMinimum and maximum; a local $ref
+    followed): the schema says what a key accepts, this module only checks it."""
+    node = schema.resolved(node)
+    types = node.get("type", "object")
+    types = [types] if isinstance(types, str) else list(types)
+    nullable, kinds = "null" in types, [kind for kind in types if kind != "null"]
+    unknown = set(node) & {"exclusiveMaximum", "pattern", "maxLength", "multipleOf"}
+    if kinds == ["string"] and "enum" not in node and node.get("minLength") != 1:
+        unknown.add("minLength")  # Rule's "string" is a non-empty one
+    if len(kinds) != 1 or unknown:
+        raise ValueError(f"{schema.PATH}: runconfig cannot check {dict(node)}")
+    if "enum" in node:
+        return Rule("choice", choices=tuple(c for c in node["enum"] if c is not None), nullable=nullable)
+    return Rule(
+        kinds[0],
+        minimum=node.get("minimum"),
+        maximum=node.get("maximum"),
+        above=node.get("exclusiveMinimum"),
+        nullable=nullable,
+    )
 
 
-def _number(minimum=None, maximum=None, above=None) -> Rule:
-    return Rule("number", minimum=minimum, maximum=maximum, above=above)
+def _rules() -> dict[str, Rule]:
+    own = schema.definition("run_config")["properties"]
+    study = {key: schema.node(*path) for key, path in {**STUDY_KEYS, "epochs": ("train", "epochs")}.items()}
+    # the workload's name: the study's workload.name, one of scalestudy.workloads.WORKLOADS
+    study["workload"] = schema.node("workload", "name")
+    return {key: rule_of(node) for key, node in {**own, **study}.items()}
 
 
-def _choice(*choices: str) -> Rule:
-    return Rule("choice", choices=choices)
-
-
-FLAG = Rule("boolean")
-LABEL = Rule("string", nullable=True)
-SEED_MAX = 2**32 - 1  # numpy's seed range
-EVERY = _integer(0, nullable=True)  # a step interval; 0 or null: never
-
-RULES: dict[str, Rule] = {
-    "data_dir": Rule("string"),
-    "checkpoint_dir": Rule("string"),
-    "world_size": _integer(),
-    "per_gpu_batch": _integer(),
-    "global_batch": _integer(),
-    "epochs": _integer(),
-    "stage": LABEL,
-    "point": LABEL,
-    "mode": LABEL,
-    "repeat": _integer(0),
-    "nodes": _integer(),
-    "max_steps_per_epoch": _integer(nullable=True),
-    "eval_max_batches": _integer(nullable=True),
-    "lr": _number(above=0),
-    "base_batch": _integer(),
-    "lr_scaling": _choice("linear", "sqrt", "none"),
-    "warmup_epochs": _number(minimum=0),
-    "momentum": _number(minimum=0, maximum=1),
-    "weight_decay": _number(minimum=0),
-    "nesterov": FLAG,
-    "label_smoothing": _number(minimum=0, maximum=1),
-    "precision": _choice("fp32", "tf32", "fp16", "bf16"),
-    "bucket_cap_mb": _number(above=0),
-    "comm_hook": _choice("none", "fp16", "bf16"),
-    "loader": _choice("tensor", "dataloader"),
-    "num_workers": _integer(0),
-    "device": _choice("auto", "cuda", "cpu"),
-    "backend": _choice("auto", "nccl", "gloo"),
-    "width": _integer(),
-    "norm": _choice(
-        "batch", "sync", "frozen"
-    ),  # scalestudy.workloads.resnet_cifar.model.NORMS (test_grid_axes.py keeps them equal)
-    "channels_last": FLAG,
-    "compile": FLAG,
-    "seed": _integer(0, SEED_MAX),
-    "deterministic": FLAG,
-    "checkpoint_every_steps": EVERY,
-    "target_accuracy": _number(maximum=1, above=0),
-    "step_timing_every": EVERY,
-    "log_every_steps": EVERY,
-    "pg_timeout_s": _number(above=0),
-    "monitor_interval_s": _number(above=0),
-    "profile": Rule("object", nullable=True),
-    "measure_warmup_steps": _integer(1),  # the first step (compile, autotuning) is never measured
-    "measure_steps": _integer(),
-    "measure_intervals": _integer(),
-    "measure_seconds": Rule("number", above=0, nullable=True),
-    "inductor_cache_dir": LABEL,
-    "keep_checkpoints": FLAG,
-    "workload": _choice(*workloads.WORKLOADS),
-    "parallelism": _choice("ddp", "fsdp"),
-    "reshard_after_forward": FLAG,
-    "optimizer": Rule("choice", choices=("sgd", "adamw"), nullable=True),
-    "grad_clip": Rule("number", above=0, nullable=True),
-    "gpt": Rule("object", nullable=True),
-    "command": Rule("object", nullable=True),
-}
+# What each run-config key accepts: the schema's entry of the study setting it copies (STUDY_KEYS),
+# or $defs/run_config's for the trainer's own keys. JSON's true/false never pass as numbers.
+RULES: Mapping[str, Rule] = _FromSchema(_rules)
 
 
 class RunConfigError(ValueError):

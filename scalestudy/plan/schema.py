@@ -64,6 +64,23 @@ def node(*path: str) -> dict[str, Any]:
     return found
 
 
+def definition(name: str) -> dict[str, Any]:
+    """The schema's $defs entry `name` ("positive_int", "run_config"), read-only: not a copy."""
+    try:
+        return _load()["$defs"][name]
+    except KeyError:
+        raise KeyError(f"{PATH}: no {name!r} under $defs") from None
+
+
+def resolved(entry: dict[str, Any]) -> dict[str, Any]:
+    """A setting's entry with a local $ref ("#/$defs/positive_int") followed: the definition's keys,
+    then the entry's own (its default, description) over them."""
+    while "$ref" in entry:
+        name = entry["$ref"].removeprefix("#/$defs/")
+        entry = {**definition(name), **{key: value for key, value in entry.items() if key != "$ref"}}
+    return entry
+
+
 def section(name: str) -> dict[str, Any]:
     """The schema of one top-level section of the config ("cluster", "analysis", ...), a copy."""
     return copy.deepcopy(node(name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalestudy.analysis.commmodel import FIT_CURVE
+from scalestudy.plots import scaling as scaling_plots
 from scalestudy.plots import style
 
 CURVE_COLOURS = style.PALETTE[2:]
@@ -57,7 +58,8 @@ def model_vs_measurement(
         )
         style.sparse_world_ticks(ax, max_world)
         ax.set_xlabel(style.world_label())
-        ax.set_ylim(0.0, 1.12)
+        scaling_plots.above_ideal_rings(ax, measured)
+        ax.set_ylim(0.0, scaling_plots.efficiency_top(measured))
         style.percent_axis(ax)
         ax.set_title(s["label"])
     axes[0, 0].set_ylabel("Parallel efficiency")

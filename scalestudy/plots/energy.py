@@ -65,10 +65,11 @@ def figure(scaling: pd.DataFrame, png, pdf=None) -> None:
         frame = frame.assign(energy_shown=frame[ENERGY] / size, time_shown=frame[TIME] / seconds)
         _time_against_energy(axes[0, 0], frame, unit, time_unit)
         _against_world(axes[0, 1], frame, "energy_shown", f"Energy to target ({unit})", "fewest joules")
-    hours = f"{style.UNIT['word']}-hours"
+    hours = f"{style.UNIT['word']}-hours"  # the panel's title names the unit its axis is in
     if frame[HOURS].notna().any():
         size, shown = unit_of(frame[HOURS], HOUR_UNITS)
-        label = f"{style.UNIT['word']}-{shown} to target"
+        hours = f"{style.UNIT['word']}-{shown}"
+        label = f"{hours} to target"
         _against_world(axes[0, 2], frame.assign(hours=frame[HOURS] / size), "hours", label, f"fewest {hours}")
     else:
         style.placeholder_note(

@@ -8,19 +8,24 @@ A point where some repeat did not fill its measurement window (scaling.csv's win
 its throughput is the whole run's) is drawn hollow, with a legend entry "window not filled"; a point
 where some repeat was contended (scaling.csv's contended: a foreign process on its GPUs while it
 measured, scalestudy.analysis.contention) is drawn as a cross, with a legend entry "GPU shared
-(contended)", in every figure (its epoch time is the shared GPU's too).
+(contended)", in every figure (its epoch time is the shared GPU's too). In the efficiency figure a
+point above 100 % (scaling.csv's efficiency_above_ideal: a measurement problem, not a gain;
+scalestudy.analysis.above_ideal) is ringed in red with its value, the axis reaching it.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from scalestudy.analysis import above_ideal
 from scalestudy.analysis.contention import contended
 from scalestudy.analysis.metrics import window_filled
 from scalestudy.plots import style
 
 UNFILLED_LABEL = "window not filled"
 CONTENDED_LABEL = "GPU shared (contended)"
+ABOVE_IDEAL_LABEL = "above 100 %: a measurement problem"
+ABOVE_IDEAL_COLOUR = "firebrick"
 
 
 def parallelisms(scaling: pd.DataFrame) -> pd.Series:
@@ -136,12 +141,50 @@ def efficiency(scaling: pd.DataFrame, png, pdf=None, criteria: dict | None = Non
     if criteria:
         minimum, world = criteria["strong_efficiency_min"], criteria["strong_efficiency_world"]
         style.threshold(ax, minimum, f"acceptance: strong \u2265 {minimum:.0%} at {style.count(world)}")
+    above_ideal_rings(ax, scaling)
     style.world_axis(ax, scaling["world_size"])
-    ax.set_ylim(0.0, 1.12)
+    ax.set_ylim(0.0, efficiency_top(scaling))
     style.percent_axis(ax)
     ax.set_ylabel("Parallel efficiency")
     ax.legend(loc="best")
     style.save_figure(fig, png, pdf)
+
+
+def efficiency_top(scaling: pd.DataFrame) -> float:
+    """The efficiency axis' top: 112 %, or above the highest mean or interval end (with room for
+    its label) where a point is above that."""
+    columns = [c for c in ("efficiency_mean", "efficiency_ci_high") if c in scaling]
+    values = pd.to_numeric(scaling[columns].stack(), errors="coerce") if columns else pd.Series()
+    highest = float(values.max()) if values.notna().any() else 0.0
+    return max(1.12, highest * 1.08 + 0.04)
+
+
+def above_ideal_rings(ax, scaling: pd.DataFrame) -> None:
+    """Points above 100 % ringed and labelled with their value, and (once) their legend entry."""
+    flagged = scaling[above_ideal.flagged(scaling)]
+    if flagged.empty:
+        return
+    ring = {"marker": "o", "markerfacecolor": "none", "linestyle": "none", "zorder": 5}
+    ax.plot(
+        flagged["world_size"],
+        flagged["efficiency_mean"],
+        markeredgecolor=ABOVE_IDEAL_COLOUR,
+        markersize=style.MARKER_SIZE + 6,
+        markeredgewidth=1.3,
+        label=ABOVE_IDEAL_LABEL,
+        **ring,
+    )
+    stacked = flagged.groupby("world_size").cumcount()  # labels of one world size stack upwards
+    for (_, row), level in zip(flagged.iterrows(), stacked, strict=True):
+        ax.annotate(
+            f"{100 * row['efficiency_mean']:.1f} % ({row['mode']})",
+            (row["world_size"], row["efficiency_mean"]),
+            xytext=(-8, 5 + 8 * level),
+            textcoords="offset points",
+            ha="right",
+            fontsize=6,
+            color=ABOVE_IDEAL_COLOUR,
+        )
 
 
 def epoch_time(scaling: pd.DataFrame, png, pdf=None) -> None:

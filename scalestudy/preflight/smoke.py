@@ -79,11 +79,12 @@ def saves_per_epoch(config: dict, train_images: int | None = None) -> dict[str, 
     images = train_images or grid.samples_per_epoch(config)
     runs = [grid.run_config(config, p) for p in grid.all_points(config)]
     steps = max(_steps_per_epoch(run, images) for run in runs)
+    every = config["train"]["checkpoint_every_steps"]  # 0 or null: only the epoch's end saves
     return {
         "train_images": images,
         "steps_per_epoch": steps,
-        "checkpoint_every_steps": config["train"]["checkpoint_every_steps"],
-        "saves_per_epoch": math.ceil(steps / config["train"]["checkpoint_every_steps"]),
+        "checkpoint_every_steps": every,
+        "saves_per_epoch": math.ceil(steps / every) if every else 1,
     }
 
 

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if stop_follower(args.stop_follower):
             log.info("the study's follower stopped")
-    from scalestudy.tracking import preflight_runs, sync
+    from scalestudy.tracking import preflight_runs, store, sync
 
     try:
         if args.command == "schedule":
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "synced %d run(s) into %s: %d metric value(s) added", len(record["runs"]), tracking["uri"], added
     )
+    if command := store.ui_command(tracking["uri"]):
+        log.info("MLflow's UI for this store: %s", command)
     log.info("the runs in MLflow's UI: %s", record["ui"])
     if args.out:
         atomic.write_json(args.out, record)

@@ -148,14 +148,19 @@ class Replayer:
             return found[-1].info.run_id if found else None
         given = record.get("given") or {}
         tags = point_tags(point, config_hash, given, self.tracking["study"])
-        run_id, _ = store.point_run(self.client, self.experiment, tags, given, self.parent, "RUNNING")
+        started = record.get("at") if isinstance(record.get("at"), int | float) else None
+        run_id, _ = store.point_run(
+            self.client, self.experiment, tags, given, self.parent, "RUNNING", started
+        )
         if checkpoint_dir:
             store.write_run_id(checkpoint_dir, config_hash, uri, run_id)
         return run_id
 
     def _status(self, run: Attached, record: dict[str, Any]) -> None:
         if record["kind"] == "end":
-            store.set_status(self.client, run.run_id, record.get("status") or "FAILED", record.get("reason"))
+            ended = record.get("at") if isinstance(record.get("at"), int | float) else None
+            status = record.get("status") or "FAILED"
+            store.set_status(self.client, run.run_id, status, record.get("reason"), ended)
             return
         store.set_status(self.client, run.run_id, "RUNNING")
         store.append_tag(self.client, run.run_id, "slurm.job_ids", record.get("slurm_job_id"))

@@ -70,11 +70,24 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: a nested run
 
 
 def runs_page(uri: str, experiment: str) -> str:
-    """The UI's page of the experiment's training runs: MLflow 3 opens an experiment on its GenAI
-    overview (traces) unless the address asks for the model-training view. An http(s) store is
-    its own UI; an embedded (sqlite) store's UI is `mlflow ui` on port 5000."""
+    """The UI's page of the experiment's runs table: MLflow 3 (3.17) opens an experiment on its GenAI
+    overview (traces) unless the address asks for the model-training view (`workflowType`; the UI
+    reads it from the address, else from the browser's last choice, GenAI by default, and no
+    longer from the experiment's `mlflow.experimentKind` tag). An http(s) store is its own UI; an
+    embedded (sqlite) store's UI is `mlflow ui` on port 5000 (ui_command)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     return f"{base}/#/experiments/{experiment}/runs?workflowType=machine_learning"
+
+
+def ui_command(uri: str) -> str | None:
+    """The command that serves an embedded store's UI on 127.0.0.1:5000 (None for a server's store):
+    one worker and no GenAI job runner, 5 processes instead of 18 (docs/tracking.md)."""
+    if not uri.startswith(SQLITE_PREFIX):
+        return None
+    import shlex
+
+    serve = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1 --port 5000"
+    return f"{serve} --backend-store-uri {shlex.quote(uri)}"
 
 
 def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
@@ -85,7 +98,8 @@ def experiment_id(mlflow_client, tracking: dict[str, Any]) -> str:
         return mlflow_client.create_experiment(
             tracking["experiment"],
             artifact_location=tracking.get("artifact_root") or None,
-            tags={"mlflow.experimentKind": "custom_model_development"},  # the UI's training runs view
+            # the classic (model training) kind, for the UIs that read it (MLflow 3.0 - 3.4; 3.17 does not)
+            tags={"mlflow.experimentKind": "custom_model_development"},
         )
     except Exception:  # another job created it in the meantime
         found = mlflow_client.get_experiment_by_name(tracking["experiment"])
@@ -112,6 +126,31 @@ def study_run(mlflow_client, experiment: str, study: str) -> str:
     return mlflow_client.create_run(experiment, tags=tags).info.run_id
 
 
+_STAGE_RUNS: dict[tuple[str, str, str], str] = {}  # (experiment, study run, stage) -> its run id
+
+
+def stage_run(mlflow_client, experiment: str, study: str, stage: str) -> str:
+    """The run of one stage (baseline, scaling, ...) nested under the study's run `study` (found by
+    its tags, or created): the points of the stage nest under it."""
+    key = (experiment, study, stage)
+    if key not in _STAGE_RUNS:
+        point = f"{STUDY_POINT}/{stage}"
+        found = find_runs(mlflow_client, experiment, point)
+        if found:
+            _STAGE_RUNS[key] = found[0].info.run_id
+        else:
+            tags = {TAG_POINT: point, "stage": stage, "mlflow.runName": stage, PARENT_TAG: study}
+            tags[TAG_STUDY_RUN] = study
+            _STAGE_RUNS[key] = mlflow_client.create_run(experiment, tags=tags).info.run_id
+    return _STAGE_RUNS[key]
+
+
+def stage_runs(mlflow_client, experiment: str) -> list[str]:
+    """The run ids of every stage's run of the experiment."""
+    query = f"tags.`{TAG_POINT}` LIKE '{STUDY_POINT}/%'"
+    return [run.info.run_id for run in mlflow_client.search_runs([experiment], filter_string=query)]
+
+
 def point_run(
     mlflow_client,
     experiment: str,
@@ -119,19 +158,51 @@ def point_run(
     given: dict[str, Any] | None,
     parent: str | None = None,
     status: str = "SCHEDULED",
+    started: float | None = None,
 ) -> tuple[str, bool]:
     """The run of a grid point's run config (its tags name both): (run id, created). A new one
-    starts in `status`, with the flattened run config as its params, nested under the study's run
-    `parent` (MLflow's parent tag: the runs page shows the points under the study's run)."""
+    starts in `status`, with the flattened run config as its params, nested under its stage's run
+    under the study's run `parent` (MLflow's parent tag: the runs table lists the stages under the
+    study, the points under their stage). A SCHEDULED run that starts RUNNING is made again from the
+    moment it started (`started`, Unix seconds; now if None), its tags and params kept: MLflow
+    counts a run's duration from its start time, which no API moves, and the queue is not the run."""
+    nest = {}
+    if parent:
+        nest = {
+            TAG_STUDY_RUN: parent,
+            PARENT_TAG: stage_run(mlflow_client, experiment, parent, tags["stage"]),
+        }
     found = find_runs(mlflow_client, experiment, tags[TAG_POINT], tags[TAG_HASH])
     if found:
-        return found[-1].info.run_id, False
-    tags = dict(tags) | ({TAG_STUDY_RUN: parent, PARENT_TAG: parent} if parent else {})
-    run_id = mlflow_client.create_run(experiment, tags=tags).info.run_id
+        run = found[-1]
+        if status == "RUNNING" and run.info.status == "SCHEDULED":
+            return started_again(mlflow_client, experiment, run, nest, started), False
+        for key, value in nest.items():  # a store whose points hung under the study's run itself
+            if run.data.tags.get(key) != value:
+                mlflow_client.set_tag(run.info.run_id, key, value)
+        return run.info.run_id, False
+    start_ms = int(started * 1000) if started else None
+    run_id = mlflow_client.create_run(experiment, start_time=start_ms, tags=dict(tags) | nest).info.run_id
     if given is not None:
         log_params(mlflow_client, run_id, given)
     set_status(mlflow_client, run_id, status)
     return run_id, True
+
+
+def started_again(mlflow_client, experiment: str, run, nest: dict[str, str], started: float | None) -> str:
+    """A SCHEDULED run made again as it starts: a new run from `started` (or now) with its tags and
+    params; the SCHEDULED one is deleted (MLflow's soft delete: out of the runs table)."""
+    from mlflow.entities import Param
+
+    tags = {key: value for key, value in run.data.tags.items() if not key.startswith("mlflow.")}
+    tags |= {"mlflow.runName": run.data.tags.get("mlflow.runName") or run.info.run_name} | nest
+    start_ms = int((started or time.time()) * 1000)
+    run_id = mlflow_client.create_run(experiment, start_time=start_ms, tags=tags).info.run_id
+    params = [Param(key, value) for key, value in run.data.params.items()]
+    for start in range(0, len(params), 100):
+        mlflow_client.log_batch(run_id, params=params[start : start + 100])
+    mlflow_client.delete_run(run.info.run_id)
+    return run_id
 
 
 def log_params(mlflow_client, run_id: str, given: dict[str, Any]) -> None:
@@ -144,7 +215,9 @@ def log_params(mlflow_client, run_id: str, given: dict[str, Any]) -> None:
         mlflow_client.log_batch(run_id, params=params[start : start + 100])
 
 
-def set_status(mlflow_client, run_id: str, status: str, reason: str | None = None) -> None:
+def set_status(
+    mlflow_client, run_id: str, status: str, reason: str | None = None, ended: float | None = None
+) -> None:
     """Moves the run to `status` and appends it to the status-history tag (KILLED, RUNNING,
     FINISHED of a resumed job stay visible after the fact); a repeated status is not appended."""
     run = mlflow_client.get_run(run_id)
@@ -154,7 +227,7 @@ def set_status(mlflow_client, run_id: str, status: str, reason: str | None = Non
     if reason:
         mlflow_client.set_tag(run_id, "failure_reason", reason[:5000])
     if status in ("FINISHED", "FAILED", "KILLED"):
-        mlflow_client.set_terminated(run_id, status)
+        mlflow_client.set_terminated(run_id, status, end_time=int(ended * 1000) if ended else None)
     else:
         mlflow_client.update_run(run_id, status=status)
 
@@ -197,6 +270,8 @@ class Filling:
     slurm: list[tuple[str | None, str | None]] = field(default_factory=list)  # (job id, node list)
     metrics: dict[str, dict[int, float]] = field(default_factory=dict)  # {key: {step: value}}
     artifacts: dict[str, list[Path]] = field(default_factory=dict)  # folder ('' = top) -> files
+    started: float | None = None  # when the run started, Unix seconds (its journal's first start)
+    ended: float | None = None  # when it ended (its journal's last end)
 
 
 def fill(mlflow_client, experiment: str, parent: str, filling: Filling) -> dict[str, Any]:
@@ -204,7 +279,9 @@ def fill(mlflow_client, experiment: str, parent: str, filling: Filling) -> dict[
     the filling's params, tags, Slurm jobs, missing (metric, step) pairs and artifacts, ends
     FINISHED, and supersedes the point's runs of other configs; what was added."""
     point, config_hash = filling.tags[TAG_POINT], filling.tags[TAG_HASH]
-    run_id, created = point_run(mlflow_client, experiment, filling.tags, filling.given, parent, "RUNNING")
+    run_id, created = point_run(
+        mlflow_client, experiment, filling.tags, filling.given, parent, "RUNNING", filling.started
+    )
     if filling.given is not None:
         log_params(mlflow_client, run_id, filling.given)
     have = mlflow_client.get_run(run_id).data.tags
@@ -220,7 +297,7 @@ def fill(mlflow_client, experiment: str, parent: str, filling: Filling) -> dict[
         for folder, files in filling.artifacts.items()
     )
     if mlflow_client.get_run(run_id).info.status != "FINISHED":
-        set_status(mlflow_client, run_id, "FINISHED")
+        set_status(mlflow_client, run_id, "FINISHED", ended=filling.ended)
     superseded = mark_superseded(mlflow_client, experiment, point, config_hash, run_id)
     return {
         "point": point,

@@ -142,7 +142,22 @@ def folder_filling(run_dir: Path, tracking: dict, root: Path) -> store.Filling:
         slurm=[(prov.get("slurm_job_id"), prov.get("slurm_nodelist"))],
         metrics=folder_metrics(run_dir, config_hash),
         artifacts={"": [run_dir / name for name in RUN_ARTIFACTS], "logs": rank_logs(run_dir, root)},
+        **journal_times(run_dir, config_hash),
     )
+
+
+def journal_times(run_dir: Path, config_hash: str) -> dict[str, float | None]:
+    """{started, ended}: the run's first start and last end in its journal (None where absent)."""
+    times: dict[str, list[float]] = {"start": [], "end": []}
+    for record in follow.journal_records(run_dir):
+        at = record.get("at")
+        if (
+            record.get("config_hash") == config_hash
+            and record.get("kind") in times
+            and isinstance(at, int | float)
+        ):
+            times[record["kind"]].append(float(at))
+    return {"started": min(times["start"], default=None), "ended": max(times["end"], default=None)}
 
 
 def sync_run(client, experiment: str, parent: str, run_dir: Path, tracking: dict, root: Path) -> dict:
@@ -206,7 +221,9 @@ def sync(
     ]
     runs += [store.fill(client, experiment, parent, filling) for filling in preflight]
     study = sync_study(client, experiment, parent, study_files, root)
-    store.set_status(client, parent, "FINISHED")  # rule track runs once the study's outputs exist
+    for stage in store.stage_runs(client, experiment):  # rule track runs once the study's outputs exist
+        store.set_status(client, stage, "FINISHED")
+    store.set_status(client, parent, "FINISHED")
     return {
         "experiment": tracking["experiment"],
         "study_run": parent,

@@ -32,10 +32,11 @@ Columns and units (runfiles.MONITOR_COLUMNS); a value a GPU does not report is l
   (NCCL's inter-node traffic on InfiniBand/RoCE), so multi-node all-reduce shows up here too.
 - `mem_used_mb` (10^6 bytes), `temperature_c`.
 - `processes`: the compute processes NVML lists on the GPU (MPS clients included);
-  `foreign_processes`: those that are not the job's ranks (or their children); `foreign_mem_mb`: their
-  GPU memory (10^6 bytes). Which PIDs are the job's, PID namespaces and the query's fallbacks:
-  scalestudy.train.gpu_processes. Each foreign PID's first and last sighting is in gpu_monitor.json
-  (per GPU, `foreign`), so the analysis can name the PIDs seen inside the measurement window.
+  `foreign_processes`: those not of the job's process tree (its ranks, their children and
+  ancestors); `foreign_mem_mb`: their GPU memory (10^6 bytes). Which PIDs are the job's, PID
+  namespaces and the query's fallbacks: scalestudy.train.gpu_processes. Each foreign PID's first
+  and last sighting is in gpu_monitor.json (per GPU, `foreign`), so the analysis can name the PIDs
+  seen inside the measurement window.
 - `host_load_1m`: the host's 1-minute load average (os.getloadavg), `host_cpus`: its CPUs
   (os.cpu_count); the CPUs the rank may run on (its affinity) are in gpu_monitor.json per node.
 - `energy_j`: joules the GPU used since the monitor's first reading, from NVML's total energy

@@ -2,11 +2,14 @@
 compute processes NVML lists on a GPU, which of them are not the job's, and the host's load.
 
 Whose process. The job's own processes on a host are its ranks there (their PIDs, gathered once at
-setup: the trainer's rank records, job_on_host) and their descendants (a compile worker, the
-command workload's script); every other process NVML lists on the GPU is foreign: another job on a
-shared node, a second Snakemake's job, an MPS client of another user, a notebook. The MPS control
+setup: the trainer's rank records, job_on_host), their descendants (a compile worker, the command
+workload's script) and their ancestors (torchrun's agent, the launcher, the benchmark that spawned
+the trainer and waits for it, Snakemake): the job's process tree. Every other process NVML lists on
+the GPU is foreign: another job on a shared node, a second Snakemake's job (a sibling under the same
+Snakemake is not an ancestor: foreign), an MPS client of another user, a notebook. The MPS control
 daemon's server (nvidia-cuda-mps-server) is listed on every GPU it serves but runs no work itself:
-it is left out.
+it is left out. (An ancestor that computes on the GPU while the job measures is not caught; the
+project's own, the benchmark, starts no CUDA in its process while a trainer runs.)
 
 PID namespaces. NVML reports PIDs of the host's namespace; inside a container with its own PID
 namespace the job's PIDs are other numbers. When processes are listed but none of them is one of
@@ -21,7 +24,7 @@ nvmlDeviceGetMPSComputeRunningProcesses for MPS clients. With none, the process 
 and the report says why: never a zero.
 
 Cost: one NVML call per GPU and sample (two with MPS) on the monitor's thread, never in the training
-step; /proc is read once per PID not seen before.
+step; /proc is read once per PID not seen before, and the ranks' ancestors once.
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class Processes:
         self.mps = ProcessQuery(nvml, MPS_QUERIES)
         self.proc = proc
         self._own: dict[int, bool] = {}
+        self._ancestors: frozenset[int] | None = None
 
     @property
     def reason(self) -> str | None:
@@ -183,18 +187,29 @@ class Processes:
 
     def foreign(self, listed: Mapping[int, int | None], uuid: str) -> tuple[dict[int, int | None], bool]:
         """({pid: used bytes} of the processes that are not the job's, PIDs comparable). Not comparable
-        (none listed is the job's): every listed process, and the count beyond the job's is foreign."""
-        if listed and not any(pid in self.job.pids for pid in listed):
+        (none listed is the job's rank or their ancestor): every listed process, and the count beyond
+        the job's is foreign."""
+        if listed and not any(pid in self.job.pids or pid in self.ancestors() for pid in listed):
             return dict(listed), False
         return {pid: used for pid, used in listed.items() if not self.is_own(pid)}, True
 
     def is_own(self, pid: int) -> bool:
-        """The job's rank, a descendant of one, or the MPS server; read from /proc once per PID."""
-        if pid in self.job.pids:
+        """The job's rank, a descendant or an ancestor of one, or the MPS server; read from /proc
+        once per PID."""
+        if pid in self.job.pids or pid in self.ancestors():
             return True
         if pid not in self._own:
             self._own[pid] = self._name(pid) == MPS_SERVER or self._descends_from_job(pid)
         return self._own[pid]
+
+    def ancestors(self) -> frozenset[int]:
+        """The parents, grandparents, ... of the job's ranks on this host, read once (pid 0 not)."""
+        if self._ancestors is None:
+            found: set[int] = set()
+            for pid in self.job.pids:
+                found.update(self._lineage(pid))
+            self._ancestors = frozenset(found - self.job.pids)
+        return self._ancestors
 
     def _name(self, pid: int) -> str | None:
         try:
@@ -203,17 +218,23 @@ class Processes:
             return None
 
     def _descends_from_job(self, pid: int) -> bool:
+        return any(parent in self.job.pids for parent in self._lineage(pid))
+
+    def _lineage(self, pid: int) -> list[int]:
+        """`pid`'s parent, its parent, ... up to init (1), as far as /proc says."""
+        parents: list[int] = []
         for _ in range(ANCESTRY_DEPTH):
             try:
                 stat = (self.proc / str(pid) / "stat").read_text()
                 pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: ppid
             except (OSError, IndexError, ValueError):
-                return False
-            if pid in self.job.pids:
-                return True
-            if pid <= 1:
-                return False
-        return False
+                break
+            if pid < 1:
+                break
+            parents.append(pid)
+            if pid == 1:
+                break
+        return parents
 
 
 class GpuWatch:

@@ -11,6 +11,9 @@ run config).
   found-inf flag as a tensor (no host sync; the foreach step reads it with `.item()` every fp16
   step). SGD's fused step has none (torch 2.14: "aten._fused_sgd_ ... no sharding strategy"), so
   SGD over FSDP2's DTensors runs foreach (and syncs once per fp16 step).
+- `optimizer_impl` (auto, fused, foreach, forloop) picks the kernels of the same update: auto is the
+  above; the others force one (the variants benchmark compares them, scalestudy.benchmark.variants;
+  tests/test_step_variants.py checks that they train the same weights).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import math
 from typing import Any
 
 import torch
+
+from scalestudy.plan.runconfig import RunConfigError
 
 WORKLOAD_OPTIMIZERS = {"gpt": "adamw"}  # every other workload: sgd
 ADAMW_BETAS = (0.9, 0.95)
@@ -45,7 +50,22 @@ def optimizer_name(config: dict[str, Any]) -> str:
     return config.get("optimizer") or WORKLOAD_OPTIMIZERS.get(config.get("workload"), "sgd")
 
 
+def implementation(config: dict[str, Any], sharded: bool) -> dict[str, bool]:
+    """The optimizer's keyword for `optimizer_impl`: {"fused": True}, {"foreach": True} or
+    {"foreach": False} (a loop over the parameters); auto: fused, but foreach for SGD over DTensors."""
+    impl = config.get("optimizer_impl") or "auto"
+    if impl == "fused" and sharded and optimizer_name(config) == "sgd":
+        raise RunConfigError(
+            "run config: optimizer_impl='fused' with sgd over FSDP2 (parallelism fsdp): torch's fused "
+            "SGD has no DTensor sharding strategy; use auto or foreach"
+        )
+    if impl == "auto":
+        impl = "foreach" if sharded and optimizer_name(config) == "sgd" else "fused"
+    return {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
+
+
 def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: float, sharded: bool):
+    kernels = implementation(config, sharded)
     if optimizer_name(config) == "adamw":
         matrices = [p for p in model.parameters() if p.dim() >= 2]
         vectors = [p for p in model.parameters() if p.dim() < 2]
@@ -53,14 +73,14 @@ def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: flo
             {"params": matrices, "weight_decay": config["weight_decay"]},
             {"params": vectors, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, fused=True)
+        return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, **kernels)
     return torch.optim.SGD(
         model.parameters(),
         lr=peak_lr,
         momentum=config["momentum"],
         nesterov=config["nesterov"],
         weight_decay=config["weight_decay"],
-        **({"foreach": True} if sharded else {"fused": True}),
+        **kernels,
     )
 
 

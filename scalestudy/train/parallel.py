@@ -83,7 +83,8 @@ def _fully_shard(model: torch.nn.Module, config: dict[str, Any], shard_units) ->
         torchopts.log_graph_breaks()
     for unit in shard_units:
         if compiled:
-            unit.compile()  # before fully_shard: its hooks stay outside the compiled frame
+            # before fully_shard: its hooks stay outside the compiled frame
+            unit.compile(mode=config["compile_mode"])
         fully_shard(unit, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mp_policy=policy)  # root: reshard_after_forward left to FSDP2 (False for it)
     if config["comm_hook"] != "none":

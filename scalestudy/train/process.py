@@ -77,7 +77,8 @@ def process_settings(config: dict[str, Any]):
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(saved[0])
+        if torch.are_deterministic_algorithms_enabled() != saved[0]:  # its call imports torch._inductor
+            torch.use_deterministic_algorithms(saved[0])
         torch.set_num_threads(saved[1])
         torch.backends.cudnn.benchmark = saved[2]
         set_fp32_math(saved[3]["cudnn_conv"], saved[3]["cudnn_rnn"], saved[3]["cuda_matmul"])

@@ -19,7 +19,7 @@ from scalestudy.launch import distributed
 from scalestudy.plan import runconfig
 from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
 from scalestudy.progress import setup_logging
-from scalestudy.train import journal
+from scalestudy.train import journal, startup
 from scalestudy.train.datafit import check_batch_fits
 from scalestudy.train.process import exit_now, keep_freed_host_memory, process_settings
 from scalestudy.train.state import StopRequest
@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
     """The trainer's command line; `exit_process` (python -m) ends the process here (see exit_now).
     Every rule, the profiler and the smoke test start any workload the same way."""
+    startup.begin()
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper(), logging.INFO))
     try:
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
         backend = distributed.select_backend(config["backend"], device)
         check_locations(config, args.out_dir)
         check_batch_fits(config)  # before any process group: a batch larger than the data is bad input
+        startup.mark("config")
     except (RunConfigError, ValueError) as error:
         log.error("%s", error)
         return EXIT_BAD_CONFIG

@@ -11,13 +11,17 @@ pause that falls inside the window (an epoch end or a checkpoint: rare), never p
 after the attempt's first step (outside the window), to time it.
 
 A window can be asked to last at least `min_seconds` (train.measure.seconds), still counted in whole
-steps: when the planned window closes shorter than that, the ranks agree (`agree`: the mean over
-ranks of the window's seconds, the same number on every rank, so every rank decides alike at the
-same step) on how many steps `min_seconds` take at the window's rate, plus 5 %, and a new window of
-that many steps opens at once; the shorter one is discarded (`measure_probes` counts them) and served
-as more warm-up. A window shorter again (the steps got faster) repeats this. The steps measured stay
-whole steps in `intervals` sub-intervals, and the training itself is untouched (the same batches,
-the same order), so runs stay deterministic and a resume bit-exact.
+steps. The window plans its steps when it opens, from the warm-up's rate: the device is synchronised
+once more in the middle of the warm-up (outside the window), and the steps from there to the
+window's start (less any pause among them: an epoch end) give the rate; the ranks agree on those
+seconds (`agree`: the mean over ranks, the same number on every rank, so every rank plans alike at
+the same step), and the window gets max(`steps`, the steps `min_seconds` take at that rate, plus
+5 %). A window that still closes shorter than `min_seconds` (its steps ran faster than the warm-up's)
+is extended in place (`measure_extensions` counts it): the ranks agree on its seconds again, and the
+missing steps at its own rate, plus 5 %, are added as further sub-intervals no larger than the
+first ones; nothing measured is discarded, so a run whose steps hold warm-up plus the planned steps
+fills its window. The training itself is untouched (the same batches, the same order), so runs stay
+deterministic and a resume bit-exact.
 
 A window belongs to one attempt (one process): a resumed attempt starts a fresh warm-up, because its
 compile, autotuning and caches start cold again; a window that an interruption cut short is
@@ -46,12 +50,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalestudy.plan.windowtime import steps_for_seconds
 from scalestudy.train.step_parts import StepParts, per_rank
 
 WARMUP, MEASURING, DONE = "warmup", "measuring", "done"
-MARGIN = (
-    1.05  # a window re-planned to last min_seconds gets this much more, so that jitter does not repeat it
-)
 
 
 def interval_sizes(steps: int, intervals: int) -> list[int]:
@@ -88,7 +90,7 @@ class SteadyWindow:
     agree: Callable[[float], float] = lambda seconds: seconds  # the same value on every rank
     parts: StepParts = field(default_factory=StepParts)  # where the measured steps go, on this rank
     step_parts: dict[str, Any] | None = None  # every rank's parts, once gathered (gather_parts)
-    probes: int = 0  # windows discarded as shorter than min_seconds
+    extensions: int = 0  # times the window was extended to last min_seconds
     phase: str = WARMUP
     seen: int = 0  # steps of this attempt so far
     start_step: int | None = None  # the global step the window starts at
@@ -102,7 +104,8 @@ class SteadyWindow:
     _segment_start: float | None = None  # perf_counter of the running (unpaused) segment
     _segment_wall: float | None = None  # its start on the wall clock, since t0
     _attempt_start: float = 0.0
-    _first_global_step: int = 0
+    _rate_from: tuple[int, float] | None = None  # (steps seen, clock) in the warm-up, to plan from
+    _warm_paused: float = 0.0  # pauses since _rate_from (left out of the warm-up's rate)
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.steps < 1 or self.intervals < 1:
@@ -129,7 +132,6 @@ class SteadyWindow:
     def start(self, global_step: int) -> None:
         self.synchronize()
         self._attempt_start = self.clock()
-        self._first_global_step = global_step
         self.start_step = global_step + self.warmup_steps
         if self.warmup_steps == 0:
             self._open()
@@ -140,6 +142,10 @@ class SteadyWindow:
             if self.seen == 1:
                 self.synchronize()
                 self.first_step_s = self.clock() - self._attempt_start
+            if self._plans_from_warmup() and self.seen == max(1, self.warmup_steps // 2):
+                if self.seen > 1:
+                    self.synchronize()
+                self._rate_from = (self.seen, self.clock())
             if self.seen >= self.warmup_steps:
                 self._open()
         elif self.phase == MEASURING:
@@ -151,7 +157,16 @@ class SteadyWindow:
 
     @contextlib.contextmanager
     def paused(self):
-        """Leave the enclosed work out of the window (a no-op outside it)."""
+        """Leave the enclosed work out of the window (a no-op outside it and the timed warm-up)."""
+        if self.phase == WARMUP and self._rate_from is not None:
+            self.synchronize()
+            begin = self.clock()
+            try:
+                yield
+            finally:
+                self.synchronize()
+                self._warm_paused += self.clock() - begin
+            return
         if not self.measuring:
             yield
             return
@@ -164,8 +179,21 @@ class SteadyWindow:
             self._segment_start = self.clock()
             self._segment_wall = self.wall() - self.t0
 
+    def _plans_from_warmup(self) -> bool:
+        return self.min_seconds is not None and self.warmup_steps >= 2
+
+    def _plan_from_warmup(self) -> None:
+        """Size the window to last min_seconds at the agreed rate of the warm-up's timed steps."""
+        if self._rate_from is None:
+            return
+        seen, since = self._rate_from
+        seconds = self.agree(self.clock() - since - self._warm_paused)
+        steps = steps_for_seconds(self.min_seconds, max(seconds, 1e-9) / (self.seen - seen), self.steps)
+        self.steps, self._sizes = steps, interval_sizes(steps, self.intervals)
+
     def _open(self) -> None:
         self.synchronize()
+        self._plan_from_warmup()
         self.parts.open(max(self._sizes))
         self.start_s = self._segment_wall = self.wall() - self.t0
         self._segment_start = self.clock()
@@ -185,36 +213,29 @@ class SteadyWindow:
         self.parts.interval_closed()  # after the synchronisation, outside the clock
         self.done.append(self._current)
         self._current = Interval()
-        if len(self.done) == len(self._sizes):
+        if len(self.done) == len(self._sizes) and not self._extend():
             self._end_wall_segment()
-            steps = self._steps_for_min_seconds()
-            if steps is not None:
-                self._measure_again(steps)
-                return
             self.end_s = self.segments[-1][1]
             self.phase = DONE
             self.parts.close()
         else:
             self._segment_start = self.clock()
 
-    def _steps_for_min_seconds(self) -> int | None:
-        """The steps a window of min_seconds takes at the closed window's rate (agreed across
-        ranks), or None if it lasted long enough."""
+    def _extend(self) -> bool:
+        """Add the steps that make the closed window last min_seconds at its own rate (agreed across
+        ranks) as further sub-intervals, no larger than the first; False if it lasted long enough."""
         if self.min_seconds is None:
-            return None
+            return False
         seconds = self.agree(sum(i.seconds for i in self.done))
         if seconds >= self.min_seconds:
-            return None
-        rate = self.measured_steps / max(seconds, 1e-9)
-        return max(self.steps + 1, math.ceil(self.min_seconds * MARGIN * rate))
-
-    def _measure_again(self, steps: int) -> None:
-        """Discard the closed window and open one of `steps` steps now (the device is synchronised)."""
-        self.probes += 1
-        self.steps, self._sizes = steps, interval_sizes(steps, self.intervals)
-        self.done, self.segments, self._current = [], [], Interval()
-        self.start_step = self._first_global_step + self.seen
-        self._open()
+            return False
+        measured = self.measured_steps
+        extra = steps_for_seconds(self.min_seconds, max(seconds, 1e-9) / measured, measured + 1) - measured
+        largest = max(self._sizes)
+        self._sizes += interval_sizes(extra, math.ceil(extra / largest))
+        self.steps += extra
+        self.extensions += 1
+        return True
 
     def gather_parts(self, gather: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> None:
         """Every rank's parts of the filled window: `gather` is an all-gather of one object per rank
@@ -229,7 +250,7 @@ class SteadyWindow:
             "warmup_steps": self.warmup_steps,
             "measure_steps": self.steps,
             "measure_seconds": self.min_seconds,
-            "measure_probes": self.probes,
+            "measure_extensions": self.extensions,
             "measured_steps": self.measured_steps,
             "measured_s": measured_s,
             "window_filled": self.filled,

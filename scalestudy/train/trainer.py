@@ -33,7 +33,7 @@ from scalestudy.plan import runfiles, workloads
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.progress import format_seconds
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, parallel, steady, step_parts
+from scalestudy.train import optim, parallel, startup, steady, step_parts
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint.manager import Checkpointer
 from scalestudy.train.journal import NULL_RUN
@@ -110,6 +110,7 @@ class Trainer:
     # -- setup, in the order it happens --
 
     def setup(self) -> None:
+        startup.mark("settings")
         c = self.config
         if self.world_size > 1:
             self.control_group = distributed.init_process_group(
@@ -120,13 +121,16 @@ class Trainer:
         parallel.reset_peak_memory(self.device)  # the run's peak, not an earlier one's in this process
         self.ranks = distributed.all_gather_object(self._rank_info())
         self.t0 = self.ranks[0]["time"]
+        startup.mark("process_group")
         hosts = {r["host"] for r in self.ranks}
         if len(hosts) != c["nodes"]:
             log.warning(
                 "run config nodes=%d but the ranks run on %d hosts: %s", c["nodes"], len(hosts), sorted(hosts)
             )
         self.build_data()
+        startup.mark("data")
         self.build_model()
+        startup.mark("model")
         self.build_optimizer()
         self.amp_dtype = autocast_dtype(c["precision"], self.device)
         self.use_autocast = self.wrapped.autocast and self.amp_dtype is not None
@@ -149,6 +153,7 @@ class Trainer:
         job = monitor.job_on_host(self.ranks, socket.gethostname())
         self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank, job=job)
         self.monitor.start()
+        startup.mark("setup")
 
     def _rank_info(self) -> dict[str, Any]:
         return {
@@ -181,7 +186,7 @@ class Trainer:
         if c["compile"] and not self.wrapped.compiled:  # FSDP2's blocks were compiled before sharding
             # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
             torchopts.log_graph_breaks()
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = torch.compile(self.train_model, mode=c["compile_mode"])
         log.info("model: %s; %s", built.description, c["parallelism"] if self.world_size > 1 else "one rank")
 
     def build_optimizer(self) -> None:
@@ -218,6 +223,7 @@ class Trainer:
         )
         if not self.wrapped.sharded:  # FSDP2's sharded parameters take no gradient hook
             self.steady.parts.attach(next(self.model.parameters()))
+        startup.mark("resume")
         self.steady.start(self.state.position.global_step)
         self.steady_kept = False
         while self.state.position.epoch < c["epochs"]:
@@ -486,7 +492,9 @@ class Trainer:
             self.out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS)
         )
         atomic.write_csv(self.out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
-        atomic.write_json(self.out_dir / runfiles.SUMMARY, self.results().summary(memory, self.out_dir))
+        summary = self.results().summary(memory, self.out_dir)
+        summary["results"].update(startup.of_attempt(self.steady.first_step_s))
+        atomic.write_json(self.out_dir / runfiles.SUMMARY, summary)
         log.info("wrote %s", self.out_dir)
         self.checkpointer.finish()
 

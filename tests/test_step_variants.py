@@ -1,0 +1,157 @@
+"""The step variants the GPU benchmark compares (scalestudy.benchmark.variants) train the same model on
+the CPU: the optimizer's kernels (train.optimizer_impl: fused, foreach, for-loop) give the default's
+weights within float rounding, and train.compile_mode reaches torch.compile (the DDP module's and
+FSDP2's per-block compile)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from scalestudy.data.synthetic_cifar import generate_arrays
+from scalestudy.plan import runconfig
+from scalestudy.train import optim, program
+from scalestudy.train import trainer as train
+from scalestudy.train.checkpoint import single_file as checkpoint
+
+BASE = {
+    "world_size": 1,
+    "per_gpu_batch": 16,
+    "global_batch": 16,
+    "base_batch": 16,
+    "epochs": 1,
+    "width": 8,
+    "precision": "fp32",
+    "channels_last": False,
+    "warmup_epochs": 0,
+    "lr": 0.05,
+    "seed": 0,
+    "deterministic": True,
+    "max_steps_per_epoch": 8,
+    "checkpoint_every_steps": 0,
+    "log_every_steps": 0,
+    "monitor_interval_s": 0.5,
+    "keep_checkpoints": True,
+    "measure_warmup_steps": 2,
+    "measure_steps": 4,
+    "measure_intervals": 2,
+}
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def _one_process_one_thread(monkeypatch):
+    for name in list(os.environ):
+        if name in LAUNCH_VARIABLES or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """name -> the final weights of BASE + changes, trained once per name."""
+    data = tmp_path_factory.mktemp("packed")
+    arrays = generate_arrays(16, 4, seed=0)
+    for name, array in zip(
+        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
+    ):
+        np.save(data / f"{name}.npy", array)
+    root = tmp_path_factory.mktemp("runs")
+    done: dict[str, dict] = {}
+
+    def run(name: str, **changes) -> dict:
+        if name not in done:
+            folder = root / name
+            config = {**BASE, "data_dir": str(data), "checkpoint_dir": str(folder / "ckpt"), **changes}
+            argv = ["--run-config-json", json.dumps(config), "--out-dir", str(folder / "run")]
+            assert program.main([*argv, "--log-level", "WARNING"]) == 0
+            done[name] = checkpoint.load_latest(folder / "ckpt")[0]["model"]
+        return done[name]
+
+    return run
+
+
+@pytest.mark.parametrize("impl", ["foreach", "forloop", "fused"])
+def test_each_optimizer_kernel_trains_the_defaults_weights(trained, impl):
+    default = trained("default")
+    variant = trained(impl, optimizer_impl=impl)
+    assert default.keys() == variant.keys()
+    for key, tensor in default.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(variant[key], tensor, rtol=1e-5, atol=1e-6, msg=key)
+        else:
+            assert torch.equal(variant[key], tensor), key
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+@pytest.mark.parametrize("impl", ["fused", "foreach", "forloop"])
+def test_the_optimizer_kernels_compute_the_same_update(name, impl):
+    """Five steps of each optimizer on the same gradients against the for-loop's (the reference
+    arithmetic): foreach does the same operations, bit for bit; the fused kernel within rounding."""
+
+    def steps(config: dict) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+        opt = optim.build_optimizer(net, config, peak_lr=0.01, sharded=False)
+        for step in range(5):
+            generator = torch.Generator().manual_seed(step)
+            loss = net(torch.randn(4, 7, generator=generator)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in net.parameters()]
+
+    common = {"optimizer": name, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
+    reference = steps({**common, "optimizer_impl": "forloop"})
+    for got, want in zip(steps({**common, "optimizer_impl": impl}), reference, strict=True):
+        if impl == "fused":
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        else:
+            assert torch.equal(got, want)
+
+
+def test_auto_is_fused_except_sgd_over_dtensors():
+    assert optim.implementation({"optimizer": "sgd"}, sharded=False) == {"fused": True}
+    assert optim.implementation({"optimizer": "sgd"}, sharded=True) == {"foreach": True}
+    assert optim.implementation({"optimizer": "adamw"}, sharded=True) == {"fused": True}
+    assert optim.implementation({"optimizer_impl": "forloop"}, sharded=False) == {"foreach": False}
+
+
+def test_fused_sgd_over_dtensors_is_refused_in_one_line():
+    with pytest.raises(runconfig.RunConfigError, match="optimizer_impl='fused' with sgd over FSDP2"):
+        optim.implementation({"optimizer": "sgd", "optimizer_impl": "fused"}, sharded=True)
+    assert optim.implementation({"optimizer": "adamw", "optimizer_impl": "fused"}, sharded=True) == {
+        "fused": True
+    }
+
+
+def test_a_bad_variant_is_refused_naming_its_key():
+    config = {**runconfig.DEFAULTS, **BASE, "data_dir": "d", "checkpoint_dir": "c"}
+    for key, value in (("optimizer_impl", "apex"), ("compile_mode", "fast")):
+        with pytest.raises(runconfig.RunConfigError, match=f"{key}='{value}' must be one of"):
+            runconfig.validate({**config, key: value})
+
+
+def test_the_compile_mode_reaches_torch_compile(trained, monkeypatch):
+    """torch.compile is handed the run config's mode (recorded, then the model runs eager: the CPU
+    test of what mode a GPU run compiles with, without a C++ toolchain's minutes)."""
+    modes = []
+
+    def recording_compile(model, **options):
+        modes.append(options.get("mode"))
+        return model
+
+    monkeypatch.setattr(train.torch, "compile", recording_compile)
+    monkeypatch.setattr(train.torchopts, "compile_seconds", lambda: 0.0)
+    eager = trained("default")
+    weights = trained("compile-ro", compile=True, compile_mode="reduce-overhead")
+    assert modes == ["reduce-overhead"]
+    for key, tensor in eager.items():
+        assert torch.equal(weights[key], tensor), key
