@@ -22,7 +22,7 @@ ARCHIVE = WORKLOAD.data.raw_path  # what fetch writes (None: a command workload 
 PACKED = WORKLOAD.data.packed_paths[:-1]  # the arrays preprocess writes (none for a command workload)
 PACKED_MANIFEST = WORKLOAD.data.packed_paths[-1:]  # [manifest.json] (named input; [] for none)
 # A command workload's script: every training job depends on it (a changed script re-runs them).
-WORKLOAD_SCRIPT = [config["workload"]["command"]["script"]] if WORKLOAD.name == "command" else []
+WORKLOAD_SCRIPT = [config["workload"][WORKLOAD.name][key] for key in WORKLOAD.section_files]
 TRAIN_INPUTS = [*PACKED, *WORKLOAD_SCRIPT]
 
 # Labels say what one rank drives: a GPU, or (train.device cpu, the demo) a CPU rank.

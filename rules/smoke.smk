@@ -12,7 +12,7 @@ SMOKE_WORLDS = sorted({1, max(config["scaling"]["world_sizes"])})
 
 # A command workload's loader and checkpoints are its script's own: only its training steps are
 # checked.
-SMOKE_IO = WORKLOAD.name != "command"
+SMOKE_IO = WORKLOAD.entry is None  # a workload that runs its ranks itself (scalestudy.plan.workload_spec)
 
 
 if SMOKE_IO:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_RESUMABLE = 75  # stopped by SIGTERM/SIGUSR1 after a checkpoint: the retry resumes
-EXIT_BAD_CONFIG = 2  # scalestudy's rank programs: bad input (run config, data), nothing trained
+EXIT_BAD_CONFIG = 2  # scalestudy's programs: bad input (run config, data, settings), nothing done
 RUN_CONFIG_ENV = "SCALESTUDY_RUN_CONFIG"
 OUT_DIR_ENV = "SCALESTUDY_OUT_DIR"
 CHECKPOINT_DIR_ENV = "SCALESTUDY_CHECKPOINT_DIR"

@@ -3,6 +3,30 @@
 # Extra arguments go to Snakemake, e.g. `bash scripts/demo.sh --configfile my.yaml`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Snakemake reads its config files before the workflow's code runs, so a missing one is a 26-line
+# traceback; name it in one line first (relative paths are relative to the repository, as there).
+# --configfile(s) takes every word after it up to the next option, and --configfile=FILE one.
+check_configfiles() {
+    local arg taking=0 file
+    for arg in "$@"; do
+        file=""
+        case "$arg" in
+            --configfile=* | --configfiles=*) file="${arg#*=}" taking=0 ;;
+            --configfile | --configfiles) taking=1 ;;
+            -*) taking=0 ;;
+            *) [[ $taking == 1 ]] && file="$arg" ;;
+        esac
+        if [[ -n "$file" && ! -f "$file" ]]; then
+            local why="no such file"
+            [[ -e "$file" ]] && why="not a file"
+            echo "demo: --configfile $file: $why (relative to $(pwd))" >&2
+            return 2
+        fi
+    done
+}
+check_configfiles "$@" || exit 2
+
 source scripts/bootstrap.sh
 snakemake --profile profiles/local "$@"
 snakemake --profile profiles/local "$@" --report results/report.html

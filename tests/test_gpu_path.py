@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.train import optim, parallel, process
 from scalestudy.train import torch_options as torchopts
+from scalestudy.train.parallel import ParallelSettings
 from scalestudy.train.state import StopRequest
 from scalestudy.workloads.gpt.model import GPT, GPTConfig
 
@@ -163,7 +164,9 @@ def test_the_root_keeps_fsdp2s_default_and_the_blocks_reshard_as_configured(grou
     parallel.init_single_rank_group("gloo")
     calls = _recorded_fully_shard(monkeypatch)
     net = tiny_gpt()
-    wrapped = parallel.wrap(net, run_config(), torch.device("cpu"), 1, list(net.blocks))
+    wrapped = parallel.wrap(
+        net, ParallelSettings.from_config(run_config()), torch.device("cpu"), 1, list(net.blocks)
+    )
     assert [module for module, _, _ in calls] == [*net.blocks, net]
     assert [kwargs.get("reshard_after_forward") for _, kwargs, _ in calls] == [True, True, None]
     assert "reshard_after_forward" not in calls[-1][1]  # None: False for the root after lazy init
@@ -198,7 +201,9 @@ def test_blocks_are_compiled_before_they_are_sharded_and_nothing_graph_breaks(
     parallel.init_single_rank_group("gloo")
     calls = _recorded_fully_shard(monkeypatch)
     net = tiny_gpt()
-    wrapped = parallel.wrap(net, run_config(compile=True), torch.device("cpu"), 1, list(net.blocks))
+    wrapped = parallel.wrap(
+        net, ParallelSettings.from_config(run_config(compile=True)), torch.device("cpu"), 1, list(net.blocks)
+    )
     assert [(module, compiled) for module, _, compiled in calls] == [
         (net.blocks[0], True),
         (net.blocks[1], True),
@@ -216,7 +221,9 @@ def test_compiling_the_whole_model_after_fully_shard_graph_breaks(group, eager_c
     """The order this replaces: FSDP2's dynamo-disabled hooks break the root's graph."""
     parallel.init_single_rank_group("gloo")
     net = tiny_gpt()
-    wrapped = parallel.wrap(net, run_config(), torch.device("cpu"), 1, list(net.blocks))
+    wrapped = parallel.wrap(
+        net, ParallelSettings.from_config(run_config()), torch.device("cpu"), 1, list(net.blocks)
+    )
     compiled = torch.compile(wrapped.module, backend="eager")
     compiled(torch.randint(0, 64, (2, 16))).sum().backward()
     assert torchopts.graph_breaks() > 0
@@ -242,7 +249,9 @@ def _fp16_fsdp_step_syncs(make_optimizer) -> int:
     unscale + clip, scaler.step, update, zero_grad, scheduler) on an FSDP2 fp16 model."""
     config = run_config(precision="fp16", optimizer="adamw")
     net = tiny_gpt()
-    wrapped = parallel.wrap(net, config, torch.device("cpu"), 1, list(net.blocks))
+    wrapped = parallel.wrap(
+        net, ParallelSettings.from_config(config), torch.device("cpu"), 1, list(net.blocks)
+    )
     optimizer = make_optimizer(net, config)
     scheduler = optim.build_scheduler(optimizer, 1, 10)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
@@ -263,9 +272,14 @@ def _fp16_fsdp_step_syncs(make_optimizer) -> int:
 
 def test_an_fsdp2_fp16_step_issues_no_host_sync(group):
     parallel.init_single_rank_group("gloo")
-    optimizer = optim.build_optimizer(tiny_gpt(), run_config(optimizer="adamw"), 1e-3, sharded=True)
+    settings = optim.OptimizerSettings.from_config(run_config(optimizer="adamw"))
+    optimizer = optim.build_optimizer(tiny_gpt(), settings, 1e-3, sharded=True)
     assert optimizer.defaults["fused"] and not optimizer.defaults["foreach"]
-    assert _fp16_fsdp_step_syncs(lambda net, c: optim.build_optimizer(net, c, 1e-3, sharded=True)) == 0
+
+    def make(net, config):
+        return optim.build_optimizer(net, optim.OptimizerSettings.from_config(config), 1e-3, sharded=True)
+
+    assert _fp16_fsdp_step_syncs(make) == 0
 
 
 def test_the_foreach_optimizer_it_replaces_syncs_every_fp16_step(group):
@@ -284,7 +298,9 @@ def test_deterministic_resnet_on_cuda_is_refused_up_front_with_the_reason():
     model = build_model(width=8)
     config = run_config(workload="resnet18-cifar10", parallelism="ddp", deterministic=True)
     with pytest.raises(RunConfigError, match="AdaptiveAvgPool2d has no deterministic kernel"):
-        parallel.wrap(model, config, torch.device("cuda", 0), 2, [])  # before DDP touches a device
+        parallel.wrap(
+            model, ParallelSettings.from_config(config), torch.device("cuda", 0), 2, []
+        )  # before DDP touches a device
     process.check_deterministic(model, config, torch.device("cpu"))  # the CPU has the kernels
     process.check_deterministic(model, {**config, "deterministic": False}, torch.device("cuda", 0))
     process.check_deterministic(tiny_gpt(), config, torch.device("cuda", 0))  # no such module

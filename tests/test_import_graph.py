@@ -250,8 +250,10 @@ def test_the_folder_cycle_finder_counts_imports_inside_functions():
         "scalestudy.train.trainer": {"scalestudy.plan.grid"},
     }
     assert find_cycle(folder_graph(edges)) == ["plan", "train", "plan"]
-    inside = imports_of("scalestudy.train.program", module_level_only=False)
-    assert any(name == "scalestudy.train.command.runner" for name, _ in inside)  # imported in main()
+    inside = imports_of("scalestudy.workloads", module_level_only=False)
+    assert any(name == "scalestudy.plan.workloads" for name, _ in inside)  # imported in runtime()
+    at_import = imports_of("scalestudy.workloads", module_level_only=True)
+    assert not any(name == "scalestudy.plan.workloads" for name, _ in at_import)
 
 
 HELPERS = ("atomic", "progress", "provenance", "contract")  # top-level modules every folder may use

@@ -406,9 +406,12 @@ def test_comm_bench_spans_the_nodes(demo, slurm):
         assert row["hosts"] == " ".join(["n1", "n2"][: slurm.nodes])
         assert float(row["time_s"]) > 0 and row["provenance.slurm.job_id"]
     fit = rows(workdir / "results/tables/comm_bench_fit.csv")
-    assert {row["placement"] for row in fit} == {placement} and all(
-        float(r["bandwidth_gb_s"]) > 0 for r in fit
-    )
+    assert {row["placement"] for row in fit} == {placement}
+    for row in fit:  # a loaded host can time a larger message no slower: no slope, no bandwidth
+        if float(row["beta_s_per_byte"]) > 0:
+            assert float(row["bandwidth_gb_s"]) > 0, row
+        else:
+            assert row["bandwidth_gb_s"] == "", row
 
 
 def mlflow_store(workdir: Path, configfile: str):

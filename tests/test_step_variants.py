@@ -14,8 +14,7 @@ import torch
 
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.plan import runconfig
-from scalestudy.train import optim, program
-from scalestudy.train import trainer as train
+from scalestudy.train import optim, program, torch_options
 from scalestudy.train.checkpoint import single_file as checkpoint
 
 BASE = {
@@ -99,7 +98,7 @@ def test_the_optimizer_kernels_compute_the_same_update(name, impl):
     def steps(config: dict) -> list[torch.Tensor]:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
-        opt = optim.build_optimizer(net, config, peak_lr=0.01, sharded=False)
+        opt = optim.build_optimizer(net, settings(config), peak_lr=0.01, sharded=False)
         for step in range(5):
             generator = torch.Generator().manual_seed(step)
             loss = net(torch.randn(4, 7, generator=generator)).square().mean()
@@ -117,19 +116,22 @@ def test_the_optimizer_kernels_compute_the_same_update(name, impl):
             assert torch.equal(got, want)
 
 
+def settings(config: dict) -> optim.OptimizerSettings:
+    return optim.OptimizerSettings.from_config(config)
+
+
 def test_auto_is_fused_except_sgd_over_dtensors():
-    assert optim.implementation({"optimizer": "sgd"}, sharded=False) == {"fused": True}
-    assert optim.implementation({"optimizer": "sgd"}, sharded=True) == {"foreach": True}
-    assert optim.implementation({"optimizer": "adamw"}, sharded=True) == {"fused": True}
-    assert optim.implementation({"optimizer_impl": "forloop"}, sharded=False) == {"foreach": False}
+    assert optim.implementation(settings({"optimizer": "sgd"}), sharded=False) == {"fused": True}
+    assert optim.implementation(settings({"optimizer": "sgd"}), sharded=True) == {"foreach": True}
+    assert optim.implementation(settings({"optimizer": "adamw"}), sharded=True) == {"fused": True}
+    assert optim.implementation(settings({"optimizer_impl": "forloop"}), sharded=False) == {"foreach": False}
 
 
 def test_fused_sgd_over_dtensors_is_refused_in_one_line():
     with pytest.raises(runconfig.RunConfigError, match="optimizer_impl='fused' with sgd over FSDP2"):
-        optim.implementation({"optimizer": "sgd", "optimizer_impl": "fused"}, sharded=True)
-    assert optim.implementation({"optimizer": "adamw", "optimizer_impl": "fused"}, sharded=True) == {
-        "fused": True
-    }
+        optim.implementation(settings({"optimizer": "sgd", "optimizer_impl": "fused"}), sharded=True)
+    adamw = settings({"optimizer": "adamw", "optimizer_impl": "fused"})
+    assert optim.implementation(adamw, sharded=True) == {"fused": True}
 
 
 def test_a_bad_variant_is_refused_naming_its_key():
@@ -148,8 +150,8 @@ def test_the_compile_mode_reaches_torch_compile(trained, monkeypatch):
         modes.append(options.get("mode"))
         return model
 
-    monkeypatch.setattr(train.torch, "compile", recording_compile)
-    monkeypatch.setattr(train.torchopts, "compile_seconds", lambda: 0.0)
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(torch_options, "compile_seconds", lambda: 0.0)
     eager = trained("default")
     weights = trained("compile-ro", compile=True, compile_mode="reduce-overhead")
     assert modes == ["reduce-overhead"]

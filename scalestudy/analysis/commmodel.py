@@ -5,9 +5,9 @@ alpha_eff * 2(N-1) k: c the compute time per sample (from the 1-GPU runs), S the
 the all-reduce calls (buckets), alpha_eff and beta_eff the latency and inverse bus bandwidth left
 exposed by overlap. `fit` is least squares on the excess T - c b of the multi-GPU DDP scaling runs
 (FSDP runs are counted, not modelled), with alpha fixed where the data cannot tell it apart;
-`predict` extends it to each configured interconnect, and the collective benchmark's measured alpha
-and bus bandwidth give one more curve. The model, the fit's cases and what it cannot say:
-docs/architecture.md, "The communication model".
+`predict` (scalestudy.analysis.commpredict) extends it to each configured interconnect, and the
+collective benchmark's measured alpha and bus bandwidth give one more curve. The model, the fit's
+cases and what it cannot say: docs/architecture.md, "The communication model".
 
     python -m scalestudy.analysis.commmodel --runs results/tables/runs.csv \
         --fit-out results/tables/comm_model_fit.csv --residuals-out results/tables/comm_model_residuals.csv \
@@ -27,12 +27,25 @@ import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis import cli, contention, metrics, modelsize, series
+from scalestudy.analysis.commpredict import (  # noqa: F401 - the model's names, imported from here
+    FIT_CURVE,
+    GB,
+    INTER,
+    INTRA,
+    MEASURED_CURVE,
+    PREDICTION_COLUMNS,
+    US,
+    bench_rows,
+    link_of,
+    measured_links,
+    predict,
+    ring_allreduce_s,
+    world_grid,
+)
 from scalestudy.analysis.tableio import read_csv, require_columns
 
 log = logging.getLogger("scalestudy.analysis.commmodel")
 
-US = 1e-6
-GB = 1e9
 RESIDUAL_COLUMNS = (
     "mode",
     "world_size",
@@ -45,20 +58,8 @@ RESIDUAL_COLUMNS = (
     "predicted_step_s",
     "residual_s",
 )
-FIT_CURVE = "fit (as measured)"
-MEASURED_CURVE = "measured collectives (comm_bench)"
-INTRA, INTER = "intra-node", "inter-node"  # scalestudy.preflight.collectives's placements
 BENCH_FIT_COLUMNS = ("collective", "world_size", "nodes", "placement", "link_alpha_s", "bandwidth_gb_s", "r2")
 OVERLAP_COLUMNS = ("world_size", "tool", "communication_s", "exposed_communication_s", "steps")
-PREDICTION_COLUMNS = ("mode", "curve", "world_size", "compute_s", "exposed_comm_s", "step_s", "efficiency")
-
-
-def ring_allreduce_s(world, grad_bytes, buckets, alpha_s, beta_s_per_byte):
-    """Ring all-reduce of grad_bytes in `buckets` calls: 2(N-1)/N S beta + 2(N-1) k alpha (0 at N=1)."""
-    world = np.asarray(world, dtype=float)
-    return (
-        2.0 * (world - 1.0) / world * grad_bytes * beta_s_per_byte + 2.0 * (world - 1.0) * buckets * alpha_s
-    )
 
 
 def design(points: pd.DataFrame) -> np.ndarray:
@@ -314,130 +315,6 @@ def _se(value: float) -> str:
     return f"standard error {value:.3g}"
 
 
-def world_grid(max_world: int, measured: Sequence[int]) -> list[int]:
-    powers = [2**i for i in range(int(math.log2(max_world)) + 1)]
-    return sorted(set(powers) | {int(n) for n in measured if n <= max_world})
-
-
-def predict(f: Fit, points: pd.DataFrame, model: dict, phi: float, links: dict | None = None) -> pd.DataFrame:
-    """Efficiency vs N for each mode: the fitted (as-measured) curve, one per configured interconnect
-    and, with `links` (measured_links), the measured collectives."""
-    rows = []
-    for mode, group in points.groupby("mode"):
-        worlds = world_grid(model["max_world"], group["world_size"].unique())
-        compute_of = _compute_per_gpu(mode, group, f.compute_s_per_image[mode])
-        grad, buckets = float(group["grad_bytes"].iloc[0]), int(group["buckets"].iloc[0])
-        configured = model["interconnects"]
-        curves = {link["name"]: _link_curve(link, model, grad, buckets, phi) for link in configured}
-        if links:
-            name, comm = _measured_curve(links, model, grad, buckets, phi)
-            curves[name] = comm
-        if math.isfinite(f.alpha_s):
-            curves = {FIT_CURVE: _fit_curve(f, grad, buckets), **curves}
-        for name, comm in curves.items():
-            for n in worlds:
-                rows.append(_prediction_row(mode, name, n, compute_of(n), float(comm(n))))
-    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS)).dropna(subset=["efficiency"])
-
-
-def _compute_per_gpu(mode: str, group: pd.DataFrame, c: float):
-    """Compute time per step at N GPUs: strong keeps the global batch, weak the per-GPU batch."""
-    if mode == "strong":
-        global_batch = float((group["per_gpu_batch"] * group["world_size"]).iloc[0])
-        return lambda n: c * global_batch / n if global_batch / n >= 1 else math.nan
-    per_gpu = float(group["per_gpu_batch"].iloc[0])
-    return lambda n: c * per_gpu
-
-
-def _fit_curve(f: Fit, grad: float, buckets: int):
-    return lambda n: ring_allreduce_s(n, grad, buckets, f.alpha_s, f.beta_s_per_byte)
-
-
-def _link_curve(link: dict, model: dict, grad: float, buckets: int, phi: float):
-    def comm(n: int) -> float:
-        chosen = model["intra_node"] if n <= model["gpus_per_node"] else link
-        raw = ring_allreduce_s(
-            n, grad, buckets, chosen["alpha_us"] * US, 1.0 / (chosen["bandwidth_gb_s"] * GB)
-        )
-        return (1.0 - phi) * raw
-
-    return comm
-
-
-def measured_links(bench_fit: pd.DataFrame | None) -> dict[str, pd.Series]:
-    """{placement: the all-reduce fit of the largest world size measured there} from comm_bench."""
-    if bench_fit is None or bench_fit.empty:
-        return {}
-    usable = bench_fit[
-        (bench_fit["collective"] == "all_reduce")
-        & np.isfinite(bench_fit["bandwidth_gb_s"].astype(float))
-        & np.isfinite(bench_fit["link_alpha_s"].astype(float))
-    ]
-    return {
-        placement: group.sort_values("world_size").iloc[-1]
-        for placement, group in usable.groupby("placement")
-        if placement in (INTRA, INTER)
-    }
-
-
-def link_of(links: dict, n: int, gpus_per_node: int) -> pd.Series:
-    """The measured link (measured_links) a ring of n ranks uses: intra-node up to gpus_per_node,
-    inter-node beyond; the other where only one was measured."""
-    wanted = INTRA if n <= gpus_per_node else INTER
-    return links.get(wanted, links.get(INTRA if wanted == INTER else INTER))
-
-
-def _measured_curve(links: dict, model: dict, grad: float, buckets: int, phi: float):
-    name = MEASURED_CURVE if INTER in links else f"{MEASURED_CURVE}, {next(iter(links))} link only"
-
-    def comm(n: int) -> float:
-        link = link_of(links, n, model["gpus_per_node"])
-        beta = 1.0 / (float(link["bandwidth_gb_s"]) * GB)
-        return (1.0 - phi) * float(ring_allreduce_s(n, grad, buckets, float(link["link_alpha_s"]), beta))
-
-    return name, comm
-
-
-def bench_rows(links: dict, points: pd.DataFrame, overlap_table: pd.DataFrame | None, gpn: int) -> list:
-    """Fit-table rows: the measured link parameters and, per profiled world size, the gradient
-    all-reduce time per step the profile measured beside the one the benchmark predicts."""
-    rows = []
-    for placement, link in sorted(links.items()):
-        where = f"comm_bench all_reduce at N={int(link['world_size'])} ({int(link['nodes'])} node(s))"
-        rows.append((f"measured_alpha[{placement}]", float(link["link_alpha_s"]) / US, "us", where))
-        rows.append(
-            (
-                f"measured_bandwidth[{placement}]",
-                float(link["bandwidth_gb_s"]),
-                "GB/s",
-                f"{where}; bus bandwidth of the fitted slope; r2 {float(link['r2']):.3f}",
-            )
-        )
-    if overlap_table is None or overlap_table.empty or points.empty:
-        return rows
-    grad, buckets = float(points["grad_bytes"].iloc[0]), int(points["buckets"].iloc[0])
-    for world, group in overlap_table.groupby("world_size"):
-        world = int(world)
-        if world < 2:
-            continue
-        steps = group["steps"].astype(float).clip(lower=1)
-        comm = float((group["communication_s"] / steps).mean())
-        exposed = float((group["exposed_communication_s"] / steps).mean())
-        tool = ", ".join(sorted(map(str, group["tool"].unique())))
-        rows.append((f"profile_allreduce_per_step[N={world}]", comm * 1e3, "ms", f"{tool}, mean over ranks"))
-        rows.append((f"profile_exposed_per_step[N={world}]", exposed * 1e3, "ms", f"{tool}, not hidden"))
-        if links:
-            link = link_of(links, world, gpn)
-            predicted = ring_allreduce_s(
-                world, grad, buckets, float(link["link_alpha_s"]), 1.0 / (float(link["bandwidth_gb_s"]) * GB)
-            )
-            note = (
-                f"ring model with the measured {link['placement']} alpha and bandwidth, {buckets} bucket(s)"
-            )
-            rows.append((f"bench_allreduce_per_step[N={world}]", float(predicted) * 1e3, "ms", note))
-    return rows
-
-
 def _bench_overlap_model(model: dict, links: dict, points: pd.DataFrame, result: Fit) -> tuple[dict, str]:
     """The model settings with measured_bandwidth_gb_s from comm_bench when the config leaves it null:
     the link of the largest multi-GPU scaling world size. Not where the training fit's beta_eff is 0
@@ -452,11 +329,6 @@ def _bench_overlap_model(model: dict, links: dict, points: pd.DataFrame, result:
     link = link_of(links, largest, model["gpus_per_node"])
     note = f" (bandwidth from comm_bench, {link['placement']} N={int(link['world_size'])})"
     return {**model, "measured_bandwidth_gb_s": float(link["bandwidth_gb_s"])}, note
-
-
-def _prediction_row(mode, curve, n, compute_s, comm_s):
-    step = compute_s + comm_s
-    return (mode, curve, n, compute_s, comm_s, step, compute_s / step if step > 0 else math.nan)
 
 
 def analyse(

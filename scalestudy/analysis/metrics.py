@@ -52,7 +52,7 @@ from scalestudy import atomic
 from scalestudy.analysis import above_ideal, cli, contention, energy, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
-from scalestudy.plan import runconfig
+from scalestudy.plan import grid, runconfig, schema, workloads
 
 log = logging.getLogger("scalestudy.analysis.metrics")
 
@@ -97,7 +97,11 @@ OPTIONAL_RUN_COLUMNS = (
     "peak_memory_source",
 )
 # What older catalogs (before workloads) lack: the ResNet-18 DDP study's values.
-SERIES_DEFAULTS = {"parallelism": "ddp", "sample_unit": "images", "workload": "resnet18-cifar10"}
+SERIES_DEFAULTS = {
+    "parallelism": grid.DEFAULT_PARALLELISM,
+    "sample_unit": workloads.get(workloads.DEFAULT).sample_unit,
+    "workload": workloads.DEFAULT,
+}
 SERIES = ("config.mode", "parallelism")
 WINDOW_SOURCE, WHOLE_RUN_SOURCE = "window", "whole run"
 UNFILLED_NOTE = "window not filled: whole-run throughput (one-off costs included)"
@@ -397,7 +401,8 @@ SENSITIVITY_COLUMNS = {
 }
 
 
-DEFAULT_AXES = ("precision", "per_gpu_batch", "bucket_cap_mb")
+DEFAULT_AXES = tuple(schema.node("sensitivity", "axes")["default"])  # the default sweep's keys, in order
+PRECISION_ORDER = tuple(schema.definition("precision")["enum"])  # fp32, tf32, fp16, bf16: figures, tables
 
 
 def _axis_values(sweep: pd.DataFrame, key: str) -> pd.Series:

@@ -44,6 +44,7 @@ import pandas as pd
 from scalestudy import atomic
 from scalestudy.analysis import cli, commmodel, energy, metrics, series
 from scalestudy.analysis.tableio import read_csv
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 log = logging.getLogger("scalestudy.analysis.resources")
 
@@ -139,7 +140,7 @@ def _assumed_or_not(gpu_hours: float, assumed_w: float | None, why: str) -> dict
             "energy_source": f"assumed: {assumed_w:g} W per GPU "
             f"(analysis.resources.assumed_gpu_power_w; {why})",
         }
-    return {"kwh": math.nan, "energy_source": f"not measured: {why}"}
+    return {"kwh": math.nan, "energy_source": f"{NOT_MEASURED}: {why}"}
 
 
 def _row(

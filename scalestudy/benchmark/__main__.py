@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scalestudy import contract
 from scalestudy.benchmark.report import (
     Row,
     Target,
@@ -253,7 +254,7 @@ def main_run(argv: list[str]) -> int:
             f"python -m scalestudy.benchmark: the project trainer would refuse its run config: {error}",
             file=sys.stderr,
         )
-        return 2
+        return contract.EXIT_BAD_CONFIG
     publish(rows, context, GPU_TARGETS if settings.device.type == "cuda" else CPU_TARGETS, args.out)
     return 0
 

@@ -1,6 +1,7 @@
 """python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] [--device auto|cpu|cuda]
-    [--precision fp32|bf16] [--per-gpu-batch B] [--steps N] [--warmup W] [--parallelism ddp fsdp]
-    [--repeats R] [--world-size R] [--compile [--compile-mode MODE]] [--out CSV] [--runs-dir DIR]
+    [--precision fp32|bf16] [--per-gpu-batch B] [--micro-batch M] [--steps N] [--warmup W]
+    [--parallelism ddp fsdp] [--repeats R] [--world-size R] [--compile [--compile-mode MODE]]
+    [--out CSV] [--runs-dir DIR]
 
 The GPT workload's training throughput (tokens/s per rank) and MFU, DDP against FSDP2: the project
 trainer runs each parallelism --repeats times, interleaved, each run in a process of its own (under
@@ -16,7 +17,9 @@ placeholder of 0.1 TFLOP/s, so a CPU's MFU is not comparable with a GPU's); the 
 peak's entry and source (`peak_tflops_source`). `--compile` compiles the model as the study's
 `model.compile` does (the DDP module whole; under FSDP2 each block before sharding), in
 `--compile-mode`. The attention is F.scaled_dot_product_attention (flash on a GPU in bf16) and
-AdamW's step is fused (scalestudy.train.optim) in every run.
+AdamW's step is fused (scalestudy.train.optim) in every run. `--micro-batch` runs each rank's
+batch in chunks of M sequences (train.micro_batch, gradient accumulation: scalestudy.train.accumulation)
+with the same global batch: a GPT-2 small batch that does not fit the GPU in one pass.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy import provenance
+from scalestudy import contract, provenance
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
 from scalestudy.benchmark import project
@@ -81,6 +84,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--precision", choices=("fp32", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--per-gpu-batch", type=int, default=16, help="sequences per rank and step (16)")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        help="sequences per forward/backward pass (gradient accumulation; it divides --per-gpu-batch)",
+    )
     parser.add_argument("--steps", type=int, help="measured steps (default: 20 cpu, 100 cuda)")
     parser.add_argument("--warmup", type=int, help="unmeasured steps first (default: 3 cpu, 10 cuda)")
     parser.add_argument("--parallelism", nargs="+", choices=PARALLELISMS, default=list(PARALLELISMS))
@@ -101,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     args = parser.parse_args(argv)
-    for name in ("per_gpu_batch", "steps", "warmup", "repeats", "world_size"):
+    for name in ("per_gpu_batch", "micro_batch", "steps", "warmup", "repeats", "world_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -158,6 +166,7 @@ def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, check
             "precision": args.precision,
             "world_size": args.world_size,
             "per_gpu_batch": args.per_gpu_batch,
+            **({"micro_batch": args.micro_batch} if args.micro_batch else {}),
             "global_batch": global_batch,
             "base_batch": global_batch,
             "epochs": 1,
@@ -225,6 +234,7 @@ def result_row(args: argparse.Namespace, repeats: list[dict[str, Any]]) -> dict:
         "device_name": first["device_name"],
         "world_size": first["world_size"],
         "per_gpu_batch": first["per_gpu_batch"],
+        "micro_batch": args.micro_batch,
         "seq_len": seq_len(args.preset),
         "parameters": first["parameters"],
         "train_flops_per_token": first["train_flops_per_image"],
@@ -329,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(args)
     except project.runconfig.RunConfigError as error:
         log.error("the trainer would refuse the run config: %s", error)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     except RuntimeError as error:
         log.error("%s", error)
         return 1

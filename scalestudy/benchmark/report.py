@@ -11,6 +11,7 @@ from typing import Any
 
 from scalestudy.atomic import write_text
 from scalestudy.benchmark.measure import median
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 COLUMNS = (
     "section",
@@ -146,7 +147,7 @@ def format_table(table: Sequence[dict], columns: Sequence[str] = COLUMNS) -> str
 
 
 def format_checks(checks: Sequence[Check]) -> str:
-    verdict = {True: "met", False: "NOT MET", None: "not measured"}
+    verdict = {True: "met", False: "NOT MET", None: NOT_MEASURED}
     lines = []
     for check in checks:
         value, bound = format_number(check.value), check.target.bound()

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic
+from scalestudy import atomic, contract
 from scalestudy.plan import grid, paths, runfiles
 
 GATE = f"{paths.GATES_DIR}/training.ok"
@@ -144,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.points < 2:
         print(f"--points must be >= 2 (an array of one is a job), got {args.points}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     if not (args.workdir / "Snakefile").is_file():
         print(f"--workdir {args.workdir}: no Snakefile (a copy of the workflow is needed)", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     prefix = shlex.split(args.via)
 
     def runner(command: list[str]) -> subprocess.CompletedProcess:

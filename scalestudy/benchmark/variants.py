@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalestudy import contract
 from scalestudy.benchmark import project
 from scalestudy.benchmark.report import format_table, write_csv
 from scalestudy.benchmark.studyconfig import REPO
+from scalestudy.plan import schema
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.benchmark.variants")
@@ -123,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="steps in each run's measurement window")
     parser.add_argument("--warmup", type=int, help="steps before the window (compile, cudnn autotuning)")
     parser.add_argument("--width", type=int, help="ResNet base width (64: ResNet-18)")
-    parser.add_argument("--precision", choices=("fp32", "tf32", "fp16", "bf16"))
+    parser.add_argument("--precision", choices=schema.definition("precision")["enum"])
     parser.add_argument("--budget-s", type=float, default=math.inf, help="no run starts that would end later")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "variants.csv", help="CSV (atomic)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"python -m scalestudy.benchmark.variants: the trainer would refuse: {error}", file=sys.stderr
             )
-            return 2
+            return contract.EXIT_BAD_CONFIG
         skipped = measure(args, todo, workdir, start)
     table = rows(todo, args.variants[0], {**context, "load_1m_end": round(os.getloadavg()[0], 2)})
     print(format_table([row for row in table if row["kind"] == "cell"], TABLE))

@@ -17,13 +17,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from scalestudy import atomic
+from scalestudy import atomic, contract
 from scalestudy.analysis import cli
 from scalestudy.compare import figure, points, report, study
 from scalestudy.crate.check import CrateError
 
 PROG = "python -m scalestudy.compare"
-EXIT_UNREADABLE, EXIT_NOT_THE_SAME = 2, 3
+EXIT_NOT_THE_SAME = 3  # and contract.EXIT_BAD_CONFIG (2): a study that cannot be read
 
 
 def arguments(argv: Sequence[str] | None):
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = study.load(args.b, settings, args.label_b)
     except (OSError, ValueError, CrateError) as error:
         print(f"compare: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return contract.EXIT_BAD_CONFIG
     table = points.compare(a, b, settings["confidence"], args.axis)
     different = report.not_the_same(table, a.label, b.label)
     if different and not args.allow_different:

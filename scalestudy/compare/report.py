@@ -18,6 +18,7 @@ import pandas as pd
 
 from scalestudy.compare import points, spread
 from scalestudy.compare.study import PROVENANCE_AXES, Study
+from scalestudy.plan.runfiles import NOT_MEASURED
 
 APART = 0.10  # a ratio this far from 1 (either way) without a verdict is named in the headline
 
@@ -133,7 +134,7 @@ def headline(info: dict[str, Any]) -> list[str]:
 def _ratio(row: pd.Series, metric: str, interval: bool = False) -> str:
     ratio = row[f"{metric}_ratio"]
     if not math.isfinite(ratio):
-        return "not measured" if metric == "energy" else "-"
+        return NOT_MEASURED if metric == "energy" else "-"
     low, high = row[f"{metric}_ratio_ci_low"], row[f"{metric}_ratio_ci_high"]
     return f"{ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval and math.isfinite(low) else "")
 
@@ -157,7 +158,7 @@ def markdown(table: pd.DataFrame, info: dict[str, Any]) -> str:
         f"B: {info['b']['source']} ({info['b']['runs']} runs).",
         "What differs: " + (differs or "no provenance axis (commit, partition, GPU, image, versions)"),
         f"Ratios are B / A; throughput with its {info['confidence']:.0%} interval. Test: {info['test']}.",
-        f"Energy: {'measured on both sides' if info['energy_measured'] else 'not measured'}.",
+        f"Energy: {'measured on both sides' if info['energy_measured'] else NOT_MEASURED}.",
         "",
         f"| point | repeats A/B | throughput [{info['confidence']:.0%}] | verdict | efficiency | step time "
         "| accuracy | energy | note |",

@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from scalestudy import contract
 from scalestudy.crate import check
 from scalestudy.progress import setup_logging
 
@@ -57,7 +58,7 @@ def write(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         print(f"crate: {error}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     return 0
 
 
@@ -68,7 +69,7 @@ def add_command(args: argparse.Namespace) -> int:
         added = add_files(args.crate_dir, args.zip, args.files)
     except (ValueError, OSError) as error:
         print(f"crate add: {error}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     print(f"{args.crate_dir} and {args.zip}: {added} file(s) added")
     return 0
 
@@ -95,7 +96,7 @@ def validate_command(args: argparse.Namespace) -> int:
         from scalestudy.crate import validation
     except ImportError as error:  # pragma: no cover - the venv has it
         print(f"crate validate: needs roc-validator (envs/requirements-dev.txt): {error}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     offline = args.offline
     if offline is None:  # neither --offline nor --online: offline where the contexts cannot be fetched
         reason = validation.network_problem()
@@ -110,7 +111,7 @@ def validate_command(args: argparse.Namespace) -> int:
     except Exception as error:  # noqa: BLE001 - the validator's own failures (network, parsing)
         hint = "" if offline else " (no network? --offline serves the JSON-LD contexts from the package)"
         print(f"crate validate: {args.crate}: {validation.one_line(error)}{hint}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
 
 
 def _validate(args: argparse.Namespace, validation, offline: bool) -> int:

@@ -32,13 +32,13 @@ from scalestudy import provenance
 from scalestudy.atomic import atomic_path, write_json
 from scalestudy.data import cifar_format as fmt
 from scalestudy.data import file_digests
+from scalestudy.plan.paths import PACKED_MANIFEST as MANIFEST
 from scalestudy.progress import Progress, setup_logging
 
 log = logging.getLogger("scalestudy.data.preprocess")
 
 SPLITS = ("train", "test")
 SPLIT_BATCHES = {"train": fmt.TRAIN_BATCHES, "test": (fmt.TEST_BATCH,)}
-MANIFEST = "manifest.json"
 _READ_CHUNK = 1 << 20
 
 

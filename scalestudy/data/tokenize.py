@@ -32,15 +32,16 @@ from scalestudy import provenance
 from scalestudy.atomic import atomic_path, write_json
 from scalestudy.data import file_digests
 from scalestudy.data.preprocess import _file_record
+from scalestudy.plan import schema, workloads
+from scalestudy.plan.paths import PACKED_MANIFEST as MANIFEST
 from scalestudy.progress import Progress, setup_logging
 
 log = logging.getLogger("scalestudy.data.tokenize")
 
 SPLITS = ("train", "test")
-MANIFEST = "manifest.json"
 TOKEN_DTYPE = np.uint16
-DEFAULT_TEST_FRACTION = 0.1
-DEFAULT_SEQ_LEN = 128
+DEFAULT_TEST_FRACTION = schema.node("data", "test_fraction")["default"]
+DEFAULT_SEQ_LEN = workloads.gpt_seq_len(None)  # the default preset's
 _CHUNK_BYTES = 1 << 22
 
 

@@ -23,6 +23,8 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
+from scalestudy import contract
+
 # "4(x2),8": 4 CPUs on each of 2 nodes, then 8 on one (Slurm's compressed per-node lists)
 _PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         argv_out = command(args)
     except AllocationError as error:
         print(f"scalestudy.launch.allocation: {error}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     if show:
         print(" ".join(argv_out))
         return 0

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic
+from scalestudy import atomic, contract
 
 DIGEST_DIR = "results/image"
 DIGEST_ENV = "SCALESTUDY_IMAGE_DIGEST"
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isfile(args.image):
         print(f"imagedigest: error: image {args.image!r} does not exist", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     record = compute(args.image)
     atomic.write_json(args.out, record)
     print(f"imagedigest: {args.image}: sha256 {record['sha256']} ({record['size']} bytes)", file=sys.stderr)

@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from scalestudy import contract
 from scalestudy.launch.container_image import IMAGE_ENV, IMAGE_SHA256_ENV
 
 TRAINER_MODULE = "scalestudy.train"
@@ -351,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command, env, dry_run = prepare(sys.argv[1:] if argv is None else argv, os.environ)
     except LaunchError as error:
         print(f"launch: error: {error}", file=sys.stderr)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     print(f"launch: {shlex.join(command)}", file=sys.stderr, flush=True)
     if dry_run:
         print(shlex.join(command))

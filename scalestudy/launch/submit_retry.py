@@ -45,7 +45,6 @@ OTHER_LIMIT = re.compile(r"\b(?:QOS|Assoc)[A-Za-z]+Limit\b")
 MARKER = "scalestudy submit_retry wrapper"  # in the wrapper script: never taken for the real sbatch
 FIRST_WAIT_S = 30.0
 MAX_WAIT_S = 300.0
-DEFAULT_PATIENCE_MINUTES = 60
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # the log's time stamps (local time)
 REFUSED = "refused"  # a log line of a refusal that was not retried
 
@@ -199,13 +198,18 @@ def _is_wrapper(path: str) -> bool:
 
 def install(
     folder: str,
-    patience_minutes: float = DEFAULT_PATIENCE_MINUTES,
+    patience_minutes: float | None = None,
     log_path: str | None = None,
     first_wait_s: float = FIRST_WAIT_S,
     max_wait_s: float = MAX_WAIT_S,
 ) -> str:
-    """Write the wrapper `folder/sbatch` (this interpreter runs this file) and return the folder."""
+    """Write the wrapper `folder/sbatch` (this interpreter runs this file) and return the folder;
+    patience_minutes: cluster.submit_retry_minutes, by default the schema's."""
     from scalestudy.atomic import atomic_path
+    from scalestudy.plan import schema
+
+    if patience_minutes is None:
+        patience_minutes = schema.node("cluster", "submit_retry_minutes")["default"]
 
     folder = os.path.abspath(folder)
     options = [
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     own, sbatch_args = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser(prog="sbatch (scalestudy)", description=__doc__.split("\n")[0])
     parser.add_argument("--skip-dir", required=True, help="the wrapper's folder: the real sbatch is after it")
-    parser.add_argument("--patience-minutes", type=float, default=DEFAULT_PATIENCE_MINUTES)
+    parser.add_argument("--patience-minutes", type=float, required=True, help="install() passes it")
     parser.add_argument("--first-wait-s", type=float, default=FIRST_WAIT_S)
     parser.add_argument("--max-wait-s", type=float, default=MAX_WAIT_S)
     parser.add_argument("--log", default=None, help="append each wait to this file")

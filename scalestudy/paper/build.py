@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalestudy import atomic
+from scalestudy import atomic, contract
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.paper.build")
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as error:
         if isinstance(error.code, str):
             log.error("%s", error.code)
-            return 2
+            return contract.EXIT_BAD_CONFIG
         raise
     return 0
 

@@ -25,10 +25,11 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic
+from scalestudy.analysis.metrics import DEFAULT_AXES, SERIES_DEFAULTS
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.paper import comparison, discussion, energy, results, sections, waterfall
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
-from scalestudy.plan import paths
+from scalestudy.plan import paths, schema
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.paper.numbers")
@@ -51,20 +52,21 @@ TABLES = {
     "waterfall": f"{paths.TABLES_DIR}/waterfall.csv",
 }
 
-# What the config tells that no table does (the rule passes these from the config).
-# workload and sample_unit are the study's (scalestudy.workloads.of_config); runs.csv's own columns
-# win where it has them. parallelism: scaling.parallelism; sensitivity_axes: sensitivity.axes keys.
+# What the config tells that no table does (the rule passes these from the config), else the schema's
+# defaults. workload and sample_unit are the study's (scalestudy.workloads.of_config); runs.csv's own
+# columns win where it has them (a catalog without them: SERIES_DEFAULTS). parallelism:
+# scaling.parallelism; sensitivity_axes: sensitivity.axes keys.
 CONTEXT_DEFAULTS = {
-    "title": "",
+    "title": schema.node("study", "title")["default"],
     "data_source": "synthetic",
     "device": "cpu",
-    "confidence": 0.95,
-    "workload": "resnet18-cifar10",
-    "sample_unit": "images",
-    "parallelism": ["ddp"],
-    "sensitivity_axes": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+    "confidence": schema.node("analysis", "confidence")["default"],
+    "workload": SERIES_DEFAULTS["workload"],
+    "sample_unit": SERIES_DEFAULTS["sample_unit"],
+    "parallelism": list(schema.node("scaling", "parallelism")["default"]),
+    "sensitivity_axes": list(DEFAULT_AXES),
     "compared_with": "",  # compare.label (or the other study's folder) where compare.against is set
-    "min_window_samples": 10,  # analysis.monitor.min_window_samples
+    "min_window_samples": schema.node("analysis", "monitor", "min_window_samples")["default"],
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalestudy.analysis import above_ideal
+from scalestudy.analysis.series import parallelism_of
 from scalestudy.paper.macros import NOT_MEASURED, Numbers, spell
 from scalestudy.paper.sections import (
     Data,
@@ -104,7 +105,7 @@ def memory(numbers: Numbers, data: Data) -> None:
         return
     world = int(rows["world_size"].max())
     at = rows[rows["world_size"] == world].copy()
-    at["parallelism"] = at["parallelism"].fillna("ddp") if "parallelism" in at else "ddp"
+    at["parallelism"] = parallelism_of(at)
     parts = []
     for _, row in at.sort_values("parallelism").iterrows():
         state = formatted(row["model_state_bytes_per_rank"], lambda v: number(3)(v / MIB) + "~MiB")

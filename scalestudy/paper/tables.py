@@ -26,6 +26,8 @@ import pandas as pd
 from scalestudy import atomic
 from scalestudy.analysis import above_ideal
 from scalestudy.analysis.acceptance import format_measured
+from scalestudy.analysis.metrics import DEFAULT_AXES, PRECISION_ORDER
+from scalestudy.analysis.series import parallelism_of
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.progress import setup_logging
 
@@ -168,7 +170,7 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
     """One row per (mode, world size); with DDP and FSDP in the study, per (mode, parallelism, world
     size), with a Parallelism column."""
     frame = scaling.copy()
-    frame["parallelism"] = frame["parallelism"].fillna("ddp") if "parallelism" in frame else "ddp"
+    frame["parallelism"] = parallelism_of(frame)
     frame = frame.sort_values(["mode", "parallelism", "world_size"])
     frame["efficiency_ci"] = interval(frame, "efficiency", percent())
     flagged = above_ideal.flagged(frame)
@@ -211,10 +213,6 @@ def measured(value: Any, target: Any) -> str:
     return escape(format_measured(float(value), str(target))).replace(r"\%", r"\,\%")
 
 
-PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
-DEFAULT_AXES = ("precision", "per_gpu_batch", "bucket_cap_mb")
-
-
 def _axis_column(key: str, unit: str) -> Column:
     known = {
         "precision": Column("precision", "Precision", align="l"),
@@ -228,9 +226,10 @@ def sensitivity_table(
     sensitivity: pd.DataFrame, unit: str = "GPU", axes: Sequence[str] = DEFAULT_AXES
 ) -> str:
     """One row per sweep point: a column per axis (sensitivity.axes), sorted by them (precision in
-    the order fp32, fp16, bf16)."""
+    PRECISION_ORDER: fp32, tf32, fp16, bf16)."""
     keys = [key if key != "precision" else "_order" for key in axes]
-    frame = sensitivity.assign(_order=sensitivity["precision"].map(PRECISION_ORDER).fillna(9))
+    rank = {name: place for place, name in enumerate(PRECISION_ORDER)}  # another precision: last
+    frame = sensitivity.assign(_order=sensitivity["precision"].map(rank).fillna(len(rank)))
     frame = frame.sort_values(keys, kind="stable")
     best = (
         frame["best"].astype(str).str.lower() == "true" if "best" in frame else pd.Series(False, frame.index)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalestudy import contract
 from scalestudy.plan import cluster, grid
 
 # Training rules and the stage whose points they run (rules/<stage>.smk).
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except ArrayError as error:
         print(f"{args.configfile}: {error}")
-        return 2
+        return contract.EXIT_BAD_CONFIG
     verdicts = array_rules(config)
     for rule, reason in verdicts.items():
         print(f"{rule}: {'array' if reason is None else 'one job per point: ' + reason}")

@@ -14,9 +14,12 @@ is covered without a change here, and refuses, in one line naming every offendin
   study.title, ...);
 - settings that are each valid but do not fit together or the grid: a sensitivity axis that is no
   run-config key the sweep may set, or a value that key refuses or a run folder cannot be named
-  by; a data source the workload cannot read; a command workload without its script; a strong
-  scaling global batch that a world size does not divide, or any other grid point the grid
-  (scalestudy.plan.grid) refuses to make.
+  by; what the workload's spec refuses (scalestudy.plan.workload_spec: a data source it cannot read, a
+  parallelism it does not train with, a command workload without its script); a strong scaling
+  global batch that a world size does not divide, a train.micro_batch that does not divide a grid
+  point's per-GPU batch, or any other grid point the grid
+  (scalestudy.plan.grid) refuses to make;
+- a schema whose workload.name enum and the workload packages disagree (scalestudy.plan.workloads).
 
 Pure standard library at import (PyYAML is imported only when a schema is read).
 """
@@ -31,12 +34,6 @@ from typing import Any
 from scalestudy.plan import grid, runconfig, schema, workloads
 from scalestudy.plan.patterns import MEANINGS
 
-# The data sources each kind of workload data (scalestudy.workloads.DataKind) is fetched from.
-SOURCES_OF_DATA = {
-    workloads.CIFAR10.name: ("cifar10", "synthetic"),
-    workloads.TEXT.name: ("text", "synthetic"),
-}
-
 
 class ConfigError(ValueError):
     """A config value the workflow must not start with; the message names each key."""
@@ -49,11 +46,18 @@ def check(config: Mapping[str, Any], given: Mapping[str, Any] | str | os.PathLik
         given = schema.node()
     elif not isinstance(given, Mapping):
         given = load_schema(given)
-    problems = list(problems_of(config, given))
+    # the schema's workload.name enum and the workload packages agree (a package's schema only: a
+    # test's own schema may leave the workload out)
+    problems = workloads.schema_problems(given) if _names_workloads(given) else []
+    problems += problems_of(config, given)
     if not problems:  # the checks across keys assume the values have their types
         problems = [*axes_problems(config), *workload_problems(config, given), *grid_problems(config)]
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def _names_workloads(given: Mapping[str, Any]) -> bool:
+    return "name" in given.get("properties", {}).get("workload", {}).get("properties", {})
 
 
 def load_schema(path: str | os.PathLike) -> dict:
@@ -150,18 +154,7 @@ def workload_problems(config: Mapping[str, Any], given: Mapping[str, Any]) -> li
     name = section.get("name", workloads.DEFAULT)
     data = config.get("data") or {}
     source = data.get("source")
-    problems = []
-    if name in workloads.WORKLOADS:
-        sources = SOURCES_OF_DATA.get(workloads.get(name).data.name)
-        if sources and source not in sources:
-            problems.append(
-                f"data.source = {source!r} does not fit workload.name = {name!r}: use {' or '.join(sources)}"
-            )
-    if name == "command" and not (section.get("command") or {}).get("script"):
-        problems.append(
-            "workload.command.script is required with workload.name = 'command': the script to run"
-        )
-    problems += _fsdp_problems(config, name)
+    problems = _spec_problems(config, workloads.get(name)) if name in workloads.WORKLOADS else []
     if source == "text":
         defaults = given.get("properties", {}).get("data", {}).get("properties", {})
         problems += [
@@ -188,16 +181,50 @@ def grid_problems(config: Mapping[str, Any]) -> list[str]:
         if uneven:
             return uneven
     try:
-        grid.all_points(dict(config))
+        points = grid.all_points(dict(config))
     except ValueError as error:
         return [f"the grid cannot be made from this config: {error}"]
-    return []
+    return micro_batch_problems(config, points)
 
 
-def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:
-    """FSDP2 shards the LM's transformer blocks; the ResNet trains with DDP only (its trainer refuses
-    fsdp, so say it before any job)."""
-    if name != workloads.DEFAULT:
+def micro_batch_problems(config: Mapping[str, Any], points: list[grid.Point]) -> list[str]:
+    """train.micro_batch (or a sweep's) divides every grid point's per-GPU batch (the trainer
+    refuses it otherwise: scalestudy.plan.runconfig.micro_batch_problems)."""
+    default = (config.get("train") or {}).get("micro_batch")
+    problems = {}
+    for point in points:
+        values = dict(point.overrides)
+        micro_batch, per_gpu = values.get("micro_batch", default), values.get("per_gpu_batch")
+        if isinstance(per_gpu, int):
+            for problem in runconfig.micro_batch_problems(micro_batch, per_gpu):
+                problems.setdefault(f"train.{problem}", f"{point.stage}/{point.name}")
+    return [f"{problem} (grid point {where})" for problem, where in problems.items()]
+
+
+def _spec_problems(config: Mapping[str, Any], spec: workloads.WorkloadSpec) -> list[str]:
+    """What the workload's spec asks of the config: a data source it reads, the keys of its own
+    section it needs, a parallelism it trains with."""
+    source = (config.get("data") or {}).get("source")
+    problems = []
+    if spec.data.sources and source not in spec.data.sources:
+        problems.append(
+            f"data.source = {source!r} does not fit workload.name = {spec.name!r}: use"
+            f" {' or '.join(spec.data.sources)}"
+        )
+    own = (config.get("workload") or {}).get(spec.name) or {}
+    problems += [
+        f"workload.{spec.name}.{key} is required with workload.name = {spec.name!r}: {meaning}"
+        for key, meaning in spec.section_required
+        if not own.get(key)
+    ]
+    return problems + _parallelism_problems(config, spec)
+
+
+def _parallelism_problems(config: Mapping[str, Any], spec: workloads.WorkloadSpec) -> list[str]:
+    """A parallelism the workload's trainer refuses, said before any job: FSDP2 shards the LM's
+    transformer blocks; the ResNet trains with DDP only (its spec's parallelisms; none listed: any,
+    a script's own)."""
+    if not spec.parallelisms:
         return []
     places = {
         "train.parallelism": [(config.get("train") or {}).get("parallelism")],
@@ -207,11 +234,18 @@ def _fsdp_problems(config: Mapping[str, Any], name: str) -> list[str]:
         )
         or [],
     }
+    allowed = " or ".join(spec.parallelisms)
     return [
-        f"{where} = fsdp is for the gpt workload: {name} trains with ddp"
+        f"{where} = {value} is for the {_workloads_with(value)} workload: {spec.name} trains with {allowed}"
         for where, values in places.items()
-        if "fsdp" in values
+        for value in dict.fromkeys(values)
+        if value is not None and value not in spec.parallelisms
     ]
+
+
+def _workloads_with(parallelism: str) -> str:
+    names = [s.name for s in workloads.WORKLOADS.values() if parallelism in s.parallelisms]
+    return " or ".join(names) or "no"
 
 
 def schema_error_message(error: BaseException, configfiles=()) -> str | None:

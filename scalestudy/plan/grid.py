@@ -21,7 +21,7 @@ from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DI
 
 # Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a
 # study that does not use them keeps its run configs byte for byte, so none of its results is re-run.
-OMITTED_AT_DEFAULT = ("workload", *runconfig.OPTIONAL_TRAIN_KEYS, "gpt", "command")
+OMITTED_AT_DEFAULT = ("workload", *runconfig.OPTIONAL_TRAIN_KEYS, *workloads.run_sections())
 # model.gpt keys whose null means "the preset's" (scalestudy.workloads.gpt.model.config_from): left
 # out of the run config so that the preset fills them. A null vocab_size stays: the tokenizer's.
 GPT_PRESET_KEYS = ("layers", "heads", "d_model", "seq_len")
@@ -41,8 +41,7 @@ NOT_AXES = (
     "profile",
     "inductor_cache_dir",
     "workload",
-    "gpt",
-    "command",
+    *workloads.run_sections(),  # a workload's sections (gpt, command)
 )
 # How a sensitivity axis appears in its points' names: prefix + value (other keys: "<key>-").
 AXIS_PREFIXES = {"per_gpu_batch": "bs", "bucket_cap_mb": "bucket"}
@@ -50,6 +49,9 @@ AXIS_PREFIXES = {"per_gpu_batch": "bs", "bucket_cap_mb": "bucket"}
 # (existing results keep their run configs).
 FLOAT_AXES = ("bucket_cap_mb",)
 NAME_PART = re.compile(r"[A-Za-z0-9_.=+-]+")
+# What no parallelism means: a scaling point's name without a parallelism prefix, and a row of a
+# table written before FSDP existed (no parallelism column, or an empty cell), are DDP.
+DEFAULT_PARALLELISM = "ddp"
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def baseline_point(config: dict) -> Point:
     return Point("baseline", "default", 1, tuple(overrides.items()))
 
 
-def scaling_point(config: dict, mode: str, world: int, repeat: int, parallelism: str = "ddp") -> Point:
+def scaling_point(
+    config: dict, mode: str, world: int, repeat: int, parallelism: str = DEFAULT_PARALLELISM
+) -> Point:
     scaling = config["scaling"]
     if mode == "strong":
         global_batch = scaling["strong_global_batch"]
@@ -127,7 +131,7 @@ def scaling_point(config: dict, mode: str, world: int, repeat: int, parallelism:
         "repeat": repeat,
         "parallelism": parallelism,
     }
-    prefix = "" if parallelism == "ddp" else f"{parallelism}-"
+    prefix = "" if parallelism == DEFAULT_PARALLELISM else f"{parallelism}-"
     return Point("scaling", f"{mode}/{prefix}w{world}_r{repeat}", world, tuple(overrides.items()))
 
 
@@ -258,7 +262,7 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/architecture.md)."""
     workload = workloads.of_config(config)
     run: dict[str, Any] = {key: config["train"][key] for key in runconfig.TRAIN_KEYS}
-    run.update({key: _model_value(config, key) for key in workload.model_keys})
+    run.update({key: _model_value(config, key, workload) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
     measured = runconfig.MEASURE_KEYS.items()
     run.update({run_key: measure[key] for key, run_key in measured if measure.get(key) is not None})
@@ -268,8 +272,8 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
         {key: config["train"].get(key, runconfig.DEFAULTS[key]) for key in runconfig.OPTIONAL_TRAIN_KEYS}
     )
     run["workload"] = workload.name
-    if workload.name == "command":
-        run["command"] = dict((config.get("workload") or {}).get("command") or {})
+    if workload.run_section:  # the workload's own section (the command workload's script)
+        run[workload.name] = dict((config.get("workload") or {}).get(workload.name) or {})
     run.update(
         stage=point.stage,
         point=point.name,
@@ -290,10 +294,10 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
     return run
 
 
-def _model_value(config: dict, key: str) -> Any:
-    if key != "gpt":
+def _model_value(config: dict, key: str, workload: workloads.WorkloadSpec) -> Any:
+    if key not in workload.model_sections:
         return config["model"][key]
-    section = config["model"].get("gpt") or {}
+    section = config["model"].get(key) or {}
     return {
         name: value for name, value in section.items() if value is not None or name not in GPT_PRESET_KEYS
     }

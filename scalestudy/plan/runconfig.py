@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import importlib
 import json
 import logging
 import math
@@ -62,6 +63,8 @@ TRAIN_KEYS = (  # config["train"][key]
 OPTIONAL_TRAIN_KEYS = (
     *("parallelism", "reshard_after_forward", "optimizer", "grad_clip"),
     *("optimizer_impl", "compile_mode"),  # how the step runs: scalestudy.train.optim, trainer.build_model
+    "micro_batch",  # gradient accumulation: scalestudy.train.accumulation
+    "cudnn_benchmark",  # cuDNN autotuning: scalestudy.train.process.process_settings
 )
 # config["train"]["measure"][key] -> the run config's key (the steady-state window, scalestudy.train.steady)
 MEASURE_KEYS = {
@@ -70,7 +73,8 @@ MEASURE_KEYS = {
     "intervals": "measure_intervals",
     "seconds": "measure_seconds",  # absent unless set: other studies' run configs stay as they were
 }
-MODEL_KEYS = ("width", "channels_last", "compile")  # config["model"][key] (the ResNet's)
+# config["model"][key] of one value, over the workloads (their specs' model_keys; the ResNet's)
+MODEL_KEYS = workloads.model_keys()
 STUDY_KEYS: dict[str, tuple[str, ...]] = {
     **{key: ("train", key) for key in (*TRAIN_KEYS, *OPTIONAL_TRAIN_KEYS) if key not in REQUIRED},
     **{run_key: ("train", "measure", key) for key, run_key in MEASURE_KEYS.items()},
@@ -88,8 +92,9 @@ OWN_DEFAULTS: dict[str, Any] = {
     "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
     "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
     "workload": workloads.DEFAULT,  # what is trained (scalestudy.workloads)
-    "gpt": None,  # the gpt workload's model (scalestudy.workloads.gpt.model.config_from)
-    "command": None,  # the command workload's script, args and sample_unit
+    # a workload's section: its model's (gpt: scalestudy.workloads.gpt.model.config_from), its own
+    # (command: the script, args and sample_unit)
+    **{key: None for key in workloads.run_sections()},
 }
 
 
@@ -205,7 +210,7 @@ def rule_of(node: Mapping[str, Any]) -> Rule:
 def _rules() -> dict[str, Rule]:
     own = schema.definition("run_config")["properties"]
     study = {key: schema.node(*path) for key, path in {**STUDY_KEYS, "epochs": ("train", "epochs")}.items()}
-    # the workload's name: the study's workload.name, one of scalestudy.workloads.WORKLOADS
+    # the workload's name: the study's workload.name, one of scalestudy.plan.workloads.WORKLOADS
     study["workload"] = schema.node("workload", "name")
     return {key: rule_of(node) for key, node in {**own, **study}.items()}
 
@@ -262,8 +267,9 @@ def validate(config: dict[str, Any]) -> None:
         for key, rule in RULES.items()
         if key in config and not (key in needed and config[key] is None) and not rule.accepts(config[key])
     ]
-    if config.get("workload") == "command":
-        problems += _command_problems(config.get("command"))
+    section = _run_section(config)
+    if section is not None:
+        problems += section.problems(config.get(config["workload"]))
     if problems:  # the checks across keys assume the values have their types
         raise RunConfigError("run config: " + "; ".join(problems))
     if config["global_batch"] != config["per_gpu_batch"] * config["world_size"]:
@@ -271,14 +277,24 @@ def validate(config: dict[str, Any]) -> None:
             f"global_batch={config['global_batch']} is not per_gpu_batch={config['per_gpu_batch']} x "
             f"world_size={config['world_size']}"
         )
+    problems += micro_batch_problems(config["micro_batch"], config["per_gpu_batch"])
     if config["nesterov"] and not config["momentum"] > 0:
         problems.append(f"nesterov=true needs momentum > 0, got momentum={config['momentum']!r}")
     problems += _profile_problems(config["profile"])
     if problems:
         raise RunConfigError("run config: " + "; ".join(problems))
-    if config.get("workload") == "command":  # the section filled in: what the runner reads
-        unit = workloads.get("command").sample_unit
-        config["command"] = {"args": [], "sample_unit": unit, **config["command"]}
+    if section is not None:  # the section filled in: what the workload's runner reads
+        config[config["workload"]] = section.filled(config[config["workload"]])
+
+
+def micro_batch_problems(micro_batch: int | None, per_gpu_batch: int) -> list[str]:
+    """micro_batch (gradient accumulation's chunk, scalestudy.train.accumulation) divides per_gpu_batch."""
+    if micro_batch is None or per_gpu_batch % micro_batch == 0:
+        return []
+    return [
+        f"micro_batch={micro_batch} does not divide per_gpu_batch={per_gpu_batch}: "
+        "use a divisor of it, or null (the whole per-GPU batch in one pass)"
+    ]
 
 
 PROFILE_TOOLS = ("none", "torch", "nsys")  # what the trainer runs (scalestudy.train.ranges)
@@ -312,27 +328,24 @@ def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
 
 
 # The command workload's section: the user's script, its arguments and the unit it counts in.
-COMMAND_KEYS = ("script", "args", "sample_unit")
+def _workload(config: dict[str, Any]) -> workloads.WorkloadSpec | None:
+    name = config.get("workload") or workloads.DEFAULT
+    return workloads.WORKLOADS.get(name) if isinstance(name, str) else None
 
 
-def _command_problems(command: Any) -> list[str]:
-    if not isinstance(command, dict):
-        return [f"command must be an object with {', '.join(COMMAND_KEYS)}, got {command!r}"]
-    problems = []
-    if not (isinstance(command.get("script"), str) and command["script"]):
-        problems.append(f"command.script={command.get('script')!r} must be a non-empty string (a path)")
-    args = command.get("args", [])
-    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
-        problems.append(f"command.args={args!r} must be a list of strings")
-    unit = command.get("sample_unit", workloads.get("command").sample_unit)
-    if not (isinstance(unit, str) and unit):
-        problems.append(f"command.sample_unit={unit!r} must be a non-empty string")
-    return problems + [f"command.{key} is not a known key" for key in set(command) - set(COMMAND_KEYS)]
+def _run_section(config: dict[str, Any]):
+    """The module that checks and fills the workload's own run-config section (the command
+    workload's: scalestudy.workloads.command.section), or None."""
+    spec = _workload(config)
+    return importlib.import_module(spec.run_section) if spec and spec.run_section else None
 
 
 def required(config: dict[str, Any]) -> tuple[str, ...]:
-    """The keys a run config must give: the command workload reads no data_dir (its script does)."""
-    return tuple(key for key in REQUIRED if not (key == "data_dir" and config.get("workload") == "command"))
+    """The keys a run config must give: a workload without packed data (the command workload: its
+    script reads its own) needs no data_dir."""
+    spec = _workload(config)
+    no_data = spec is not None and not spec.data.packed_files
+    return tuple(key for key in REQUIRED if not (key == "data_dir" and no_data))
 
 
 def check_locations(config: dict[str, Any], out_dir: str | os.PathLike) -> None:

@@ -13,6 +13,10 @@ GPU_MONITOR_INFO = "gpu_monitor.json"  # the monitor's summary, or why there are
 PROFILE_OPS = "profile_ops.csv"  # a torch.profiler run's operator table
 PROFILE_WINDOW = "profile_window.json"  # a profile run's window (tool, steps, wall time)
 PROFILE_KERNELS = "profile_kernels.csv"  # a torch.profiler run's device kernels by launching range
+# In a run's checkpoint_dir (kept over retries): the mark of a finished run, and the folder where
+# another run config's checkpoints are set aside (superseded/<its config hash>/).
+FINISHED_MARK = "finished.json"
+SUPERSEDED = "superseded"
 # The files every training run writes, by the name of the rule's output that declares each.
 RUN_FILES = {"summary": SUMMARY, "metrics": METRICS, "steps": STEPS, "gpu_monitor": GPU_MONITOR}
 
@@ -63,6 +67,10 @@ MONITOR_COLUMNS = (
 # trainer's named range whose op launched it ("data": the loader's; "" outside every range, as the
 # backward's kernels, which autograd launches from its own thread); count and total device time.
 PROFILE_KERNEL_COLUMNS = ("name", "range", "count", "device_us")
+# profile_ops.csv: torch.profiler's operator table (key_averages), times in microseconds
+PROFILE_OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
+# summary.json's whole-run throughput (one-off costs included; None where the run has no steps)
+WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")
 # what a table, summary or paper says of a quantity nothing measured (followed by ": <why>")
 NOT_MEASURED = "not measured"
 # summary.json's energy measures (scalestudy.analysis.energy): absent or None where not measured

@@ -1,11 +1,11 @@
-"""The workload registry: what a study can train. One entry per workload, pure standard library (the
-Snakefile imports this when it parses the workflow); the code that builds a workload's model and data
-is its own package under scalestudy/workloads/ (scalestudy.workloads.runtime()).
+"""The workload registry: what a study can train. Each workload is a package under
+scalestudy/workloads/ whose `spec` module holds its `SPEC` (scalestudy.plan.workload_spec.WorkloadSpec:
+unit, metric, data, model keys, default optimizer, the paper's words, its runtime module); the
+registry collects them, pure standard library (the Snakefile imports this when it parses the
+workflow), and checks the schema's `workload.name` enum against them (`schema_problems`).
 
-Every rank runs `python -m scalestudy.train` whatever the workload (a command workload's run config
-it hands to scalestudy.train.command). A workload says the unit it counts throughput in, its quality
-metric, which fetched and packed data files it needs, and which keys of the config's `model:` section
-go into its run configs.
+Every rank runs `python -m scalestudy.train` whatever the workload (one with an `entry`, the command
+workload, hands its run config to that).
 
     resnet18-cifar10  the reference study: ResNet-18 (CIFAR stem) on CIFAR-10, images
     gpt               a GPT-style decoder LM on a byte-tokenised text corpus, tokens
@@ -14,64 +14,18 @@ go into its run configs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Mapping
 from typing import Any
 
-from scalestudy.plan.paths import PACKED_DIR, RAW_DATA_DIR
+from scalestudy.plan.workload_spec import CIFAR10, NO_DATA, TEXT, DataKind, WorkloadSpec
+
+__all__ = ["CIFAR10", "NO_DATA", "TEXT", "DataKind", "WorkloadSpec"]  # from workload_spec, for the rules
 
 DEFAULT = "resnet18-cifar10"
-
-
-@dataclass(frozen=True)
-class DataKind:
-    """The data a workload reads: the fetched file, and the packed files preprocessing writes."""
-
-    name: str
-    raw_file: str | None  # under RAW_DATA_DIR; None: the workload brings its own data
-    packed_files: tuple[str, ...]  # under PACKED_DIR, manifest.json last
-
-    @property
-    def raw_path(self) -> str | None:
-        return f"{RAW_DATA_DIR}/{self.raw_file}" if self.raw_file else None
-
-    @property
-    def packed_paths(self) -> list[str]:
-        return [f"{PACKED_DIR}/{name}" for name in self.packed_files]
-
-
-CIFAR10 = DataKind(
-    "cifar10",
-    "cifar-10-python.tar.gz",
-    tuple(f"{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels"))
-    + ("manifest.json",),
-)
-TEXT = DataKind("text", "corpus.txt", ("train_tokens.npy", "test_tokens.npy", "manifest.json"))
-NO_DATA = DataKind("none", None, ())
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    sample_unit: str  # what throughput counts: images, tokens, samples
-    metric: str  # the quality metric reported besides the loss: accuracy, perplexity, none
-    data: DataKind
-    model_keys: tuple[str, ...]  # config["model"] keys copied into every run config
-    reshardable: bool  # checkpoints resume at another world size (same global batch)
-
-
-WORKLOADS: dict[str, Workload] = {
-    "resnet18-cifar10": Workload(
-        "resnet18-cifar10",
-        "images",
-        "accuracy",
-        CIFAR10,
-        ("width", "channels_last", "compile"),
-        False,
-    ),
-    "gpt": Workload("gpt", "tokens", "perplexity", TEXT, ("gpt", "compile"), True),
-    "command": Workload("command", "samples", "none", NO_DATA, (), False),
-}
-
+Workload = WorkloadSpec  # the older name
 
 GPT_PRESETS: dict[str, dict[str, Any]] = {
     # ~1.9 M parameters: trains on a CPU in the offline demo (byte vocabulary)
@@ -87,19 +41,90 @@ def gpt_seq_len(section: dict[str, Any] | None) -> int:
     return section.get("seq_len") or GPT_PRESETS[section.get("preset") or "demo"]["seq_len"]
 
 
-def get(name: str) -> Workload:
+def discover(packages: str = "scalestudy.workloads") -> list[WorkloadSpec]:
+    """The SPEC of every sub-package of the package `packages` with a `spec` module."""
+    parent = importlib.import_module(packages)
+    specs = []
+    for info in pkgutil.iter_modules(parent.__path__):
+        name = f"{packages}.{info.name}.spec"
+        if info.ispkg and importlib.util.find_spec(name) is not None:
+            specs.append(importlib.import_module(name).SPEC)
+    return specs
+
+
+def collect(specs: list[WorkloadSpec]) -> dict[str, WorkloadSpec]:
+    """Name -> spec, the default first, then by name; two specs of one name are an error."""
+    found: dict[str, WorkloadSpec] = {}
+    for spec in sorted(specs, key=lambda s: (s.name != DEFAULT, s.name)):
+        if spec.name in found:
+            raise ValueError(f"two workload packages name the workload {spec.name!r}")
+        found[spec.name] = spec
+    return found
+
+
+WORKLOADS: dict[str, WorkloadSpec] = collect(discover())
+
+
+def register(spec: WorkloadSpec) -> None:
+    """Add a workload that lives outside scalestudy/workloads/ (a plugin, a test's toy)."""
+    WORKLOADS.update(collect([*WORKLOADS.values(), spec]))
+
+
+def unregister(name: str) -> None:
+    WORKLOADS.pop(name, None)
+
+
+def get(name: str) -> WorkloadSpec:
     try:
         return WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}") from None
 
 
-def of_config(config: dict[str, Any]) -> Workload:
-    """The study config's workload (`workload.name`, default resnet18-cifar10); a command workload
-    counts in the unit its config names (`workload.command.sample_unit`)."""
+def of_config(config: Mapping[str, Any]) -> WorkloadSpec:
+    """The study config's workload (`workload.name`, default resnet18-cifar10); a workload whose
+    section goes into its run configs counts in the unit that section names (`workload.command.
+    sample_unit`), if it names one."""
     section = config.get("workload") or {}
     workload = get(section.get("name", DEFAULT))
-    if workload.name == "command":
-        unit = (section.get("command") or {}).get("sample_unit", workload.sample_unit)
-        workload = Workload(**{**workload.__dict__, "sample_unit": unit})
+    if workload.run_section:
+        unit = (section.get(workload.name) or {}).get("sample_unit", workload.sample_unit)
+        workload = workload.with_unit(unit)
     return workload
+
+
+def model_keys() -> tuple[str, ...]:
+    """The config["model"] keys that hold one value (not a section), over every workload."""
+    keys = [key for spec in WORKLOADS.values() for key in spec.model_keys if key not in spec.model_sections]
+    return tuple(dict.fromkeys(keys))
+
+
+def run_sections() -> tuple[str, ...]:
+    """The run config's keys that hold a workload's section: a model section (gpt), a workload's own."""
+    keys = [key for spec in WORKLOADS.values() for key in spec.model_sections]
+    keys += [spec.name for spec in WORKLOADS.values() if spec.run_section]
+    return tuple(dict.fromkeys(keys))
+
+
+def default_optimizer(name: str | None) -> str | None:
+    """The optimizer of a run config whose `optimizer` is null (None: a workload names none)."""
+    spec = WORKLOADS.get(name or DEFAULT)
+    return spec.default_optimizer if spec else None
+
+
+def schema_problems(node: Mapping[str, Any]) -> list[str]:
+    """The schema's workload.name enum against the registry: a name without a package, or a package
+    the schema does not list (add its name to the enum in scalestudy/plan/schema.yaml)."""
+    name = node.get("properties", {}).get("workload", {}).get("properties", {}).get("name", {})
+    enum = list(name.get("enum") or [])
+    problems = [
+        f"schema workload.name enum lists {n!r}, which no workload package defines"
+        for n in enum
+        if n not in WORKLOADS
+    ]
+    problems += [
+        f"workload {n!r} (scalestudy/workloads/) is missing from the schema's workload.name enum"
+        for n in WORKLOADS
+        if n not in enum
+    ]
+    return problems

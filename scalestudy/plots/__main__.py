@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from scalestudy.analysis import cli
+from scalestudy.analysis.metrics import DEFAULT_AXES
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plots import style
 
@@ -132,7 +133,7 @@ INPUTS = {
     },
     "axes": {
         "nargs": "+",
-        "default": ["precision", "per_gpu_batch", "bucket_cap_mb"],
+        "default": list(DEFAULT_AXES),
         "help": "The sweep's axes (sensitivity.axes keys, in order).",
     },
     "rows": {"help": "The axis along the heatmap's rows (default: the last axis but one)."},

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from scalestudy.plan.runfiles import NOT_MEASURED
 from scalestudy.plots import style
 
 MIB = 1 << 20
@@ -31,7 +32,7 @@ def busbw_figure(busbw: pd.DataFrame, png, pdf=None, bucket_mb: Sequence[float] 
         rows = busbw[(busbw["collective"] == collective) & busbw["time_s"].notna()] if len(busbw) else busbw
         if rows.empty:
             notes = busbw.loc[busbw["collective"] == collective, "note"] if len(busbw) else []
-            style.placeholder_note(ax, next((str(n) for n in notes if str(n)), "not measured"), width=40)
+            style.placeholder_note(ax, next((str(n) for n in notes if str(n)), NOT_MEASURED), width=40)
             ax.set_title(collective.replace("_", "-"))
             continue
         _panel(ax, rows, colours, bucket_mb)

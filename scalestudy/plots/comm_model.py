@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalestudy.analysis import series
 from scalestudy.analysis.commmodel import FIT_CURVE
 from scalestudy.plots import scaling as scaling_plots
 from scalestudy.plots import style
@@ -25,7 +26,7 @@ def model_vs_measurement(
 ) -> None:
     """One panel per mode: measured efficiency (with CI) and the predicted curves; `fit` adds a line
     saying how the model was fitted. The model is DDP's all-reduce: FSDP rows are not drawn."""
-    ddp = scaling["parallelism"].fillna("ddp").eq("ddp") if "parallelism" in scaling else True
+    ddp = series.parallelism_of(scaling).eq(series.DDP)
     modes = sorted(set(scaling["mode"]) | set(prediction.get("mode", pd.Series(dtype=str))))
     fig, axes = style.new_figure(wide=True, aspect=0.36, ncols=max(len(modes), 1))
     curves = [c for c in prediction.get("curve", pd.Series(dtype=str)).unique() if c != FIT_CURVE]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scalestudy.analysis.series import DDP
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plots import style
 
@@ -43,7 +44,7 @@ def load_curves(paths: Sequence[str | Path]) -> pd.DataFrame:
         frames.append(
             frame.assign(
                 mode=match["mode"],
-                parallelism=match["parallelism"] or "ddp",
+                parallelism=match["parallelism"] or DDP,
                 world=int(match["world"]),
                 repeat=int(match["repeat"]),
             )
@@ -55,7 +56,7 @@ def load_curves(paths: Sequence[str | Path]) -> pd.DataFrame:
 
 def _panels(curves: pd.DataFrame) -> list[tuple[str, str]]:
     keys = sorted(set(zip(curves["mode"], curves["parallelism"], strict=True)))
-    return keys or [("strong", "ddp")]
+    return keys or [("strong", DDP)]
 
 
 def _title(mode: str, parallelism: str, named: bool) -> str:

@@ -20,6 +20,7 @@ import pandas as pd
 from scalestudy.analysis import above_ideal
 from scalestudy.analysis.contention import contended
 from scalestudy.analysis.metrics import window_filled
+from scalestudy.analysis.series import parallelism_of
 from scalestudy.plots import style
 
 UNFILLED_LABEL = "window not filled"
@@ -30,9 +31,7 @@ ABOVE_IDEAL_COLOUR = "firebrick"
 
 def parallelisms(scaling: pd.DataFrame) -> pd.Series:
     """Each row's parallelism (ddp where the table predates the column)."""
-    if "parallelism" not in scaling:
-        return pd.Series("ddp", index=scaling.index)
-    return scaling["parallelism"].fillna("ddp").astype(str)
+    return parallelism_of(scaling)
 
 
 def series(scaling: pd.DataFrame):

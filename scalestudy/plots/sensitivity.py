@@ -23,10 +23,9 @@ import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
 from scalestudy.analysis.contention import contended
-from scalestudy.analysis.metrics import DEFAULT_AXES, window_filled
+from scalestudy.analysis.metrics import DEFAULT_AXES, PRECISION_ORDER, window_filled
 from scalestudy.plots import style
 
-PRECISION_ORDER = ("fp32", "fp16", "bf16")
 UNFILLED_LABEL = "window not filled"
 UNFILLED_STYLE = {"fill": False, "hatch": "////", "edgecolor": "0.85", "linewidth": 0}
 CONTENDED_LABEL = "GPU shared (contended)"
@@ -64,7 +63,7 @@ def choose_axes(
 
 
 def ordered(values: pd.Series, key: str) -> list:
-    """The distinct values of an axis: precisions fp32, fp16, bf16 (then any other), else sorted."""
+    """The distinct values of an axis: precisions in PRECISION_ORDER (then any other), else sorted."""
     distinct = list(pd.unique(values.dropna()))
     if key == "precision":
         known = [p for p in PRECISION_ORDER if p in distinct]

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from scalestudy.analysis.series import DDP  # noqa: E402
 from scalestudy.atomic import atomic_path  # noqa: E402
 
 # Widths of a two-column paper (inches): one column, and the full text width.
@@ -105,7 +106,7 @@ def mode_style(mode: str) -> dict:
 PARALLELISM_STYLE = {"fsdp": {"marker": "D", "linestyle": "-."}}
 
 
-def series_style(mode: str, parallelism: str = "ddp", named: bool = False) -> dict:
+def series_style(mode: str, parallelism: str = DDP, named: bool = False) -> dict:
     """The look of one (mode, parallelism) series; `named`: the label names the parallelism (the
     study has more than one), else it reads as the mode alone."""
     look = {**mode_style(mode), "linestyle": "-", **PARALLELISM_STYLE.get(parallelism, {})}

@@ -17,6 +17,7 @@ import pandas as pd
 
 from scalestudy.analysis import above_ideal
 from scalestudy.analysis.waterfall import PARTS, REMAINDER
+from scalestudy.plan.runfiles import NOT_MEASURED
 from scalestudy.plots import style
 from scalestudy.plots.scaling import parallelisms
 
@@ -130,6 +131,6 @@ def _not_measured(group: pd.DataFrame) -> str:
     for part, label in PARTS.items():
         if group[f"{part}_points"].isna().any():
             reasons = group.loc[group[f"{part}_points"].isna(), f"{part}_how"].astype(str)
-            reason = "; ".join(dict.fromkeys(r.removeprefix("not measured").lstrip(" :") for r in reasons))
+            reason = "; ".join(dict.fromkeys(r.removeprefix(NOT_MEASURED).lstrip(" :") for r in reasons))
             named.append(f"{label} ({reason})")
     return "Not measured: " + ", ".join(named) if named else ""

@@ -28,6 +28,8 @@ import pandas as pd
 from scalestudy import atomic, provenance
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.launch import distributed
+from scalestudy.plan import schema
+from scalestudy.plan.runfiles import NOT_MEASURED
 from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.commbench")
@@ -70,16 +72,12 @@ FIT_COLUMNS = (
     "busbw_at_max_gb_s",
     "method",
 )
+# The settings the comm_bench rule passes (rules/comm.smk): comm_bench's and three of train's, with the
+# schema's defaults.
+TRAIN_SETTINGS = {"device": "device", "backend": "backend", "timeout_s": "pg_timeout_s"}
 SETTINGS_DEFAULTS: dict[str, Any] = {
-    "collectives": list(COLLECTIVES),
-    "min_bytes": 8,
-    "max_bytes": 256 << 20,
-    "step_factor": 2,
-    "warmup_iters": 5,
-    "iters": 20,
-    "device": "auto",
-    "backend": "auto",
-    "timeout_s": 600,
+    **schema.defaults("comm_bench"),
+    **{key: schema.node("train", name)["default"] for key, name in TRAIN_SETTINGS.items()},
 }
 
 
@@ -281,7 +279,7 @@ class Bench:
             self.call(collective, *self.buffers(collective, self.world))
             self.sync()
         except (RuntimeError, NotImplementedError, ValueError) as error:
-            return f"not measured: {collective} is not supported by {self.backend} here ({error})"
+            return f"{NOT_MEASURED}: {collective} is not supported by {self.backend} here ({error})"
         return ""
 
 

@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from scalestudy import atomic, provenance
+from scalestudy import atomic, contract, provenance
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.preflight")
 
-EXIT_BAD_INPUT = 2
 NONE = "none"  # a table's word for what a host does not have (no GPU, no InfiniBand)
 KILL_AFTER_S = 30  # after SIGTERM to a command past its time, SIGKILL this much later
 
@@ -80,7 +79,7 @@ def run_command(
         return handlers[args.command](args)
     except ValueError as error:
         print(f"{name}: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return contract.EXIT_BAD_CONFIG
 
 
 # --------------------------------------------------------------------------- running commands

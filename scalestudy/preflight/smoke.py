@@ -147,7 +147,7 @@ def checkpoint_bandwidth(run: dict[str, Any], repeats: int, directory: str) -> d
 
     full = _full(run)
     net = workload_code.runtime(full["workload"]).build_model(full, torch.device("cpu")).model
-    optimizer = optim.build_optimizer(net, full, 0.0, sharded=False)
+    optimizer = optim.build_optimizer(net, optim.OptimizerSettings.from_config(full), 0.0, sharded=False)
     for parameter in net.parameters():  # one step at lr 0: the state a trained optimizer holds
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()

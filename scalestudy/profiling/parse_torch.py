@@ -44,7 +44,7 @@ from scalestudy.profiling.schema import COMM, DATA_RANGE, MEMCPY, NAMED_RANGES, 
 from scalestudy.profiling.tables import TableError, numeric, read_table, top_rows
 
 US = 1e-6
-OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
+OPS_COLUMNS = runfiles.PROFILE_OPS_COLUMNS
 NESTED_DATA_ORDER = (MEMCPY, NORM_ELEMENTWISE, OTHER)
 # The rows of a collective's asynchronous work (its duration is their total time).
 COLLECTIVE_WORK = re.compile(r"^(gloo|nccl|mpi|ucc):")

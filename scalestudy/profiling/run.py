@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scalestudy import contract
 from scalestudy.atomic import write_json
 from scalestudy.plan import grid, runfiles
 from scalestudy.profiling import nsys
@@ -95,7 +96,7 @@ def with_job_tmpdir(spec: dict, folder: str | Path) -> dict:
     return {**spec, "env": {**spec.get("env", {}), "TMPDIR": str(folder)}}
 
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+FORWARDED_SIGNALS = (*contract.STOP_SIGNALS, signal.SIGINT)  # the stop signals, and Ctrl-C
 
 
 def run_streaming(argv: list[str], keep_lines: int = 200) -> tuple[int, list[str]]:

@@ -18,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from scalestudy import atomic
+from scalestudy import atomic, contract
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.tracking")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--points-json {args.points_json}: {error}") from None
     except SystemExit as error:
         log.error("%s", error)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     if args.command == "follow":
         from scalestudy.tracking import follow
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         record = sync.sync(tracking, args.runs_dir, files, args.root, args.smoke_files, args.comm_files)
     except preflight_runs.BadOutput as error:
         log.error("%s", error)
-        return 2
+        return contract.EXIT_BAD_CONFIG
     except Exception as error:  # the store: unreachable, refused, ...
         log.error("MLflow at %s: %s: %s", tracking["uri"], type(error).__name__, error)
         return 1

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalestudy.plan.runfiles import NOT_MEASURED
+
 COUNTER_MODULUS = 2**64  # the counter is an unsigned long long
 MAX_POWER_W = 10_000.0  # the most a GPU could draw, where its power limit is unknown
 
@@ -92,7 +94,7 @@ def open_counter(nvml, handle, power_limit_w: float | None) -> EnergyCounter:
 def energy_note(gpus: list[dict[str, Any]]) -> str:
     """gpu_monitor.json's `energy`: where the GPUs' energy comes from."""
     if not gpus:
-        return "not measured: no GPU sampled"
+        return f"{NOT_MEASURED}: no GPU sampled"
     without = sorted(
         {f"{gpu['uuid']}: {(gpu.get('energy') or {}).get('reason')}" for gpu in gpus if not _has(gpu)}
     )

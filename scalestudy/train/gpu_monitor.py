@@ -7,9 +7,10 @@ says why. One sampler per rank (not one per node) keeps each thread's work fixed
 per node: the two PCIe reads alone take ~20 ms each (NVML measures over a 20 ms window).
 
 Gathering. At the end of the run every rank hands its report to rank 0 (gather_object), and rank 0
-writes one `gpu_monitor.csv` for the run, sorted by time, host and GPU, plus `gpu_monitor.json`
-(available, reason, per node its sampled GPUs with rank, power limit, GPM support and errors). Only
-rank 0 writes into the run folder; the data are small (16 values per GPU per sample).
+writes (write_outputs, scalestudy.train.gpu_monitor_files) one `gpu_monitor.csv` for the run,
+sorted by time, host and GPU, plus `gpu_monitor.json` (available, reason, per node its sampled
+GPUs with rank, power limit, GPM support and errors). Only rank 0 writes into the run folder; the
+data are small (16 values per GPU per sample).
 
 Columns and units (runfiles.MONITOR_COLUMNS); a value a GPU does not report is left empty:
 - `time_s`: seconds since the run's t0 (rank 0's clock at setup), the base of summary.json's
@@ -57,13 +58,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic
-from scalestudy.plan import runfiles
-from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
-from scalestudy.train.energy_counter import EnergyCounter, energy_note, open_counter
+from scalestudy.plan import schema
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS  # noqa: F401 - the files' columns
+from scalestudy.train.energy_counter import EnergyCounter, open_counter
+from scalestudy.train.gpu_monitor_files import write_outputs  # noqa: F401 - rank 0's files
 from scalestudy.train.gpu_processes import (  # noqa: F401 - job_on_host: the trainer's
     GpuWatch,
     JobProcesses,
@@ -76,8 +76,9 @@ from scalestudy.train.gpu_processes import (  # noqa: F401 - job_on_host: the tr
 
 log = logging.getLogger("scalestudy.monitor")
 
-DEFAULT_INTERVAL_S = 0.1
+DEFAULT_INTERVAL_S = schema.node("train", "monitor_interval_s")["default"]
 GPM_MIN_INTERVAL_S = 0.15  # NVML: two GPM samples must be more than 100 ms apart
+OPEN_WAIT_S = 60.0  # the trainer waits this long at most for NVML to open (start(background=True))
 POWER = 3  # power_w's place in _read's values
 
 
@@ -186,6 +187,7 @@ class GpuMonitor:
         self.cpus = job_cpus()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._opened = threading.Event()  # set once NVML is open and sampled, or found unavailable
 
     def open(self) -> bool:
         """Initialise NVML and find the GPUs to sample (no thread yet); True if there is one."""
@@ -214,11 +216,35 @@ class GpuMonitor:
         )
         return True
 
-    def start(self) -> GpuMonitor:
-        if self.open():
+    def start(self, background: bool = False) -> GpuMonitor:
+        """Open NVML and sample on a daemon thread. background: open NVML on that thread too, so the
+        caller goes on at once (the trainer loads its data and model meanwhile; NVML's start is
+        off its start-up's critical path); `wait_open` waits for it."""
+        if background:
+            self._thread = threading.Thread(target=self._open_and_run, name="gpu-monitor", daemon=True)
+            self._thread.start()
+        elif self.open():
             self._thread = threading.Thread(target=self._run, name="gpu-monitor", daemon=True)
             self._thread.start()
+        else:
+            self._opened.set()
         return self
+
+    def wait_open(self, timeout_s: float | None = None) -> bool:
+        """Wait until NVML is open (or found unavailable) and the first sample is taken; True if
+        it is (False: still opening after timeout_s)."""
+        return self._opened.wait(timeout_s)
+
+    def _open_and_run(self) -> None:
+        try:
+            opened = self.open()
+        except Exception as error:  # noqa: BLE001 - on its own thread: the run goes on without it
+            self.reason = f"GPU monitor failed to start on {self.host}: {type(error).__name__}: {error}"
+            log.warning("%s", self.reason)
+            opened = False
+        if opened:
+            self._run()  # sets _opened at its first sample
+        self._opened.set()
 
     def stop(self) -> dict[str, Any]:
         """Stop sampling; the report that rank 0 merges."""
@@ -342,6 +368,7 @@ class GpuMonitor:
         next_time = time.monotonic()
         while not self._stop.is_set():
             self.sample()
+            self._opened.set()
             next_time += self.interval_s
             self._stop.wait(max(0.0, next_time - time.monotonic()))
 
@@ -462,55 +489,3 @@ def power_fraction(power_w: float | None, limit_w: float | None) -> float | None
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rank reports grouped by host, in the order hosts first appear."""
-    nodes: dict[str, dict[str, Any]] = {}
-    for report in reports:
-        node = nodes.setdefault(
-            report["host"], {"host": report["host"], "ranks": [], "reasons": [], "gpus": [], "cpus": set()}
-        )
-        node["ranks"].append(report.get("rank"))
-        node["gpus"] += report["gpus"]
-        node["cpus"].update(report.get("cpus") or ())
-        if report["reason"]:
-            node["reasons"].append(f"rank {report.get('rank')}: {report['reason']}")
-    for node in nodes.values():
-        node["cpus"] = sorted(node["cpus"])  # the job's CPUs on the host: its ranks' affinity
-        node["available"] = bool(node["gpus"]) and not any(gpu["failed"] for gpu in node["gpus"])
-        node["reason"] = "; ".join(node.pop("reasons")) or None
-    return list(nodes.values())
-
-
-def write_outputs(out_dir: str | Path, reports: list[dict[str, Any] | None], interval_s: float) -> None:
-    """Rank 0: merge the rank reports into gpu_monitor.csv and gpu_monitor.json."""
-    import pandas as pd
-
-    reports = [report for report in reports if report is not None]
-    rows = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[:3])
-    atomic.write_csv(Path(out_dir) / runfiles.GPU_MONITOR, pd.DataFrame(rows, columns=COLUMNS))
-    reasons = sorted({report["reason"] for report in reports if not report["available"]})
-    gpus = [gpu for report in reports for gpu in report["gpus"]]
-    summary = {
-        "available": bool(reports) and not reasons,
-        "reason": "; ".join(reasons) if reasons else (None if reports else "no rank ran a monitor"),
-        "interval_s": interval_s,
-        "samples": len(rows),
-        "sm_active": _gpm_note(gpus),
-        "energy": energy_note(gpus),
-        "processes": "; ".join(sorted({r["process_query"] for r in reports if r.get("process_query")}))
-        or None,
-        "failed_gpus": [gpu["uuid"] for gpu in gpus if gpu["failed"]],
-        "nodes": _nodes(reports),
-    }
-    atomic.write_json(Path(out_dir) / runfiles.GPU_MONITOR_INFO, summary)
-
-
-def _gpm_note(gpus: list[dict[str, Any]]) -> str:
-    if not gpus:
-        return "not measured: no GPU sampled"
-    unsupported = sorted({f"{gpu['name']}: {gpu['gpm_reason']}" for gpu in gpus if not gpu["gpm_supported"]})
-    if not unsupported:
-        return "NVML GPM (NVML_GPM_METRIC_SM_UTIL)"
-    return "not measured on " + "; ".join(unsupported)

@@ -6,11 +6,11 @@ run config).
   decay to zero at the last step, updated every step.
 - `optimizer`: sgd (momentum, nesterov, weight decay on all parameters) or adamw (betas 0.9/0.95,
   decoupled weight decay on weight matrices and embeddings, none on biases and norms); null: the
-  workload's (sgd for the ResNet, adamw for the LM). Fused kernels: AdamW's fused step has DTensor
-  sharding strategies, so it runs fused under FSDP2 too, and a fused step takes GradScaler's
-  found-inf flag as a tensor (no host sync; the foreach step reads it with `.item()` every fp16
-  step). SGD's fused step has none (torch 2.14: "aten._fused_sgd_ ... no sharding strategy"), so
-  SGD over FSDP2's DTensors runs foreach (and syncs once per fp16 step).
+  workload's default_optimizer (its spec: sgd for the ResNet, adamw for the LM). Fused kernels:
+  AdamW's fused step has DTensor sharding strategies, so it runs fused under FSDP2 too, and a fused
+  step takes GradScaler's found-inf flag as a tensor (no host sync; the foreach step reads it with
+  `.item()` every fp16 step). SGD's fused step has none (torch 2.14: "aten._fused_sgd_ ... no
+  sharding strategy"), so SGD over FSDP2's DTensors runs foreach (and syncs once per fp16 step).
 - `optimizer_impl` (auto, fused, foreach, forloop) picks the kernels of the same update: auto is the
   above; the others force one (the variants benchmark compares them, scalestudy.benchmark.variants;
   tests/test_step_variants.py checks that they train the same weights).
@@ -19,13 +19,14 @@ run config).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from scalestudy.plan import runconfig, workloads
 from scalestudy.plan.runconfig import RunConfigError
 
-WORKLOAD_OPTIMIZERS = {"gpt": "adamw"}  # every other workload: sgd
 ADAMW_BETAS = (0.9, 0.95)
 
 
@@ -47,39 +48,58 @@ def lr_schedule(warmup_steps: int, total_steps: int):
 
 
 def optimizer_name(config: dict[str, Any]) -> str:
-    return config.get("optimizer") or WORKLOAD_OPTIMIZERS.get(config.get("workload"), "sgd")
+    """The run config's optimizer, else its workload's default (its spec's), else sgd."""
+    return config.get("optimizer") or workloads.default_optimizer(config.get("workload")) or "sgd"
 
 
-def implementation(config: dict[str, Any], sharded: bool) -> dict[str, bool]:
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What building the optimizer reads of its run config (from_config)."""
+
+    name: str  # sgd or adamw: the run config's optimizer, else its workload's (optimizer_name)
+    impl: str  # optimizer_impl: auto, fused, foreach, forloop
+    weight_decay: float
+    momentum: float  # sgd's
+    nesterov: bool  # sgd's
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> OptimizerSettings:
+        """The settings of a run config; keys it leaves out take the trainer's defaults."""
+        filled = {**runconfig.DEFAULTS, **config}
+        keys = ("weight_decay", "momentum", "nesterov")
+        return cls(optimizer_name(config), filled["optimizer_impl"] or "auto", *(filled[k] for k in keys))
+
+
+def implementation(settings: OptimizerSettings, sharded: bool) -> dict[str, bool]:
     """The optimizer's keyword for `optimizer_impl`: {"fused": True}, {"foreach": True} or
     {"foreach": False} (a loop over the parameters); auto: fused, but foreach for SGD over DTensors."""
-    impl = config.get("optimizer_impl") or "auto"
-    if impl == "fused" and sharded and optimizer_name(config) == "sgd":
+    impl = settings.impl
+    if impl == "fused" and sharded and settings.name == "sgd":
         raise RunConfigError(
             "run config: optimizer_impl='fused' with sgd over FSDP2 (parallelism fsdp): torch's fused "
             "SGD has no DTensor sharding strategy; use auto or foreach"
         )
     if impl == "auto":
-        impl = "foreach" if sharded and optimizer_name(config) == "sgd" else "fused"
+        impl = "foreach" if sharded and settings.name == "sgd" else "fused"
     return {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
 
 
-def build_optimizer(model: torch.nn.Module, config: dict[str, Any], peak_lr: float, sharded: bool):
-    kernels = implementation(config, sharded)
-    if optimizer_name(config) == "adamw":
+def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, peak_lr: float, sharded: bool):
+    kernels = implementation(settings, sharded)
+    if settings.name == "adamw":
         matrices = [p for p in model.parameters() if p.dim() >= 2]
         vectors = [p for p in model.parameters() if p.dim() < 2]
         groups = [
-            {"params": matrices, "weight_decay": config["weight_decay"]},
+            {"params": matrices, "weight_decay": settings.weight_decay},
             {"params": vectors, "weight_decay": 0.0},
         ]
         return torch.optim.AdamW(groups, lr=peak_lr, betas=ADAMW_BETAS, **kernels)
     return torch.optim.SGD(
         model.parameters(),
         lr=peak_lr,
-        momentum=config["momentum"],
-        nesterov=config["nesterov"],
-        weight_decay=config["weight_decay"],
+        momentum=settings.momentum,
+        nesterov=settings.nesterov,
+        weight_decay=settings.weight_decay,
         **kernels,
     )
 

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import resource
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -39,6 +39,29 @@ FSDP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 log = logging.getLogger("scalestudy.train")
 
 
+@dataclass(frozen=True)
+class ParallelSettings:
+    """What wrapping a model reads of its run config (from_config)."""
+
+    parallelism: str  # ddp or fsdp
+    precision: str  # FSDP2's mixed-precision policy: bf16, fp16, else none
+    comm_hook: str  # DDP's gradient compression: none, fp16, bf16
+    bucket_cap_mb: float | None  # DDP's buckets
+    reshard_after_forward: bool  # FSDP2's shard units
+    compile: bool
+    compile_mode: str
+    deterministic: bool  # with workload: process.check_deterministic
+    workload: str
+    micro_batch: int | None  # gradient accumulation (scalestudy.train.accumulation): no static graph
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ParallelSettings:
+        return cls(**{name: config.get(name) for name in cls.__dataclass_fields__})
+
+    def needs_process_group(self, world_size: int) -> bool:
+        return world_size > 1 or self.parallelism == "fsdp"
+
+
 @dataclass
 class Wrapped:
     """The module the training step calls, and what was chosen for it (recorded in summary.json)."""
@@ -50,45 +73,47 @@ class Wrapped:
     compiled: bool = False  # the shard units are compiled already (the caller compiles nothing more)
 
 
-def wrap(model: torch.nn.Module, config: dict[str, Any], device: torch.device, world_size: int, shard_units):
-    """The model `model` (already on `device`) prepared for `config["parallelism"]`; RunConfigError
+def wrap(
+    model: torch.nn.Module, settings: ParallelSettings, device: torch.device, world_size: int, shard_units
+):
+    """The model `model` (already on `device`) prepared for `settings.parallelism`; RunConfigError
     first where `deterministic` cannot run it on `device` (process.check_deterministic)."""
-    check_deterministic(model, config, device)
-    if config["parallelism"] == "fsdp":
-        return _fully_shard(model, config, shard_units)
+    check_deterministic(model, asdict(settings), device)
+    if settings.parallelism == "fsdp":
+        return _fully_shard(model, settings, shard_units)
     if world_size == 1:
-        if config["comm_hook"] != "none":
-            log.warning("comm_hook=%r has no effect with one rank (no DDP)", config["comm_hook"])
+        if settings.comm_hook != "none":
+            log.warning("comm_hook=%r has no effect with one rank (no DDP)", settings.comm_hook)
         return Wrapped(model, None, sharded=False, autocast=True)
-    options = torchopts.ddp_options(config["compile"])
+    options = torchopts.ddp_options(settings.compile, accumulating=settings.micro_batch is not None)
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=config["bucket_cap_mb"],
+        bucket_cap_mb=settings.bucket_cap_mb,
         **options,
     )
-    if config["comm_hook"] != "none":
-        ddp.register_comm_hook(None, COMM_HOOKS[config["comm_hook"]])
+    if settings.comm_hook != "none":
+        ddp.register_comm_hook(None, COMM_HOOKS[settings.comm_hook])
     return Wrapped(ddp, options, sharded=False, autocast=True)
 
 
-def _fully_shard(model: torch.nn.Module, config: dict[str, Any], shard_units) -> Wrapped:
+def _fully_shard(model: torch.nn.Module, settings: ParallelSettings, shard_units) -> Wrapped:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dtype = FSDP_DTYPES.get(config["precision"])
+    dtype = FSDP_DTYPES.get(settings.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-    reshard = config["reshard_after_forward"]
-    compiled = bool(config["compile"]) and bool(shard_units)
+    reshard = settings.reshard_after_forward
+    compiled = bool(settings.compile) and bool(shard_units)
     if compiled:
         torchopts.log_graph_breaks()
     for unit in shard_units:
         if compiled:
             # before fully_shard: its hooks stay outside the compiled frame
-            unit.compile(mode=config["compile_mode"])
+            unit.compile(mode=settings.compile_mode)
         fully_shard(unit, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mp_policy=policy)  # root: reshard_after_forward left to FSDP2 (False for it)
-    if config["comm_hook"] != "none":
-        log.warning("comm_hook=%r is DDP's; FSDP2 reduces in its reduce_dtype", config["comm_hook"])
+    if settings.comm_hook != "none":
+        log.warning("comm_hook=%r is DDP's; FSDP2 reduces in its reduce_dtype", settings.comm_hook)
     options = {
         "reshard_after_forward": reshard,
         "root_reshard_after_forward": False,
@@ -98,10 +123,6 @@ def _fully_shard(model: torch.nn.Module, config: dict[str, Any], shard_units) ->
         "shard_units": len(shard_units),
     }
     return Wrapped(model, options, sharded=True, autocast=dtype is None, compiled=compiled)
-
-
-def needs_process_group(config: dict[str, Any], world_size: int) -> bool:
-    return world_size > 1 or config["parallelism"] == "fsdp"
 
 
 def init_single_rank_group(backend: str) -> None:
@@ -134,6 +155,12 @@ def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes of `tensor` this rank holds: a DTensor's local shard, else the whole tensor."""
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     return local.numel() * local.element_size()
+
+
+def memory_report(device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's peak memory, what it is (peak_memory), and its model state (model_state_bytes)."""
+    peak, source = peak_memory(device)
+    return {"peak": peak, "source": source, "state": model_state_bytes(model, optimizer)}
 
 
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from scalestudy.plan import runconfig
+
 AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP32_MATH = {"tf32": "tf32"}  # precision -> torch's fp32_precision for cuDNN and cuBLAS; else "ieee"
 # FSDP2's all-gathered parameters come and go every step in varying sizes: expandable segments
@@ -72,7 +74,9 @@ def process_settings(config: dict[str, Any]):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)  # the same reduction order in every run
-    torch.backends.cudnn.benchmark = not config["deterministic"]
+    # autotuning only where asked: its trials are seconds of every job's first step (issue 41)
+    autotune = config.get("cudnn_benchmark", runconfig.DEFAULTS["cudnn_benchmark"])
+    torch.backends.cudnn.benchmark = bool(autotune) and not config["deterministic"]
     seed_everything(config["seed"])
     try:
         yield

@@ -16,8 +16,9 @@ from typing import Any
 from scalestudy.contract import EXIT_BAD_CONFIG
 from scalestudy.data.preprocess import PackedDataError
 from scalestudy.launch import distributed
-from scalestudy.plan import runconfig
+from scalestudy.plan import runconfig, workloads
 from scalestudy.plan.runconfig import RunConfigError, check_locations, load_run_config
+from scalestudy.plan.workload_spec import resolve
 from scalestudy.progress import setup_logging
 from scalestudy.train import journal, startup
 from scalestudy.train.datafit import check_batch_fits
@@ -55,10 +56,9 @@ def main(argv: list[str] | None = None, *, exit_process: bool = False) -> int:
                 f"run config world_size={config['world_size']} but the {dist_env.launcher} environment "
                 f"has {dist_env.world_size} ranks"
             )
-        if config["workload"] == "command":
-            from scalestudy.train.command import runner
-
-            return runner.run(config, given, args.out_dir, dist_env)
+        entry = workloads.get(config["workload"]).entry  # a workload that runs its ranks itself
+        if entry is not None:
+            return resolve(entry)(config, given, args.out_dir, dist_env)
         device = distributed.select_device(config["device"], dist_env.local_rank)
         backend = distributed.select_backend(config["backend"], device)
         check_locations(config, args.out_dir)

@@ -36,8 +36,6 @@ from scalestudy.plan import runfiles
 from scalestudy.plan.runconfig import check_profile
 from scalestudy.profiling.schema import NAMED_RANGES
 
-OPS_COLUMNS = ("name", "count", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us")
-
 log = logging.getLogger("scalestudy.ranges")
 
 
@@ -138,7 +136,7 @@ def ops_table(averages):
         )
         for e in sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
     ]
-    return pd.DataFrame(rows, columns=OPS_COLUMNS)
+    return pd.DataFrame(rows, columns=runfiles.PROFILE_OPS_COLUMNS)
 
 
 def kernels_table(events):

@@ -1,4 +1,5 @@
-"""What a finished run reports (summary.json's results and provenance): the steady-state window
+"""What a finished run reports (summary.json's results and provenance, written with the run folder's
+other files by RunResults.write): the steady-state window
 (scalestudy.train.steady), whole-run rates, the workload, its loss, and the memory of every rank.
 RunResults is given what it reports on (the run state, the window, what setup built and chose)."""
 
@@ -9,13 +10,17 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from scalestudy import provenance
+from scalestudy import atomic, provenance
+from scalestudy.plan import runfiles
+from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS, WHOLE_RUN_KEYS
 from scalestudy.plan.workloads import Workload
-from scalestudy.train import optim
+from scalestudy.train import gpu_monitor as monitor
+from scalestudy.train import optim, startup
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint import policy
 from scalestudy.train.process import effective_precision, fp32_math
@@ -50,6 +55,20 @@ class RunResults:
     launcher: str
     amp_dtype: torch.dtype | None
     peak_lr: float
+
+    def write(self, out_dir: Path, monitor_reports: list, memory: list[dict[str, Any]]) -> None:
+        """The run folder, each file atomically: the GPU monitor's files, metrics.csv, steps.csv,
+        then summary.json (from every rank's monitor report and memory_report)."""
+        import pandas as pd
+
+        history = self.state.history
+        monitor.write_outputs(out_dir, monitor_reports, self.config["monitor_interval_s"])
+        atomic.write_csv(out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS))
+        atomic.write_csv(out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
+        summary = self.summary(memory, out_dir)
+        summary["results"].update(startup.of_attempt(self.steady.first_step_s))
+        atomic.write_json(out_dir / runfiles.SUMMARY, summary)
+        log.info("wrote %s", out_dir)
 
     def summary(self, memory: list[dict[str, Any]], run_dir=None) -> dict[str, Any]:
         """`run_dir`: the run folder whose GPU monitor files (written first) judge contention in the
@@ -184,6 +203,3 @@ class RunResults:
             "graph_breaks": torchopts.graph_breaks() if self.config["compile"] else None,
         }
         return provenance.collect(config=self.given, seed=self.config["seed"], extra=extra)
-
-
-WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")

@@ -17,7 +17,8 @@ first step, and the part each stage took:
 - `process_group_s`: the process group (none at world size 1 without FSDP2) and the ranks' facts;
 - `data_s`: the data loaded and, for the tensor loader, copied to the device;
 - `model_s`: the model built, wrapped (DDP) and compiled where asked;
-- `setup_s`: optimizer, checkpointer, profiler window, the GPU monitor started;
+- `setup_s`: optimizer, checkpointer, profiler window, and the wait (if any) for the GPU monitor,
+  which opens NVML on its own thread from the process group on, while data and model load;
 - `resume_s`: the checkpoint looked for (and loaded on a resume);
 - `first_step_s`: the attempt's first step, to its device synchronisation (cudnn autotuning,
   compilation, allocator growth: the steady window's `first_step_s`).

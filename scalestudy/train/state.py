@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,7 +76,8 @@ class StepTimer:
     def mark(self, phase: str) -> None:
         if self.enabled:
             now = self._now()
-            self.times[f"{phase}_s"] = now - self._last
+            key = f"{phase}_s"  # a phase marked again (gradient accumulation's chunks) adds up
+            self.times[key] = self.times.get(key, 0.0) + now - self._last
             self._last = now
 
     def row(self, epoch: int, step: int) -> dict[str, Any]:
@@ -202,13 +204,18 @@ class EpochMeter:
         self._log_mark, self._log_samples = 0.0, 0
 
     def add(
-        self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, world_size: int, hits: bool
+        self,
+        loss: torch.Tensor,
+        predicted: Callable[[], torch.Tensor],
+        targets: torch.Tensor,
+        world_size: int,
+        hits: bool,
     ) -> int:
-        """One step's loss (a mean) and, with `hits`, its correct predictions (an argmax over the
-        logits); returns the step's samples on this rank."""
+        """One step's loss (a mean) and, with `hits`, its correct predictions (`predicted()`: the
+        predicted classes, the logits' argmax); returns the step's samples on this rank."""
         samples = targets.numel()
         if hits:
-            correct = (logits.argmax(-1) == targets).sum().double()
+            correct = (predicted() == targets).sum().double()
             self.sums += torch.stack((loss.detach().double() * samples, correct))
             self.counted += samples
         else:

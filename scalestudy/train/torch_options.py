@@ -12,19 +12,22 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 
-def ddp_options(compiled: bool) -> dict[str, Any]:
+def ddp_options(compiled: bool, accumulating: bool = False) -> dict[str, Any]:
     """DistributedDataParallel options for this study's model, as far as the installed torch has them.
 
     - BatchNorm statistics stay per rank (each rank normalises its own batch anyway): no buffer
       broadcast before every forward (`forward_sync_buffers`, torch >= 2.13; before it the now
-      deprecated `broadcast_buffers`). Evaluation takes rank 0's (Trainer.evaluate).
+      deprecated `broadcast_buffers`). Evaluation takes rank 0's (bookkeeping.evaluate).
     - `batched_grad_copy`: one foreach copy and one division per bucket instead of two kernels per
       parameter (with zero_grad(set_to_none=True), gradient_as_bucket_view cannot avoid the copies).
     - `static_graph`: ResNet-18 has no unused parameters and no step-dependent control flow; not
-      combined with torch.compile, whose DDPOptimizer has had problems with it (pytorch#109261).
+      combined with torch.compile, whose DDPOptimizer has had problems with it (pytorch#109261),
+      nor with gradient accumulation (`accumulating`: train.micro_batch), whose no_sync() fails a
+      static graph's first iteration (torch 2.x: "expect_autograd_hooks_ INTERNAL ASSERT FAILED").
     """
     accepted = inspect.signature(DistributedDataParallel.__init__).parameters
-    options: dict[str, Any] = {"gradient_as_bucket_view": True, "static_graph": not compiled}
+    static_graph = not (compiled or accumulating)
+    options: dict[str, Any] = {"gradient_as_bucket_view": True, "static_graph": static_graph}
     buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
     options[buffers_key] = False
     if "batched_grad_copy" in accepted:

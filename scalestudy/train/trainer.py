@@ -3,7 +3,9 @@
 In the order it happens: ranks and devices -> data and model (the workload's: scalestudy.workloads)
 -> data parallelism (scalestudy.train.parallel) -> optimizer and schedule (scalestudy.train.optim)
 -> resume (scalestudy.train.checkpoint.manager.Checkpointer) -> training loop -> results
-(scalestudy.train.results). Trainer.train_step is one optimizer step, read top to bottom;
+(scalestudy.train.results). What setup builds is made by scalestudy.train.build, the epoch's
+totals, evaluation, metrics rows and progress lines by scalestudy.train.bookkeeping: each is given
+what it reads, not the run config. Trainer.train_step is one optimizer step, read top to bottom;
 train_epoch puts around it the profiler window, the epoch's totals, the steady-state window
 (scalestudy.train.steady), progress lines, checkpoint cadence and stop signals. Rank 0 writes the
 run folder once, at the end (gpu_monitor.*, metrics.csv, steps.csv, then summary.json), every file
@@ -15,29 +17,22 @@ are in docs/architecture.md, "The trainer's choices".
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from scalestudy import atomic, provenance
+from scalestudy import provenance
 from scalestudy import workloads as workload_code
-from scalestudy.contract import EXIT_RESUMABLE
+from scalestudy.contract import EXIT_RESUMABLE  # noqa: F401 (the trainer's exit code, as tests read it)
 from scalestudy.launch import distributed
-from scalestudy.plan import runfiles, workloads
-from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
-from scalestudy.progress import format_seconds
+from scalestudy.plan import workloads
+from scalestudy.train import accumulation, bookkeeping, build, parallel, startup, steady
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, parallel, startup, steady, step_parts
-from scalestudy.train import torch_options as torchopts
-from scalestudy.train.checkpoint.manager import Checkpointer
+from scalestudy.train.checkpoint.manager import Checkpointer, CheckpointSettings
 from scalestudy.train.journal import NULL_RUN
-from scalestudy.train.process import autocast_dtype, device_name
+from scalestudy.train.parallel import ParallelSettings
 from scalestudy.train.ranges import ProfileWindow, named_range
 from scalestudy.train.results import RunResults, steady_result
 from scalestudy.train.state import EpochMeter, EpochProgress, Position, RunState, StepTimer, StopRequest
@@ -64,6 +59,7 @@ class Trainer:
     world_size: int
     is_main: bool
     config_hash: str
+    parallel_settings: ParallelSettings  # what parallel.wrap reads of the config
     workload: workloads.Workload
     state: RunState  # position, the epoch's totals, history: what checkpoints hold of the run
     control_group: Any  # the gloo group the ranks agree on stopping over (None with one rank)
@@ -84,9 +80,7 @@ class Trainer:
     peak_lr: float
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    amp_dtype: torch.dtype | None
-    use_autocast: bool
-    scaler: torch.amp.GradScaler
+    precision: build.MixedPrecision  # autocast dtype and grad scaler
     checkpointer: Checkpointer
     window: ProfileWindow
     monitor: monitor.GpuMonitor
@@ -106,66 +100,47 @@ class Trainer:
         self.state = RunState()
         self.control_group = None
         self.next_epoch_batches = {}
+        self.parallel_settings = ParallelSettings.from_config(config)
 
     # -- setup, in the order it happens --
 
     def setup(self) -> None:
         startup.mark("settings")
         c = self.config
-        if self.world_size > 1:
-            self.control_group = distributed.init_process_group(
-                self.dist_env, self.backend, c["pg_timeout_s"], self.device
-            )
-        elif parallel.needs_process_group(c, self.world_size):
-            parallel.init_single_rank_group(self.backend)
-        parallel.reset_peak_memory(self.device)  # the run's peak, not an earlier one's in this process
-        self.ranks = distributed.all_gather_object(self._rank_info())
+        self.control_group, self.ranks = build.start_ranks(
+            self.dist_env, self.backend, self.device, self.parallel_settings, c["pg_timeout_s"], c["nodes"]
+        )
         self.t0 = self.ranks[0]["time"]
         startup.mark("process_group")
-        hosts = {r["host"] for r in self.ranks}
-        if len(hosts) != c["nodes"]:
-            log.warning(
-                "run config nodes=%d but the ranks run on %d hosts: %s", c["nodes"], len(hosts), sorted(hosts)
-            )
+        # every rank samples its own GPU (by UUID), the job's processes told apart by the ranks' PIDs;
+        # NVML opens on the monitor's thread while the data and model load; rank 0 writes the
+        # gathered reports in finish()
+        job = monitor.job_on_host(self.ranks, socket.gethostname())
+        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank, job=job)
+        self.monitor.start(background=True)
         self.build_data()
         startup.mark("data")
         self.build_model()
         startup.mark("model")
-        self.build_optimizer()
-        self.amp_dtype = autocast_dtype(c["precision"], self.device)
-        self.use_autocast = self.wrapped.autocast and self.amp_dtype is not None
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self.peak_lr, self.optimizer, self.scheduler = build.optimizer_and_schedule(
+            self.model, c, self.wrapped.sharded, self.steps_per_epoch, self.total_steps
+        )
+        self.precision = build.MixedPrecision.of(c["precision"], self.device, self.wrapped)
         self.checkpointer = Checkpointer(
-            config=c,
-            config_hash=self.config_hash,
+            CheckpointSettings.from_config(c, self.config_hash),
             sharded=self.workload.reshardable,
             model=self.model,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            scaler=self.scaler,
+            scaler=self.precision.scaler,
             run_state=self.state,
             rank=self.rank,
             world_size=self.world_size,
         )
         self.window = ProfileWindow(c["profile"], self.out_dir, self.rank, self.world_size)
-        # every rank samples its own GPU (by UUID), the job's processes told apart by the ranks' PIDs;
-        # rank 0 writes the gathered reports in finish()
-        job = monitor.job_on_host(self.ranks, socket.gethostname())
-        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank, job=job)
-        self.monitor.start()
+        if not self.monitor.wait_open(monitor.OPEN_WAIT_S):  # sampling before the first step (the window)
+            log.warning("GPU monitor: NVML not open after %.0f s; it samples once it is", monitor.OPEN_WAIT_S)
         startup.mark("setup")
-
-    def _rank_info(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "local_rank": self.dist_env.local_rank,
-            "host": socket.gethostname(),
-            "device": str(self.device),
-            "device_name": device_name(self.device),
-            "pid": os.getpid(),  # the GPU monitor tells the job's processes on a GPU by them
-            "gpu_uuid": monitor.device_uuid(self.device),
-            "time": time.time(),
-        }
 
     def build_data(self) -> None:
         runtime = workload_code.runtime(self.workload.name)
@@ -176,51 +151,28 @@ class Trainer:
         self.total_steps = self.config["epochs"] * self.steps_per_epoch
 
     def build_model(self) -> None:
-        c = self.config
-        built = workload_code.runtime(self.workload.name).build_model(c, self.device)
+        built = workload_code.runtime(self.workload.name).build_model(self.config, self.device)
         self.model, self.built = built.model, built
-        self.wrapped = parallel.wrap(self.model, c, self.device, self.world_size, built.shard_units)
-        self.train_model = self.wrapped.module
-        if c["compile"]:
-            torchopts.use_inductor_cache(c["inductor_cache_dir"])
-        if c["compile"] and not self.wrapped.compiled:  # FSDP2's blocks were compiled before sharding
-            # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
-            torchopts.log_graph_breaks()
-            self.train_model = torch.compile(self.train_model, mode=c["compile_mode"])
-        log.info("model: %s; %s", built.description, c["parallelism"] if self.world_size > 1 else "one rank")
-
-    def build_optimizer(self) -> None:
-        c = self.config
-        self.peak_lr = c["lr"] * optim.lr_scale(c["lr_scaling"], c["global_batch"], c["base_batch"])
-        self.optimizer = optim.build_optimizer(self.model, c, self.peak_lr, sharded=self.wrapped.sharded)
-        warmup_steps = round(c["warmup_epochs"] * self.steps_per_epoch)
-        self.scheduler = optim.build_scheduler(self.optimizer, warmup_steps, self.total_steps)
+        self.wrapped, self.train_model = build.prepare_model(
+            self.model,
+            self.parallel_settings,
+            self.device,
+            self.world_size,
+            built.shard_units,
+            self.config["inductor_cache_dir"],
+        )
+        where = self.parallel_settings.parallelism if self.world_size > 1 else "one rank"
+        log.info("model: %s; %s", built.description, where)
 
     # -- training: the attempt, an epoch, one step --
 
     def fit(self, stop: StopRequest) -> int:
         c = self.config
         self.state.start_attempt()
-        log.info(
-            "training: %d ranks x %d = global batch %d, %d steps per epoch, %d epochs, peak lr %.4g, %s",
-            self.world_size,
-            c["per_gpu_batch"],
-            c["global_batch"],
-            self.steps_per_epoch,
-            c["epochs"],
-            self.peak_lr,
-            self.device,
-        )
-        self.steady = steady.SteadyWindow(
-            c["measure_warmup_steps"],
-            c["measure_steps"],
-            c["measure_intervals"],
-            synchronize=self.synchronize,
-            t0=self.t0,
-            min_seconds=c["measure_seconds"],
-            agree=lambda seconds: steady.mean_over_ranks(seconds, self.control_group),
-            parts=step_parts.for_device(self.device),
-        )
+        batches, steps = (c["per_gpu_batch"], c["global_batch"]), (self.steps_per_epoch, c["epochs"])
+        bookkeeping.log_start(self.world_size, batches, steps, self.peak_lr, self.device)
+        measure = tuple(c[f"measure_{key}"] for key in ("warmup_steps", "steps", "intervals", "seconds"))
+        self.steady = build.steady_window(measure, self.device, self.t0, self.synchronize, self.control_group)
         if not self.wrapped.sharded:  # FSDP2's sharded parameters take no gradient hook
             self.steady.parts.attach(next(self.model.parameters()))
         startup.mark("resume")
@@ -228,11 +180,11 @@ class Trainer:
         self.steady_kept = False
         while self.state.position.epoch < c["epochs"]:
             if not self.train_epoch(stop):
-                return self.stop_for_retry(stop)
+                return bookkeeping.stop_for_retry(stop, self.state.position.global_step)
             with self.steady.paused():
                 self.end_epoch()
             if self.state.position.epoch < c["epochs"] and stop.agreed(self.control_group):
-                return self.stop_for_retry(stop)
+                return bookkeeping.stop_for_retry(stop, self.state.position.global_step)
         stop.drain()
         return 0
 
@@ -245,25 +197,25 @@ class Trainer:
         for step in range(self.state.position.step, self.steps_per_epoch):
             self.profile_step(meter.clock)
             timer = StepTimer(self.device, self.times_this_step())
-            x, y, logits, loss = self.train_step(batches, timer)
+            y, predicted, loss = self.train_step(batches, timer)
             if step + 1 == self.steps_per_epoch and epoch + 1 < self.config["epochs"]:
                 # The next epoch's plan (permutation, augmentation draws, one copy to the device),
                 # made while the device still runs this step rather than after the epoch end's sync.
                 self.next_epoch_batches = {(epoch + 1, 0): self.train_data.epoch(epoch + 1, 0)}
-            self.count_step(meter, y, logits, loss, timer)
+            self.count_step(meter, y, predicted, loss, timer)
             stopping = stop.agreed(self.control_group)
             if stopping or self.checkpoint_due():
                 self.save_mid_epoch(meter)
             if stopping:
                 return False
-        self.state.progress = self.epoch_totals(meter.sums, meter.samples, meter.counted)
-        self.state.progress.time_s = meter.time_s()
+        self.state.progress = bookkeeping.meter_totals(meter, self.device)
         return True
 
     def train_step(self, batches, timer: StepTimer):
-        """One optimizer step: batch, forward and loss, backward (DDP's all-reduce), clipping,
-        optimizer and schedule; `timer` times the phases of a sampled step, the window's `parts`
-        where a measured step goes (scalestudy.train.step_parts)."""
+        """One optimizer step: batch, forward and backward (DDP's all-reduce; per chunk of
+        micro_batch samples where it is set), clipping, optimizer and schedule; `timer` times the
+        phases of a sampled step, the window's `parts` where a measured step goes
+        (scalestudy.train.step_parts)."""
         parts = self.steady.parts
         with named_range("step"):
             parts.step_started()
@@ -271,22 +223,42 @@ class Trainer:
                 x, y = next(batches)
             parts.data_ready()
             timer.mark("data")
-            with named_range("forward"), self.autocast():
-                logits = self.train_model(x)
-                loss = self.loss(logits, y, reduction="mean")
-            timer.mark("forward")
-            with named_range("backward"):
-                self.scaler.scale(loss).backward()
-            parts.backward_done()
-            timer.mark("backward_allreduce")
+            predicted, loss = self.forward_backward(x, y, timer)
             with named_range("optimizer"):
                 self.clip_gradients()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                self.precision.scaler.step(self.optimizer)
+                self.precision.scaler.update()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
             timer.mark("optimizer")
-        return x, y, logits, loss
+        return y, predicted, loss
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, timer: StepTimer):
+        """The batch's gradients, over the ranks: one forward and backward, or one per chunk of
+        micro_batch samples with the gradients synchronised in the last one's backward
+        (scalestudy.train.accumulation); `timer` adds up the chunks' phases. Returns the predicted
+        classes (a callable: the argmax is taken where counted only, but as each chunk goes with
+        micro_batch, whose chunks' logits are not kept) and the batch's mean loss."""
+        chunks = accumulation.chunks(x, y, self.config["micro_batch"])
+        losses, predicted = [], []
+        for index, (x_chunk, y_chunk, weight) in enumerate(chunks):
+            last = index == len(chunks) - 1
+            with accumulation.gradient_sync(self.wrapped.module, sync=last):
+                with named_range("forward"), self.precision.autocast():
+                    logits = self.train_model(x_chunk)
+                    loss = self.loss(logits, y_chunk)
+                    loss = loss if weight == 1.0 else loss * weight
+                timer.mark("forward")
+                with named_range("backward"):
+                    self.precision.scaler.scale(loss).backward()
+            losses.append(loss.detach())
+            predicted.append(logits.detach() if len(chunks) == 1 else logits.detach().argmax(-1))
+            if last:
+                self.steady.parts.backward_done()
+            timer.mark("backward_allreduce")
+        if len(chunks) == 1:
+            return lambda: predicted[0].argmax(-1), losses[0]
+        return lambda: torch.cat(predicted), torch.stack(losses).sum()
 
     # -- around the step --
 
@@ -297,17 +269,18 @@ class Trainer:
     def times_this_step(self) -> bool:
         """steps.csv samples every step_timing_every-th step, none inside the steady window or the
         profile window (its per-phase synchronisation would slow the steps measured or profiled)."""
-        every = _every(self.state.position.global_step, self.config["step_timing_every"])
-        return every and not self.steady.measuring and not self.window.active
+        sampled = bookkeeping.every(self.state.position.global_step, self.config["step_timing_every"])
+        return sampled and not self.steady.measuring and not self.window.active
 
-    def count_step(self, meter: EpochMeter, y, logits, loss, timer: StepTimer) -> None:
+    def count_step(self, meter: EpochMeter, y, predicted, loss, timer: StepTimer) -> None:
         """After a step: the epoch's totals, the steady window, the sampled step's row, the next
         position, and a progress line every log_every_steps steps and at the epoch's end. Correct
         predictions: every step for an accuracy workload, else on log steps only (they sync anyway)."""
         position, history = self.state.position, self.state.history
         step = position.step + 1
-        logs = _every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch
-        samples = meter.add(loss, logits, y, self.world_size, hits=logs or self.workload.metric == "accuracy")
+        logs = bookkeeping.every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch
+        hits = logs or self.workload.metric == "accuracy"
+        samples = meter.add(loss, predicted, y, self.world_size, hits=hits)
         self.steady.step_done(samples * self.world_size)
         if self.steady.filled and not self.steady_kept:  # the next checkpoints keep it
             self.steady.gather_parts(lambda parts: distributed.all_gather_object(parts, self.control_group))
@@ -322,14 +295,13 @@ class Trainer:
     def checkpoint_due(self) -> bool:
         """Every checkpoint_every_steps global steps, but not at an epoch's end (which saves anyway)."""
         position = self.state.position
-        periodic = _every(position.global_step, self.config["checkpoint_every_steps"])
+        periodic = bookkeeping.every(position.global_step, self.config["checkpoint_every_steps"])
         return periodic and position.step < self.steps_per_epoch
 
     def save_mid_epoch(self, meter: EpochMeter) -> None:
         """A checkpoint with the epoch's totals so far (a collective, read: the device has caught up),
         paused out of both clocks."""
-        totals = self.epoch_totals(meter.sums, meter.samples, meter.counted)
-        totals.time_s = meter.time_s()
+        totals = bookkeeping.meter_totals(meter, self.device)
         with meter.clock.paused(), self.steady.paused():
             self.state.progress = totals
             self.checkpointer.save()
@@ -349,154 +321,46 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def epoch_totals(self, sums: torch.Tensor, images: int, counted: int) -> EpochProgress:
-        """Sums over all ranks (a collective, read on the host: the device has caught up by its
-        return); `counted`: the samples the correct count is over. The caller sets time_s."""
-        counts = torch.tensor([images, counted], dtype=torch.float64, device=self.device)
-        totals = distributed.all_reduce_sum(torch.cat((sums.double(), counts)))
-        loss_sum, correct, all_images, all_counted = totals.tolist()
-        return EpochProgress(loss_sum, correct, int(all_images), 0.0, int(all_counted))
-
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_autocast)
-
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
-        """Cross-entropy over the last dimension, per sample (image, token), in fp32."""
-        return F.cross_entropy(
-            logits.flatten(0, -2).float(),
-            targets.flatten(),
-            label_smoothing=self.config["label_smoothing"] if reduction == "mean" else 0.0,
-            reduction=reduction,
-        )
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return bookkeeping.cross_entropy(logits, targets, self.config["label_smoothing"], reduction="mean")
 
     def clip_gradients(self) -> None:
         if self.config["grad_clip"]:
-            self.scaler.unscale_(self.optimizer)
+            self.precision.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config["grad_clip"])
 
     def log_progress(self, meter: EpochMeter) -> None:
-        images, counted, images_per_s = meter.samples, meter.counted, meter.log_rate()
-        loss_sum, correct = meter.sums.tolist()  # the one device sync per log interval
-        state, position = self.state, self.state.position
-        done = position.global_step - state.attempt_first_step
-        eta = (self.total_steps - position.global_step) * (time.perf_counter() - state.attempt_t0) / done
-        log.info(
-            "epoch %d/%d step %d/%d | loss %.4f acc %.3f | %.0f %s/s | lr %.4g | ETA %s",
-            position.epoch + 1,
-            self.config["epochs"],
-            position.step,
-            self.steps_per_epoch,
-            loss_sum / images,
-            correct / counted,
-            images_per_s,
-            self.workload.sample_unit,
-            self.scheduler.get_last_lr()[0],
-            format_seconds(eta),
-        )
-        rates = {"train_loss_running": loss_sum / images, "train_acc_running": correct / counted}
-        self.live.step(
-            position.global_step,
-            rates | {"samples_per_s": images_per_s, "lr": self.scheduler.get_last_lr()[0]},
-        )
+        steps = (self.config["epochs"], self.steps_per_epoch, self.total_steps)
+        lr = self.scheduler.get_last_lr()[0]
+        bookkeeping.log_progress(meter, self.state, steps, self.workload.sample_unit, lr, self.live)
 
     def end_epoch(self) -> None:
-        c, epoch, history = self.config, self.state.position.epoch, self.state.history
-        done = self.state.progress
-        test_loss, test_acc = self.evaluate()
-        wall = self.state.elapsed_s()
-        row = {
-            "epoch": epoch + 1,
-            "train_loss": done.loss_sum / done.images,
-            "train_acc": done.correct / done.counted,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "epoch_time_s": done.time_s,
-            "images_per_s": done.images / done.time_s,
-            "images_per_s_per_gpu": done.images / done.time_s / self.world_size,
-            "global_batch": c["global_batch"],
-            "per_gpu_batch": c["per_gpu_batch"],
-            "world_size": self.world_size,
-            "lr": self.scheduler.get_last_lr()[0],
-            "wall_time_s": wall,
-        }
-        history.metrics.append(row)
-        self.live.epoch(epoch + 1, row)
-        if history.time_to_target_s is None and test_acc >= c["target_accuracy"]:
-            history.time_to_target_s = wall
-        log.info(
-            "epoch %d/%d done in %s: train loss %.4f acc %.3f | test loss %.4f acc %.3f | %.0f %s/s",
-            epoch + 1,
-            c["epochs"],
-            format_seconds(done.time_s),
-            row["train_loss"],
-            row["train_acc"],
-            test_loss,
-            test_acc,
-            row["images_per_s"],
-            self.workload.sample_unit,
+        """Evaluation, the epoch's metrics row, then a checkpoint at the next epoch's start."""
+        c, history = self.config, self.state.history
+        test = bookkeeping.evaluate(
+            self.model, self.test_data, self.precision.autocast, self.device, self.world_size
         )
-        self.state.position = Position(epoch + 1, 0, self.state.position.global_step)
+        batches = (c["global_batch"], c["per_gpu_batch"])
+        lr = self.scheduler.get_last_lr()[0]
+        row = bookkeeping.epoch_row(self.state, test, batches, self.world_size, lr)
+        history.metrics.append(row)
+        self.live.epoch(row["epoch"], row)
+        if history.time_to_target_s is None and row["test_acc"] >= c["target_accuracy"]:
+            history.time_to_target_s = row["wall_time_s"]
+        bookkeeping.log_epoch(row, c["epochs"], self.workload.sample_unit)
+        self.state.position = Position(row["epoch"], 0, self.state.position.global_step)
         self.state.progress = EpochProgress()
         self.checkpointer.save()
-
-    def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over all ranks' shards, of the model the checkpoint saves: every
-        rank first takes rank 0's buffers (BatchNorm statistics are per rank while training), as a
-        resume from that checkpoint would. The bare model (not DDP) runs it: the shards may differ
-        in batch count, and DDP's forward would start collectives."""
-        self.take_rank0_buffers()
-        self.model.eval()
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, correct
-        images = 0
-        with torch.no_grad(), named_range("eval"):
-            for x, y in self.test_data.epoch(0):
-                with self.autocast():
-                    logits = self.model(x)
-                loss = self.loss(logits, y, reduction="sum")
-                sums += torch.stack((loss.double(), (logits.argmax(-1) == y).sum().double()))
-                images += y.numel()
-        totals = self.epoch_totals(sums, images, images)
-        self.model.train()
-        return totals.loss_sum / totals.images, totals.correct / totals.images
-
-    def take_rank0_buffers(self) -> None:
-        if self.world_size > 1:
-            for buffer in self.model.buffers():
-                torch.distributed.broadcast(buffer, src=0)
-
-    def stop_for_retry(self, stop: StopRequest) -> int:
-        """The checkpoint is written (rank 0); every rank exits with EXIT_RESUMABLE."""
-        distributed.barrier()  # rank 0 has finished writing before any rank exits
-        received = signal.Signals(stop.signum).name if stop.signum else "another rank's signal"
-        log.warning(
-            "stopping on %s after global step %d, checkpointed; exit %d: retry to resume",
-            received,
-            self.state.position.global_step,
-            EXIT_RESUMABLE,
-        )
-        return EXIT_RESUMABLE
 
     # -- results --
 
     def finish(self) -> None:
         self.window.close()
         reports = distributed.gather_object(self.monitor.stop() if self.monitor else None)
-        memory = distributed.gather_object(self.memory_report())
-        if not self.is_main:
-            return
-        import pandas as pd
-
-        history = self.state.history
-        monitor.write_outputs(self.out_dir, reports, self.config["monitor_interval_s"])
-        atomic.write_csv(
-            self.out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS)
-        )
-        atomic.write_csv(self.out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
-        summary = self.results().summary(memory, self.out_dir)
-        summary["results"].update(startup.of_attempt(self.steady.first_step_s))
-        atomic.write_json(self.out_dir / runfiles.SUMMARY, summary)
-        log.info("wrote %s", self.out_dir)
-        self.checkpointer.finish()
+        memory = distributed.gather_object(parallel.memory_report(self.device, self.model, self.optimizer))
+        if self.is_main:
+            self.results().write(self.out_dir, reports, memory)
+            self.checkpointer.finish()
 
     def results(self) -> RunResults:
         return RunResults(
@@ -513,18 +377,6 @@ class Trainer:
             backend=self.backend,
             ranks=self.ranks,
             launcher=self.dist_env.launcher,
-            amp_dtype=self.amp_dtype,
+            amp_dtype=self.precision.dtype,
             peak_lr=self.peak_lr,
         )
-
-    def memory_report(self) -> dict[str, Any]:
-        peak, source = parallel.peak_memory(self.device)
-        return {
-            "peak": peak,
-            "source": source,
-            "state": parallel.model_state_bytes(self.model, self.optimizer),
-        }
-
-
-def _every(count: int, interval: int | None) -> bool:
-    return bool(interval) and count % interval == 0

@@ -1,18 +1,16 @@
-"""What a study trains, as code: each workload's package builds its model and data (build_data,
-build_model), imported by the trainer. Which workloads exist, their units and data, is the
-registry scalestudy.plan.workloads (standard library, read when the workflow is parsed)."""
+"""What a study trains: one package per workload, each with a `spec` module (its SPEC, a
+scalestudy.plan.workload_spec.WorkloadSpec, standard library) and the code that builds its model
+and data (the spec's runtime module, imported by the trainer; it may import torch). The registry
+of the specs is scalestudy.plan.workloads."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-RUNTIME_MODULES = {
-    "resnet18-cifar10": "scalestudy.workloads.resnet_cifar.workload",
-    "gpt": "scalestudy.workloads.gpt.workload",
-}
-
 
 def runtime(name: str) -> ModuleType:
     """The module with the workload's build_data and build_model (imports torch)."""
-    return importlib.import_module(RUNTIME_MODULES[name])
+    from scalestudy.plan import workloads
+
+    return importlib.import_module(workloads.get(name).runtime)

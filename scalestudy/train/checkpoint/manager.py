@@ -9,6 +9,8 @@ outputs."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,15 +25,40 @@ from scalestudy.train.state import RunState
 log = logging.getLogger("scalestudy.train")
 
 
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What the checkpointer reads of a run: where, how long the run is, what to keep, and the run
+    config itself (saved in every checkpoint, and what a checkpoint found is compared with)."""
+
+    directory: str
+    run_config: Mapping[str, Any]
+    config_hash: str
+    epochs: int
+    seed: int
+    loader: Any
+    keep: bool
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], config_hash: str) -> CheckpointSettings:
+        return cls(
+            directory=config["checkpoint_dir"],
+            run_config=config,
+            config_hash=config_hash,
+            epochs=config["epochs"],
+            seed=config["seed"],
+            loader=config["loader"],
+            keep=config["keep_checkpoints"],
+        )
+
+
 class Checkpointer:
     """Saves and resumes the objects it is given; `sharded` picks the DCP format (every rank writes
     and loads its shards), else rank 0 writes one file."""
 
     def __init__(
         self,
+        settings: CheckpointSettings,
         *,
-        config: dict[str, Any],
-        config_hash: str,
         sharded: bool,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
@@ -41,11 +68,11 @@ class Checkpointer:
         rank: int,
         world_size: int,
     ) -> None:
-        self.config, self.config_hash, self.sharded = config, config_hash, sharded
+        self.settings, self.sharded = settings, sharded
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.run_state = run_state
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
-        self.directory = config["checkpoint_dir"]
+        self.directory = settings.directory
 
     def resume(self) -> bool:
         """Rank 0 claims the checkpoint of this run's interrupted attempt, if there is one (any
@@ -78,10 +105,10 @@ class Checkpointer:
         return True
 
     def _claim(self):
-        c = self.config
+        s = self.settings
         if self.sharded:
-            return sharded_checkpoint.claim(self.directory, c)
-        return checkpoint.claim(self.directory, self.config_hash, c["epochs"], c)
+            return sharded_checkpoint.claim(self.directory, s.run_config)
+        return checkpoint.claim(self.directory, s.config_hash, s.epochs, s.run_config)
 
     def _load(self, state: dict[str, Any], path) -> None:
         if self.sharded:
@@ -96,7 +123,7 @@ class Checkpointer:
         if len(state["rng"]) == self.world_size:
             policy.set_rng_state(state["rng"][self.rank])
         else:  # resharded: the data order does not depend on it (scalestudy.workloads.gpt.loader)
-            log.info("resharded: random number generators stay seeded from seed=%d", self.config["seed"])
+            log.info("resharded: random number generators stay seeded from seed=%d", self.settings.seed)
         self.run_state.load_state_dict(state)
         self.run_state.mark_resumed()
 
@@ -106,14 +133,14 @@ class Checkpointer:
         position = self.run_state.position
         run_state = self.run_state.state_dict()
         state = {
-            "config_hash": self.config_hash,
-            "run_config": self.config,
+            "config_hash": self.settings.config_hash,
+            "run_config": self.settings.run_config,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "position": run_state["position"],
             "sampler": {
-                "loader": self.config["loader"],
-                "seed": self.config["seed"],
+                "loader": self.settings.loader,
+                "seed": self.settings.seed,
                 "epoch": position.epoch,
                 "start_step": position.step,
                 "world_size": self.world_size,
@@ -123,7 +150,7 @@ class Checkpointer:
             "history": run_state["history"],
         }
         if self.sharded:  # a collective: every rank writes its shards
-            state["resume_hash"] = sharded_checkpoint.resume_hash(self.config)
+            state["resume_hash"] = sharded_checkpoint.resume_hash(self.settings.run_config)
             path = sharded_checkpoint.save(
                 self.directory, position.global_step, self.model, self.optimizer, state, self.is_main
             )
@@ -136,8 +163,8 @@ class Checkpointer:
 
     def finish(self) -> None:
         """The run wrote its outputs: its checkpoints go, or with keep_checkpoints stay marked finished."""
-        keep = self.config["keep_checkpoints"]
+        keep = self.settings.keep
         if self.sharded:
             sharded_checkpoint.finished(self.directory, keep)
         else:
-            checkpoint.finished(self.directory, self.config_hash, keep)
+            checkpoint.finished(self.directory, self.settings.config_hash, keep)

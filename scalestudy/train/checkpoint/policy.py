@@ -17,12 +17,13 @@ import numpy as np
 import torch
 
 from scalestudy.launch import slurm_job
+from scalestudy.plan import runfiles
 from scalestudy.plan.runconfig import RunConfigError
 
 log = logging.getLogger("scalestudy.train")
 
-FINISHED = "finished.json"  # the mark of a finished run (config hash, keep, Snakemake attempt)
-SUPERSEDED = "superseded"  # another run config's newest checkpoint, set aside: superseded/<hash>/
+FINISHED = runfiles.FINISHED_MARK  # the mark of a finished run (config hash, keep, Snakemake attempt)
+SUPERSEDED = runfiles.SUPERSEDED  # another run config's newest checkpoint, set aside: superseded/<hash>/
 
 
 def finished_mark(config_hash: str | None, keep: bool) -> dict[str, Any]:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalestudy.plan.runfiles import WHOLE_RUN_KEYS
 from scalestudy.train import steady
 
 STEP_KEYS = {"step": (int, 0), "samples": ((int, float), 0), "seconds": ((int, float), None)}
-WHOLE_RUN_KEYS = ("whole_run_images_per_s", "whole_run_images_per_s_per_gpu", "whole_run_step_time_s")
 EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "wall_time_s")
 _DENSE_SLACK = 1 << 20  # step numbers up to 4 x lines + this: a bitmap finds repeats, else a set
 

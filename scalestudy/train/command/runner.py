@@ -63,7 +63,7 @@ from scalestudy.train.command.support import (  # noqa: F401 - launch_id: the te
 from scalestudy.train.command.support import read_json as _read_json
 
 STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
-RUN_MARK, FINISHED_MARK = "command_run.json", "finished.json"
+RUN_MARK, FINISHED_MARK = "command_run.json", runfiles.FINISHED_MARK
 POLL_S = 0.2
 
 log = logging.getLogger("scalestudy.train.command")

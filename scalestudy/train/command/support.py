@@ -15,8 +15,7 @@ from typing import Any
 
 from scalestudy.launch import slurm_job
 from scalestudy.plan.runconfig import RunConfigError
-
-SUPERSEDED = "superseded"  # another run config's checkpoint_dir content: superseded/<its hash>/
+from scalestudy.plan.runfiles import SUPERSEDED  # another run config's checkpoint_dir content
 
 log = logging.getLogger("scalestudy.train.command")
 

@@ -46,7 +46,7 @@ class GPTConfig:
             raise ValueError(f"gpt.dropout must be a number in [0, 1), got {dropout!r}")
 
 
-PRESETS = GPT_PRESETS  # scalestudy.workloads: the grid reads them without torch
+PRESETS = GPT_PRESETS  # scalestudy.plan.workloads: the grid reads them without torch
 
 
 def config_from(section: dict[str, Any], vocab_size: int) -> GPTConfig:

@@ -61,3 +61,13 @@ def build_model(config: dict[str, Any], device: torch.device) -> Built:
         description,
         shard_units=list(net.blocks),
     )
+
+
+def batch_capacity(config: dict[str, Any]) -> tuple[int, str, int, str]:
+    """(windows the training tokens hold, words, windows one global batch needs, words): the token
+    loader's count (windows of seq_len + 1 tokens; scalestudy.train.datafit)."""
+    batch, ranks = config["per_gpu_batch"], config["world_size"]
+    window = model_config(config).seq_len + 1
+    tokens = len(load_tokens(config["data_dir"], "train"))
+    have, unit = tokens // window, f"windows of seq_len + 1 = {window} tokens ({tokens} tokens)"
+    return have, unit, batch * ranks, f"one global batch of per_gpu_batch={batch} x {ranks} ranks"

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scalestudy import contract
 from scalestudy.data.preprocess import load_packed
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -264,8 +265,8 @@ class _SkipSampler(torch.utils.data.Sampler):
 
 def _ignore_stop_signals(_worker_id: int) -> None:
     # Slurm signals every process of the step; the workers must leave the checkpoint to the rank.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    for signum in contract.STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class ClassicLoader:

@@ -71,3 +71,12 @@ def build_model(config: dict[str, Any], device: torch.device) -> Built:
         f"{forward / 1e9:.3f} GFLOP forward per image"
     )
     return Built(net, parameters, forward, 3 * forward, description, shard_units=[])
+
+
+def batch_capacity(config: dict[str, Any]) -> tuple[int, str, int, str]:
+    """(training images per rank, words, one batch, words): a rank's shard of the training images
+    (the loaders' count; scalestudy.train.datafit)."""
+    batch, ranks = config["per_gpu_batch"], config["world_size"]
+    images = len(load_packed(config["data_dir"], "train")[0])
+    have, unit = images // ranks, f"training images per rank ({images} over {ranks} ranks)"
+    return have, unit, batch, f"one batch of per_gpu_batch={batch}"

@@ -1,0 +1,114 @@
+"""What a workload is, as data: the classes of the `SPEC` each workload package holds
+(scalestudy/workloads/<name>/spec.py), collected by the registry scalestudy.plan.workloads.
+Standard library only: the Snakefile reads the specs when it parses the workflow, so the parts that
+import torch (the model and data builders, the data-fit check, a workload's own entry) are module
+paths, resolved when a rank runs (`resolve`)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalestudy.plan.paths import PACKED_DIR, PACKED_MANIFEST, RAW_DATA_DIR
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """The data a workload reads: the fetched file, the packed files preprocessing writes, and the
+    data.source values it can be fetched from (empty: any, the workload brings its own data)."""
+
+    name: str
+    raw_file: str | None  # under RAW_DATA_DIR; None: the workload brings its own data
+    packed_files: tuple[str, ...]  # under PACKED_DIR, manifest.json last
+    sources: tuple[str, ...] = ()
+
+    @property
+    def raw_path(self) -> str | None:
+        return f"{RAW_DATA_DIR}/{self.raw_file}" if self.raw_file else None
+
+    @property
+    def packed_paths(self) -> list[str]:
+        return [f"{PACKED_DIR}/{name}" for name in self.packed_files]
+
+
+CIFAR10 = DataKind(
+    "cifar10",
+    "cifar-10-python.tar.gz",
+    tuple(f"{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels"))
+    + (PACKED_MANIFEST,),
+    ("cifar10", "synthetic"),
+)
+TEXT = DataKind(
+    "text", "corpus.txt", ("train_tokens.npy", "test_tokens.npy", PACKED_MANIFEST), ("text", "synthetic")
+)
+NO_DATA = DataKind("none", None, ())
+
+
+@dataclass(frozen=True)
+class PaperWords:
+    """How the paper (scalestudy.paper.sections) names the workload's data, model and loader."""
+
+    dataset: str  # \DatasetName
+    data_real: str  # \DataSource, fetched data
+    data_synthetic: str  # \DataSource, generated offline
+    subject: str  # what numbers on synthetic data say nothing about
+    model: str  # \ModelName before its details
+    # the details: a format string over runs.csv columns (numbers as integers, text escaped), left out
+    # unless every column has a value
+    model_details: str = ""
+    model_columns: tuple[tuple[str, str], ...] = ()  # (format field, runs.csv column)
+    cite: str = ""  # \ModelCite
+    batch_items: str = "samples"  # what a batch counts
+    loader: str | None = None  # what fed the baseline; None: the run config's `loader` setting
+
+
+# The words for a workload that names none of its own (the user's script), and for an unknown name.
+SCRIPT_WORDS = PaperWords(
+    dataset="the training script's data",
+    data_real="the data the training script reads itself",
+    data_synthetic="the data the training script reads itself",
+    subject="the model's quality",
+    model="the user's training script",
+    model_details=r" \texttt{{{script}}}",
+    model_columns=(("script", "config.command.script"),),
+    loader="the script's own data loading",
+)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str  # workload.name in the config (the schema's enum lists it too)
+    sample_unit: str  # what throughput counts: images, tokens, samples
+    metric: str  # the quality metric reported besides the loss: accuracy, perplexity, none
+    data: DataKind
+    model_keys: tuple[str, ...]  # config["model"] keys copied into every run config
+    reshardable: bool  # checkpoints resume at another world size (same global batch)
+    runtime: str  # module with build_data(config, rank, world_size, device) and build_model(config, device)
+    default_optimizer: str | None = "sgd"  # the optimizer when train.optimizer is null; None: the script's
+    parallelisms: tuple[str, ...] = ("ddp", "fsdp")  # what it may train with; empty: its script's own
+    model_sections: tuple[str, ...] = ()  # the model_keys that are sections (a dict, not one value)
+    # "module:function" (config) -> None or (have, unit words, need, per words): how many of a rank's
+    # batches the data holds (scalestudy.train.datafit); None: not checked
+    batch_fit: str | None = None
+    # "module:function" (config, given, out_dir, dist_env) -> exit code: the workload runs each rank
+    # itself instead of the trainer; None: scalestudy.train.trainer
+    entry: str | None = None
+    # The config's `workload.<name>` section goes into every run config as `<name>`: the module (standard
+    # library) whose problems(section) -> [str] and filled(section) -> dict check it and fill in its
+    # defaults (scalestudy.plan.runconfig.validate); None: no such section. The section's keys that
+    # must be given (key, what it is), and those that name a file every training job reads.
+    run_section: str | None = None
+    section_required: tuple[tuple[str, str], ...] = ()
+    section_files: tuple[str, ...] = ()
+    paper: PaperWords = field(default=SCRIPT_WORDS)
+
+    def with_unit(self, unit: str) -> WorkloadSpec:
+        return WorkloadSpec(**{**self.__dict__, "sample_unit": unit})
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """The function of a "module:function" path (imports the module: may import torch)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)

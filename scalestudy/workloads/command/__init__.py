@@ -1,0 +1,1 @@
+"""The user's own training script as a workload; its runner is scalestudy.train.command."""

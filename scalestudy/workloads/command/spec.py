@@ -1,0 +1,23 @@
+"""The user's own training script (scalestudy.train.command.runner runs it on every rank), counted in
+the unit its config names (workload.command.sample_unit), its data and optimizer its own."""
+
+from __future__ import annotations
+
+from scalestudy.plan.workload_spec import NO_DATA, SCRIPT_WORDS, WorkloadSpec
+
+SPEC = WorkloadSpec(
+    name="command",
+    sample_unit="samples",
+    metric="none",
+    data=NO_DATA,
+    model_keys=(),
+    reshardable=False,
+    runtime="scalestudy.train.command.runner",
+    default_optimizer=None,
+    parallelisms=(),
+    entry="scalestudy.train.command.runner:run",
+    run_section="scalestudy.workloads.command.section",
+    section_required=(("script", "the script to run"),),
+    section_files=("script",),
+    paper=SCRIPT_WORDS,
+)
