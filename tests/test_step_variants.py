@@ -6,16 +6,14 @@ FSDP2's per-block compile)."""
 from __future__ import annotations
 
 import json
-import os
 
-import numpy as np
 import pytest
 import torch
 
-from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.plan import runconfig
 from scalestudy.train import optim, program, torch_options
 from scalestudy.train.checkpoint import single_file as checkpoint
+from tests.inprocess import one_process_one_thread, write_packed_cifar  # noqa: F401
 
 BASE = {
     "world_size": 1,
@@ -39,29 +37,12 @@ BASE = {
     "measure_steps": 4,
     "measure_intervals": 2,
 }
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-@pytest.fixture(autouse=True)
-def _one_process_one_thread(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCH_VARIABLES or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """name -> the final weights of BASE + changes, trained once per name."""
-    data = tmp_path_factory.mktemp("packed")
-    arrays = generate_arrays(16, 4, seed=0)
-    for name, array in zip(
-        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
-    ):
-        np.save(data / f"{name}.npy", array)
+    data = write_packed_cifar(tmp_path_factory.mktemp("packed"), 16, 4)
     root = tmp_path_factory.mktemp("runs")
     done: dict[str, dict] = {}
 

@@ -7,25 +7,20 @@ CPU, one rank, in this process."""
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
-import re
-import signal
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize
-from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.train.state import EpochProgress, RunState
+from tests.inprocess import SigtermAtStep, without_launch_variables, write_packed_cifar
 from tests.test_lm import BASE as LM_BASE
 
 LM = {  # test_lm's tiny LM, its log steps and window placed around each other
@@ -56,15 +51,12 @@ RESNET = {
     "measure_steps": 4,
     "measure_intervals": 1,
 }
-STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_process_one_thread():
     with pytest.MonkeyPatch.context() as patch:
-        for name in [n for n in os.environ if n in LAUNCH_VARIABLES or n.startswith("SLURM_")]:
-            patch.delenv(name)
+        without_launch_variables(patch)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         yield
@@ -151,13 +143,7 @@ def test_the_lm_takes_no_argmax_inside_the_window_and_still_reports_train_acc(lm
 
 
 def test_the_resnet_counts_its_accuracy_every_step(tmp_path):
-    data = tmp_path / "packed"
-    data.mkdir()
-    arrays = generate_arrays(32, 10, seed=0)
-    for name, array in zip(
-        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
-    ):
-        np.save(data / f"{name}.npy", array)
+    data = write_packed_cifar(tmp_path / "packed", 32, 10)
     config = {**RESNET, "data_dir": str(data), "checkpoint_dir": str(tmp_path / "ckpt")}
     steps = _run_counting(tmp_path / "run", config)
     assert steps == [1] * 6
@@ -165,33 +151,11 @@ def test_the_resnet_counts_its_accuracy_every_step(tmp_path):
     assert 0.0 <= pd.read_csv(tmp_path / "run" / "metrics.csv")["train_acc"].iloc[0] <= 1.0
 
 
-class _SignalAtStep(logging.Handler):
-    """SIGTERM to this process when the trainer logs global step `step` (counted from 1)."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self.step = step
-
-    def emit(self, record) -> None:
-        match = STEP_LINE.search(record.getMessage())
-        if match and (int(match[1]) - 1) * int(match[3]) + int(match[2]) == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def __enter__(self):
-        train.log.addHandler(self)
-        train.log.setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc):
-        train.log.removeHandler(self)
-        train.log.setLevel(logging.NOTSET)
-
-
 def test_a_resumed_lm_carries_the_counted_samples_bit_for_bit(lm_reference, tmp_path, lm_data):
     """Stopped after global step 4 of 8 in the epoch: the checkpoint's correct count is over step 3's
     tokens only; the resumed run's metrics.csv is the uninterrupted one's."""
     out, ckpt, config = _lm_config(tmp_path, lm_data, "killed")
-    with _SignalAtStep(4):
+    with SigtermAtStep(4):
         assert _main(out, config) == train.EXIT_RESUMABLE
     progress = sharded_checkpoint.latest(ckpt)[0]["epoch_progress"]
     assert progress["images"] == 4 * TOKENS_PER_STEP and progress["counted"] == TOKENS_PER_STEP

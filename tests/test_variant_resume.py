@@ -7,19 +7,14 @@ deterministic mode, in this process (as tests/test_train.py does its resume test
 from __future__ import annotations
 
 import json
-import logging
-import os
-import re
-import signal
 
-import numpy as np
 import pytest
 import torch
 
-from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.train import program, torch_options
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
+from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
 
 BASE = {
     "world_size": 1,
@@ -55,52 +50,11 @@ VARIANTS = {
     "adamw-foreach": {"optimizer": "adamw", "optimizer_impl": "foreach", "lr": 0.001},
     "adamw-forloop": {"optimizer": "adamw", "optimizer_impl": "forloop", "lr": 0.001},
 }
-STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-@pytest.fixture(autouse=True)
-def _one_process_one_thread(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCH_VARIABLES or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("packed")
-    arrays = generate_arrays(16, 4, seed=0)
-    for name, array in zip(
-        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
-    ):
-        np.save(folder / f"{name}.npy", array)
-    return folder
-
-
-class _SigtermAtStep(logging.Handler):
-    """SIGTERM to this process when the trainer logs global step `step` (between steps)."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self.step = step
-
-    def emit(self, record) -> None:
-        match = STEP_LINE.search(record.getMessage())
-        if match and (int(match[1]) - 1) * int(match[3]) + int(match[2]) == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def __enter__(self):
-        train.log.addHandler(self)
-        train.log.setLevel(logging.INFO)  # the runs log at WARNING; the step lines must still be made
-        return self
-
-    def __exit__(self, *exc):
-        train.log.removeHandler(self)
-        train.log.setLevel(logging.NOTSET)
+    return write_packed_cifar(tmp_path_factory.mktemp("packed"), 16, 4)
 
 
 def _main(folder, config) -> int:
@@ -138,7 +92,7 @@ def _run_and_resume(tmp_path, data_dir, changes: dict) -> tuple[dict, dict]:
         folder = tmp_path / name
         config = {**BASE, "data_dir": str(data_dir), "checkpoint_dir": str(folder / "ckpt"), **changes}
         for stop in stops:
-            with _SigtermAtStep(stop):
+            with SigtermAtStep(stop):
                 assert _main(folder, config) == train.EXIT_RESUMABLE
             assert _final(folder)["position"]["global_step"] == stop
         assert _main(folder, config) == 0
