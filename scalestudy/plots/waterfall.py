@@ -12,6 +12,8 @@ no scaling loss to split."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 
@@ -24,6 +26,7 @@ from scalestudy.plots.scaling import parallelisms
 COLOURS = dict(zip(PARTS, style.PALETTE, strict=False)) | {REMAINDER: "0.75"}
 LABELS = PARTS | {REMAINDER: "remainder (unexplained)"}
 BAR_WIDTH = 0.6
+NOTE_WIDTH = 120  # characters of the not-measured note per line (7 pt across a wide figure)
 NO_POINT = "No multi-rank scaling point with a 1-rank reference: no loss to split."
 ONE_RANK = "One {} only: no scaling loss to split (the waterfall splits what N > 1 ranks lose)."
 
@@ -46,7 +49,9 @@ def waterfall(table: pd.DataFrame, png, pdf=None) -> None:
         ax.set_title(f"{title}, {parallelism.upper()}" if named else title)
     axes[0, 0].set_ylabel("Points of efficiency lost")
     missing = _not_measured(frame)
-    fig.supxlabel(style.world_label() + (f"\n{missing}" if missing else ""), fontsize=7)
+    # wrapped to the figure's width: one long line would widen the saved (tight) figure around it
+    note = "\n".join(textwrap.wrap(missing, NOTE_WIDTH))
+    fig.supxlabel(style.world_label() + (f"\n{note}" if note else ""), fontsize=7)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", frameon=False)
     style.save_figure(fig, png, pdf)
