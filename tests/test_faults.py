@@ -513,7 +513,7 @@ def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_named(tmp_path):
 def test_the_venvs_snakemake_runs_the_first_rules_without_the_venv_on_path(tmp_path):
     """`.venv/bin/snakemake --profile profiles/local` from cron or an editor: no venv on PATH, and a
     `python` there that is not the venv's. The rules' `python` is the interpreter Snakemake runs in
-    (rules/common.smk: launcher.put_interpreter_first), so the demo's first rules run."""
+    (rules/common/hooks.smk: launcher.put_interpreter_first), so the demo's first rules run."""
     from conftest import copy_workflow
 
     workdir = copy_workflow(tmp_path / "workflow")

@@ -111,8 +111,9 @@ def test_every_grid_point_asks_for_whole_gpu_nodes(dry_run):
 
 
 def test_no_job_asks_slurm_for_gpus_through_a_gpu_resource(dry_run):
-    """The local executor's `gpu` resource (rules/common.smk) is absent under the Slurm executor: the
-    plugin would turn it into --gpus=N beside the gres the jobs ask for; the launcher takes no lock."""
+    """The local executor's `gpu` resource (rules/common/resources.smk) is absent under the Slurm
+    executor: the plugin would turn it into --gpus=N beside the gres the jobs ask for; the launcher
+    takes no lock."""
     assert dry_run and all("gpu" not in job["resources"] for job in dry_run)
     assert any(job["resources"].get("gres") == "gpu:4" for job in dry_run)
 

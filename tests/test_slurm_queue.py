@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slurm
 OVERHEAD = REPO / "tests/slurm/overhead/Snakefile"
 LIMIT = 2
 JOBS = 4
-# What rules/common.smk does, with waits short enough for a test (the defaults: 30 s up to 5 min).
+# What rules/common/hooks.smk does, with waits short enough for a test (the defaults: 30 s up to 5 min).
 WRAPPER = """import os
 from scalestudy.launch import submit_retry
 

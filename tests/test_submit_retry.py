@@ -217,7 +217,7 @@ def test_the_wrapper_runs_the_standard_library_only(tmp_path):
 
 
 def test_the_study_installs_the_wrapper_with_the_configs_patience(tmp_path):
-    """rules/common.smk: where sbatch is on PATH, parsing the workflow writes the wrapper, with
+    """rules/common/hooks.smk: where sbatch is on PATH, parsing the workflow writes the wrapper, with
     cluster.submit_retry_minutes and the log under results/logs/slurm/."""
     workdir = copy_workflow(tmp_path / "scalestudy")
     fake = tmp_path / "slurm-bin"

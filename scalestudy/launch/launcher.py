@@ -314,7 +314,7 @@ def take_gpus(spec: Mapping[str, Any], environ: Mapping[str, str], env: dict[str
 def put_interpreter_first(environ=os.environ, workdir: str = ".") -> str:
     """Put a folder whose `python` is this interpreter first on environ's PATH, and return it: its
     own folder (a venv's bin/), else a wrapper script's under workdir/.snakemake/ (not a link: a
-    venv knows itself by its path). The workflow's rules call a bare `python` (rules/common.smk)."""
+    venv knows itself by its path). The workflow's rules call a bare `python` (rules/common/hooks.smk)."""
     if os.path.basename(sys.executable) == "python":
         folder = os.path.dirname(sys.executable)
     else:

@@ -4,7 +4,7 @@ Sites cap the jobs a user may have queued (MaxSubmitJobs of the association or Q
 submission over the cap (sbatch exits 1, "QOSMaxSubmitJobPerUserLimit" and "Job violates
 accounting/QOS policy (job submit limit, user's size and/or time limits)" on stderr), and the Slurm
 executor plugin (2.8) reports that as a failed job: Snakemake's retries then count it as an attempt,
-raising the attempt's time and memory. The plugin has no hook for this, so rules/common.smk puts a
+raising the attempt's time and memory. The plugin has no hook for this, so rules/common/hooks.smk puts a
 wrapper named `sbatch` first on the PATH of the Snakemake that submits (`install`, `put_first`). The
 wrapper runs the real sbatch (the next `sbatch` on PATH) and, when Slurm refuses for a submit limit,
 waits (30 s, doubling up to 5 min) and submits again with the same arguments and stdin, for up to
@@ -136,7 +136,7 @@ def _message(result: subprocess.CompletedProcess) -> str:
 def refusals_since(log_path: str, since: float) -> list[str]:
     """The refusals the wrapper logged at or after `since` (time.time()), as logged: label and sbatch's
     message. Snakemake reports a refused group job as "message: None"; the workflow prints these
-    instead (rules/common.smk)."""
+    instead (rules/common/hooks.smk)."""
     try:
         with open(log_path) as handle:
             lines = handle.read().splitlines()

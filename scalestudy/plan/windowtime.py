@@ -1,6 +1,6 @@
 """How long each grid point's measurement window will last, from the smoke test's step time: the
 points whose window holds too few GPU monitor samples to judge the GPU (standard library only: the
-Snakefile warns with it when it is parsed, rules/common.smk).
+Snakefile warns with it when it is parsed, rules/common/hooks.smk).
 
 A fast GPU fills a 60-step window in under a second, and the GPU monitor samples every
 train.monitor_interval_s: such a window is judged on a handful of samples (four GPM SM-activity
