@@ -154,3 +154,22 @@ def pytest_collection_modifyitems(config, items):
         return
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow)
+
+
+@pytest.fixture
+def compile_modes(monkeypatch) -> list:
+    """torch.compile replaced by a recorder: the list of modes asked for, one per call, and the model
+    handed back uncompiled (what mode a GPU run compiles with, without a C++ toolchain's minutes)."""
+    import torch
+
+    from scalestudy.train import torch_options
+
+    modes: list = []
+
+    def recording_compile(model, **options):
+        modes.append(options.get("mode"))
+        return model
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(torch_options, "compile_seconds", lambda: 0.0)
+    return modes

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scalestudy.plan import runconfig
-from scalestudy.train import optim, program, torch_options
+from scalestudy.train import optim, program
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.inprocess import one_process_one_thread, write_packed_cifar  # noqa: F401
 
@@ -122,19 +122,10 @@ def test_a_bad_variant_is_refused_naming_its_key():
             runconfig.validate({**config, key: value})
 
 
-def test_the_compile_mode_reaches_torch_compile(trained, monkeypatch):
-    """torch.compile is handed the run config's mode (recorded, then the model runs eager: the CPU
-    test of what mode a GPU run compiles with, without a C++ toolchain's minutes)."""
-    modes = []
-
-    def recording_compile(model, **options):
-        modes.append(options.get("mode"))
-        return model
-
-    monkeypatch.setattr(torch, "compile", recording_compile)
-    monkeypatch.setattr(torch_options, "compile_seconds", lambda: 0.0)
+def test_the_compile_mode_reaches_torch_compile(trained, compile_modes):
+    """torch.compile is handed the run config's mode (recorded, then the model runs eager)."""
     eager = trained("default")
     weights = trained("compile-ro", compile=True, compile_mode="reduce-overhead")
-    assert modes == ["reduce-overhead"]
+    assert compile_modes == ["reduce-overhead"]
     for key, tensor in eager.items():
         assert torch.equal(weights[key], tensor), key

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from scalestudy.train import program, torch_options
+from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
@@ -111,20 +111,11 @@ def test_each_optimizer_kernel_resumes_to_the_uninterrupted_runs_bits(tmp_path, 
     assert straight["optimizer"]["state"], "the optimizer kept no state: nothing was compared"
 
 
-def test_a_compile_mode_resumes_to_the_uninterrupted_runs_bits(tmp_path, data_dir, monkeypatch):
+def test_a_compile_mode_resumes_to_the_uninterrupted_runs_bits(tmp_path, data_dir, compile_modes):
     """compile_mode is part of the run config the checkpoint belongs to: a compiled run resumes (not
-    refused as another run's checkpoint), compiled again in its mode. torch.compile records its mode
-    and hands back the model (eager: no C++ toolchain's minutes on the CPU)."""
-    modes = []
-
-    def recording_compile(model, **options):
-        modes.append(options.get("mode"))
-        return model
-
-    monkeypatch.setattr(torch, "compile", recording_compile)
-    monkeypatch.setattr(torch_options, "compile_seconds", lambda: 0.0)
+    refused as another run's checkpoint), compiled again in its mode (recorded, the model run eager)."""
     changes = {"optimizer_impl": "foreach", "compile": True, "compile_mode": "max-autotune-no-cudagraphs"}
     straight, stopped = _run_and_resume(tmp_path, data_dir, changes)
-    assert modes == ["max-autotune-no-cudagraphs"] * (1 + len(STOPS) + 1)
+    assert compile_modes == ["max-autotune-no-cudagraphs"] * (1 + len(STOPS) + 1)
     _assert_bit_identical(stopped["model"], straight["model"], "compiled weights")
     _assert_bit_identical(stopped["optimizer"], straight["optimizer"], "compiled optimizer state")
