@@ -3,33 +3,39 @@
 # part time-limited, everything written into OUT_DIR (default docs/measurements/<device>-<date>, the
 # device from nvidia-smi, e.g. h100, else `cpu`; the date in UTC):
 #   node      (always, ~10 s) nvidia-smi, torch, CUDA, cuDNN, NCCL -> node.txt;
-#   study     (limit 330 s) the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy
+#   study     (limit 420 s) the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy
 #             of the workflow, only what the verdicts read (the run catalog and the ncu table: no
-#             figures, paper or crate; 250 s), the ResNet benchmark at its strong point: project
-#             trainer eager vs the reference trainer, 2 repeats (55 s), and the verdicts ->
-#             study-check.txt, its last line `study wall N s`; study/ keeps the logs, benchmark.csv
-#             and study-results.tar.gz (scripts/gpu_study.sh);
+#             figures, paper or crate; 360 s: ~345 s on an H200, 2026-11-28), the ResNet benchmark at
+#             its strong point: project trainer eager vs the reference trainer, 2 repeats (55 s), and
+#             the verdicts -> study-check.txt, its last line `study wall N s`; study/ keeps the logs,
+#             benchmark.csv and study-results.tar.gz (scripts/gpu_study.sh);
+#   lm        (limit  75 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 8 + 30 steps -> lm.csv;
 #   variants  (limit 100 s) the step variants, eager vs compiled (default mode, CUDA graphs) at
 #             batch 512, as many rounds as fit in 90 s -> variants.csv (scalestudy.benchmark.variants);
-#   lm        (limit  75 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 8 + 30 steps -> lm.csv;
-#   tests, benchmark: tests/test_gpu.py (270 s) and the full ResNet benchmark (190 s), only when
-#             named in GPU_CHECK_STEPS (they do not fit the same 9 minutes).
+#   tests, benchmark: tests/test_gpu.py (270 s) and the full ResNet benchmark (190 s).
+# The last three only when named in GPU_CHECK_STEPS: they do not fit the same 9 minutes as the study
+# (a second call: GPU_CHECK_STEPS="variants tests").
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]
 #
-# GPU_CHECK_STEPS picks the parts (default "study variants lm"); a part whose limit no longer fits in
-# the budget is not run, and said so. With GPU_CHECK_COPY_TO (the device tool's $OUT) the folder is
-# also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with study-check.txt and the CSVs beside it
-# (what comes back from a lent machine; docs/gpus.md). The script goes on after a failed part; the
-# exit status says whether any failed. PYTHON picks the interpreter (default .venv/bin/python, else
-# python3); STUDY_DEVICE=cpu with GPU_CHECK_CPU_SMALL=1 runs every part at a tiny size on a CPU (the
-# test; GPU_CHECK_LIMIT_SCALE multiplies every limit and the budget there). A machine without Snakemake needs .gpu-bundle/ (bash scripts/gpu_bundle.sh, beforehand).
+# GPU_CHECK_STEPS picks the parts (default "study lm"), GPU_CHECK_STUDY_LIMIT_S the study's limit; a
+# part whose limit no longer fits in the budget is not run, and said so. With GPU_CHECK_COPY_TO (the
+# device tool's $OUT) the folder is also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with
+# study-check.txt and the CSVs beside it (what comes back from a lent machine; docs/gpus.md). The
+# script goes on after a failed part; the exit status says whether any failed. PYTHON picks the
+# interpreter (default .venv/bin/python, else python3); STUDY_DEVICE=cpu with GPU_CHECK_CPU_SMALL=1
+# runs every part at a tiny size on a CPU (the test; GPU_CHECK_LIMIT_SCALE multiplies every limit and
+# the budget there). A machine without Snakemake needs .gpu-bundle/ (bash scripts/gpu_bundle.sh,
+# beforehand); the study and the variants load the config with its jsonschema.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# Snakemake and jsonschema for a machine that lacks them (scripts/gpu_bundle.sh): every step may use it
-[ -d .gpu-bundle ] && export PYTHONPATH="$PWD/.gpu-bundle:$PYTHONPATH"
+# Snakemake and jsonschema for a machine that lacks them (scripts/gpu_bundle.sh): every step may use it.
+# Only there: the bundle is built for the GPU machine's Python and would shadow this venv's own packages.
+if [ -d .gpu-bundle ] && ! "$python" -c "import snakemake, jsonschema" 2>/dev/null; then
+  export PYTHONPATH="$PWD/.gpu-bundle:$PYTHONPATH"
+fi
 
 device_label() {  # h100, h200, a100, ... from nvidia-smi's first GPU; cpu without one
   local name
@@ -51,7 +57,7 @@ not_run=()
 step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, its output to OUT/NAME.log
   local name=$1 limit=$(($2 * scale))
   shift 2
-  [[ " ${GPU_CHECK_STEPS:-study variants lm} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_STEPS:-study lm} " == *" $name "* ]] || return 0
   local left=$((budget - SECONDS))
   if [ "$limit" -gt "$left" ]; then
     echo "=== $name: not run: its limit ${limit}s is more than the ${left}s left of GPU_CHECK_BUDGET_S=$budget"
@@ -96,9 +102,9 @@ start=$SECONDS
 describe_node >"$out/node.txt" 2>&1
 echo "=== node: $((SECONDS - start)) s"
 step_wall=
-export STUDY_LIMIT_S=${STUDY_LIMIT_S:-$((250 * scale))} STUDY_BENCH_LIMIT_S=${STUDY_BENCH_LIMIT_S:-$((55 * scale))}
+export STUDY_LIMIT_S=${STUDY_LIMIT_S:-$((360 * scale))} STUDY_BENCH_LIMIT_S=${STUDY_BENCH_LIMIT_S:-$((55 * scale))}
 export STUDY_TARGETS=${STUDY_TARGETS:-verdicts} STUDY_DEVICE=$device
-step study 330 bash scripts/gpu_study.sh "$out/study"
+step study "${GPU_CHECK_STUDY_LIMIT_S:-420}" bash scripts/gpu_study.sh "$out/study"
 if [ -n "$step_wall" ]; then  # the verdicts, ending with the study's wall time (`study wall N s`)
   cp "$out/study/check.txt" "$out/study-check.txt" 2>/dev/null ||
     echo "FAIL  study: no verdicts after ${step_wall} s (study.log)" >"$out/study-check.txt"

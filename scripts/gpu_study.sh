@@ -18,7 +18,7 @@
 # PYTHONPATH here. PYTHON picks the interpreter (default: .venv/bin/python, else python3);
 # GPU_BUNDLE the bundle folder; STUDY_LIMIT_S, STUDY_BENCH_LIMIT_S the parts' limits; STUDY_TARGETS=verdicts
 # asks Snakemake only for what the verdicts read (the run catalog and the ncu table: every training
-# run, no figures, paper or crate). check.txt ends with `study wall N s` (the Snakemake run's). To try the
+# run, no figures, paper or crate), other words are the targets themselves. check.txt ends with `study wall N s` (the Snakemake run's). To try the
 # script itself on a CPU: STUDY_CONFIG=config/demo.yaml STUDY_DEVICE=cpu STUDY_BENCH_ARGS="--steps 3
 # --repeats 1" (its verdicts then say what a CPU demo is: jobs side by side, no GPU monitor).
 set -uo pipefail
@@ -32,7 +32,9 @@ config="${STUDY_CONFIG:-config/gpu-one.yaml}"
 export PYTHONUNBUFFERED=1
 # The rules call `python`: the interpreter's own folder first (a venv's holds `python` beside `python3`)
 export PATH="$(dirname "$(command -v "$python")"):$PATH"
-[ -d "$bundle" ] && export PYTHONPATH="$bundle${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$bundle" ] && ! "$python" -c "import snakemake, jsonschema" 2>/dev/null; then
+  export PYTHONPATH="$bundle${PYTHONPATH:+:$PYTHONPATH}"  # only where missing: it is built for another Python
+fi
 if ! "$python" -c "import snakemake, jsonschema" 2>/dev/null; then
   echo "gpu_study: $python has no Snakemake or jsonschema and there is no bundle at $bundle:"
   echo "  build it where PyPI and the venv are (bash scripts/gpu_bundle.sh) and carry .gpu-bundle/"
@@ -57,8 +59,11 @@ cp -r Snakefile rules config report profiles scalestudy containers envs examples
 cd "$out/workflow"
 # --keep-going: one failed job (ncu without counters, say) must not cost the rest of the study
 targets=()  # targets before --configfile, which takes several values (shared/FACTS.md)
-[ "${STUDY_TARGETS:-}" = verdicts ] && targets=(results/tables/runs.csv results/profile/w1/ncu_status.json \
-  results/profile/w1/ncu_kernels.csv)
+if [ "${STUDY_TARGETS:-}" = verdicts ]; then
+  targets=(results/tables/runs.csv results/profile/w1/ncu_status.json results/profile/w1/ncu_kernels.csv)
+elif [ -n "${STUDY_TARGETS:-}" ]; then  # named files: part of the study (the ncu table alone, say)
+  read -ra targets <<<"$STUDY_TARGETS"
+fi
 study_start=$SECONDS
 timed "${STUDY_LIMIT_S:-360}" "$out/snakemake.log" \
   "$python" -m snakemake --profile profiles/local --keep-going "${targets[@]}" --configfile "$config"

@@ -32,7 +32,7 @@ def test_steps_whose_limit_exceeds_the_budget_are_not_run_and_said_so(tmp_path):
         GPU_CHECK_STEPS="study lm",
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "=== study: not run: its limit 330s is more than the" in result.stdout
+    assert "=== study: not run: its limit 420s is more than the" in result.stdout
     assert "=== lm: not run: its limit 75s is more than the" in result.stdout
     assert "gpu_check: not run (GPU_CHECK_BUDGET_S): study lm" in result.stdout
     assert not (tmp_path / "study.log").exists() and not (tmp_path / "lm.log").exists()
@@ -60,7 +60,7 @@ def test_the_study_without_snakemake_or_its_bundle_stops_saying_how_to_build_it(
 
 @pytest.mark.slow  # two trainer processes and a study's start: 1-3 minutes on a shared 2-core host
 def test_the_one_command_on_a_cpu_writes_the_verdicts_and_csvs_and_packs_them(tmp_path):
-    """Every default part at a tiny size: the node, the demo study stopped by its 3 s limit (so its
+    """Every part but the tests at a tiny size: the node, the demo study stopped by its 3 s limit (so its
     verdicts FAIL, saying what is missing, with its wall time), one variant, one LM run; the folder
     packed for the device tool's $OUT."""
     out, back = tmp_path / "cpu-today", tmp_path / "OUT"
@@ -71,6 +71,7 @@ def test_the_one_command_on_a_cpu_writes_the_verdicts_and_csvs_and_packs_them(tm
         GPU_CHECK_CPU_SMALL="1",
         STUDY_CONFIG="config/demo.yaml",
         STUDY_LIMIT_S="3",
+        GPU_CHECK_STEPS="study variants lm",  # the variants are a second call's on a GPU (not default)
         GPU_CHECK_COPY_TO=str(back),
         GPU_CHECK_LIMIT_SCALE="4",  # a trainer process starts in 5 s idle, in over 60 s on a loaded host
     )

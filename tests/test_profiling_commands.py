@@ -146,7 +146,7 @@ def test_ncu_profiles_named_kernels_inside_the_step_ranges_of_the_steady_window(
     assert "--nvtx-exclude" not in ncu.profile_prefix("w/profile", "regex:.*", 40, loader_kernels=True)
     assert pairs["--kernel-name-base"] == "function" and pairs["--kernel-name"] == "regex:^(sm80|void)"
     assert pairs["--launch-count"] == "40" and "--launch-skip" not in prefix
-    assert pairs["--set"] == "full" and pairs["--clock-control"] == "none"
+    assert pairs["--set"] == "basic" and pairs["--clock-control"] == "none"
     assert pairs["--export"] == "w/profile"
     assert ncu.export_command("w/profile.ncu-rep") == [
         "ncu",

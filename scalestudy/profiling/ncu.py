@@ -24,8 +24,10 @@ Which kernels `run` profiles:
   scalestudy.profiling.kernel_choice: the configured `--kernel-regex`, else the `--top-kernels`
   kernels with the most GPU time in the profile run of the same one-GPU point (nsys's summary where
   nsys ran, else the trainer's torch.profiler kernel table, the loader's left out), else every kernel;
-- at most `--launch-count` launches, each replayed with `--set full --clock-control none` (the GPU
-  keeps its own clocks, as in training).
+- at most `--launch-count` launches, each replayed with `--set basic --clock-control none` (the GPU
+  keeps its own clocks, as in training): speed of light, launch statistics and occupancy, all the
+  table reads. `--set full` replayed each launch 38 times on an H200 (2026-11-28): 40 launches took
+  over 98 s, longer than the whole rest of the profile job.
 
 The ncu prefix goes inside the one rank (`scalestudy.launch.launcher.build_command`'s rank prefix); the
 report is exported with `ncu --import R --csv --page raw --print-units base` and parsed
@@ -94,6 +96,7 @@ TIME_UNITS = {
 }
 PERMISSION_ERROR = "ERR_NVGPUCTRPERM"
 REPORT_NAME = "profile"
+NCU_SET = "basic"  # SpeedOfLight, LaunchStats, Occupancy (and WorkloadDistribution): every column read
 
 
 class NcuTableError(ValueError):
@@ -126,7 +129,7 @@ def profile_prefix(
         "--launch-count",
         str(launch_count),
         "--set",
-        "full",
+        NCU_SET,
         "--clock-control",
         "none",
         "--export",
@@ -171,7 +174,7 @@ def parse_raw(text: str, source: str = "<ncu raw csv>") -> list[dict]:
     header = [c.strip() for c in rows[start]]
     missing = [column for column in REQUIRED if column not in header]
     if missing:
-        raise NcuTableError(f"{source}: missing metric columns {missing} (profile with --set full)")
+        raise NcuTableError(f"{source}: missing metric columns {missing} (profile with --set basic or full)")
     body = [row for row in rows[start + 1 :] if row]
     units = dict(zip(header, body[0], strict=False)) if body and not body[0][header.index(ID)].strip() else {}
     records = [dict(zip(header, row, strict=False)) for row in body if row[header.index(ID)].strip()]
