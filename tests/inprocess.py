@@ -1,7 +1,7 @@
 """What the tests that run the trainer in the pytest process share: one thread, no launcher's
 variables (a rank's environment would make the trainer join a process group), a packed synthetic
-CIFAR-10 folder, and a SIGTERM sent when the trainer logs a given global step (the stop a job gets
-from Slurm or torchrun, at an exact point of the run)."""
+CIFAR-10 folder, the global step of a trainer's progress line, and a signal sent when the trainer
+logs a given global step (the stop a job gets from Slurm or torchrun, at an exact point of the run)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,13 @@ LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_P
 PACKED = ("train_images", "train_labels", "test_images", "test_labels")
 
 
+def launch_free_environ() -> dict[str, str]:
+    """This process's environment without any launcher's variables (the tests may run under Slurm)."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
+
+
 def without_launch_variables(patch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n in LAUNCH_VARIABLES or n.startswith("SLURM_")]:
+    for name in set(os.environ) - set(launch_free_environ()):
         patch.delenv(name)
 
 
@@ -38,27 +43,32 @@ def one_process_one_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
-def write_packed_cifar(folder: Path, train_images: int, test_images: int, seed: int = 0) -> Path:
+def write_packed_cifar(folder: Path, train_per_class: int, test_per_class: int, seed: int = 0) -> Path:
     """`folder` holding the preprocessed arrays of a synthetic CIFAR-10 (what rule preprocess writes)."""
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = generate_arrays(train_images, test_images, seed=seed)
+    arrays = generate_arrays(train_per_class, test_per_class, seed=seed)
     for name, array in zip(PACKED, arrays, strict=True):
         np.save(folder / f"{name}.npy", array)
     return folder
 
 
-class SigtermAtStep(logging.Handler):
-    """SIGTERM to this process when the trainer logs global step `step` (counted from 1; between
-    steps: the trainer logs a step once it is done)."""
+def global_step(line: str) -> int | None:
+    """The global step a trainer progress line reports (counted from 1; epochs count from 1 in the log)."""
+    match = STEP_LINE.search(line)
+    return (int(match[1]) - 1) * int(match[3]) + int(match[2]) if match else None
 
-    def __init__(self, step: int) -> None:
+
+class SignalAtStep(logging.Handler):
+    """`signum` (SIGTERM unless told) to this process when the trainer logs global step `step`
+    (between steps: the trainer logs a step once it is done)."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
         super().__init__()
-        self.step = step
+        self.step, self.signum = step, signum
 
     def emit(self, record) -> None:
-        match = STEP_LINE.search(record.getMessage())
-        if match and (int(match[1]) - 1) * int(match[3]) + int(match[2]) == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if global_step(record.getMessage()) == self.step:
+            os.kill(os.getpid(), self.signum)
 
     def __enter__(self):
         train.log.addHandler(self)
@@ -68,3 +78,6 @@ class SigtermAtStep(logging.Handler):
     def __exit__(self, *exc):
         train.log.removeHandler(self)
         train.log.setLevel(logging.NOTSET)
+
+
+SigtermAtStep = SignalAtStep  # SignalAtStep(step): SIGTERM, the name the resume tests of the variants use

@@ -1,5 +1,5 @@
 """Energy per run (scalestudy.analysis.energy) from GPU monitor files whose energy counter and power
-samples are known: a stand-in NVML (tests/test_monitor.py's FakeNvml) drives the real monitor, whose
+samples are known: a stand-in NVML (tests/monitor_helpers.py's FakeNvml) drives the real monitor, whose
 files the analysis reads as it reads a run folder."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from scalestudy.analysis import energy
 from scalestudy.plan import runfiles
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
-from tests.test_monitor import UUIDS, FakeNvml
+from tests.monitor_helpers import UUIDS, FakeNvml
 
 TIMES = [round(0.1 * k, 1) for k in range(101)]  # 0 .. 10 s at the monitor's 0.1 s
 COUNTER_W = (412.0, 380.0)  # what the counters say each GPU draws (the power readings say 350.5, 351.5)

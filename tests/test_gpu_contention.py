@@ -3,7 +3,7 @@ GPU as the job's own, a child of it holding memory there as the job's too, the p
 the benchmark is of its trainers) as the job's, and a process outside its tree (another job) as
 foreign, with its PID and memory; the analysis marks the window contended.
 Run where there is a GPU (with the other GPU tests); the CPU tests use a fake NVML
-(tests/test_monitor.py)."""
+(tests/test_monitor_processes.py)."""
 
 from __future__ import annotations
 

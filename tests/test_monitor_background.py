@@ -1,7 +1,7 @@
 """The GPU monitor opened off the trainer's critical path (issue 41): start(background=True) returns
 at once and opens NVML on the monitor's thread while the trainer loads its data and model;
 wait_open() returns once it samples (or has found no GPU), so sampling has begun before the first
-step, hence before the measurement window. Against the stand-in NVML of tests/test_monitor.py."""
+step, hence before the measurement window. Against the stand-in NVML of tests/monitor_helpers.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train.gpu_monitor import GpuMonitor
-from tests.test_monitor import UUIDS, FakeNvml
+from tests.monitor_helpers import UUIDS, FakeNvml
 
 SLOW_S = 0.4  # a slow nvmlInit (a driver not in persistence mode takes seconds)
 

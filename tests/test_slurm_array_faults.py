@@ -3,12 +3,13 @@
 
 - One Snakemake run, after the training gate: the baseline as one Slurm job on the GPU request path
   (fake GPUs, training on the CPU) and two sensitivity points as ONE array
-  (`--slurm-array-jobs sensitivity_run`), each with 2 minutes (--signal=USR1@60) for more work
-  than that: every one is stopped at its limit, Snakemake resubmits it with more time
-  (cluster.runtime_growth), it resumes from its checkpoint and finishes; the first attempt's kept
-  log names its Slurm job (and array task), the summary and the run catalog the attempt that
-  finished; each point's MLflow run (live: the journals sent by the study's follower) is ONE run,
-  KILLED by the first attempt and continued to FINISHED by the retry, each step once.
+  (`--slurm-array-jobs sensitivity_run`), each with 2 minutes (--signal=USR1@60) for more paced steps
+  (train.min_step_s) than its first attempt can take: every one is stopped at its limit, Snakemake
+  resubmits it with more time (cluster.runtime_growth), it resumes from its checkpoint and finishes;
+  the first attempt's kept log names its Slurm job (and array task), the summary and the run catalog
+  the attempt that finished; each point's MLflow run (live: the journals sent by the study's
+  follower) is ONE run, KILLED by the first attempt and continued to FINISHED by the retry, each
+  step once.
 - A sweep of many points (tiny steps) in the same study folder is a handful of sbatch calls, every
   point with its own summary and its own array task (scalestudy.benchmark.slurm_sweep, which runs
   the same at 200).
@@ -51,17 +52,17 @@ pytestmark = pytest.mark.slurm
 ARRAY = re.compile(r"Submitted array job with Snakemake IDs \S+ and SLURM job ID (\d+)\. .*?(\d+)-(\d+)\.")
 SINGLE = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S*rule_sensitivity_run/")
 BASELINE = "baseline/default"
-# The work of each time-limited point, in images (batch 64). Attempt 1 is signalled 60 s before its
-# 2-minute limit, up to a minute early (sbatch(1); slurmctld checks every 30 s): 30 to 60 s after its
-# start, after the trainer's start (~10 to 20 s here under load), so at most ~50 s of training. The
-# three points start together (the cluster has room for all three) and share the 2 cores: measured
-# 460 - 515 images/s each on an otherwise idle machine, so ~26,000 each; even one alone, at the
-# fastest one-rank speed measured here (790), would train 40,000 of the 56,000. The retries have 10
-# minutes: at 300 images/s, the rest takes ~2. (The CPU this fixture costs is this work: a signal
-# 30 s later, as before, needed 80,000 images a point.)
-WORK_IMAGES = 56_000
+# Each time-limited point is paced (train.min_step_s): every step lasts at least PACE_S, the trainer
+# sleeping the rest, so a point outlasts its first attempt while using little CPU (issue 45: these
+# three points trained 56,000 images each before, ~300 CPU-s, only to be running when signalled).
+# Attempt 1 is signalled 60 s before its 2-minute limit, up to a minute early (sbatch(1); slurmctld
+# checks every 30 s): 30 to 60 s after its start, after the trainer's start (~10 to 20 s here under
+# load), so it trains at most ~50 s: 100 paced steps of the point's 160. The retries have 10 minutes
+# for the rest (at most ~70 s).
+PACE_S = 0.5
 BATCH = 64
-STEPS_PER_EPOCH = 125  # train_per_class 800: 8,000 images, 125 steps of 64
+STEPS_PER_EPOCH = 80  # train_per_class 512: 5,120 images, 80 steps of 64
+WORK_STEPS = 160
 # The many-points sweep's size: 8 in CI, in arrays of 3 (three arrays, the last one short, as 200
 # points make four of 50 and the CPU cost is per point); SCALESTUDY_SWEEP_POINTS=200 runs the
 # issue's 200 points (21 minutes here: ~10 CPU-s a point; python -m scalestudy.benchmark.slurm_sweep
@@ -81,10 +82,11 @@ def gate(slurm: Cluster, workdir: Path, configfile: str) -> None:
 @pytest.fixture(scope="module")
 def time_limited(clusters, tmp_path_factory):  # noqa: F811 - the module fixture imported above
     """The baseline (one job) and two sensitivity points (one array of 2 tasks), world 1, 2 minutes
-    each for ~2 to 6 minutes of work, in one Snakemake run with --retries 3."""
+    each for 160 paced steps (at least 80 s of training after a start of 10-20 s), in one Snakemake run
+    with --retries 3."""
     slurm = clusters.get(accounting=True)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-time-limits") / "scalestudy")
-    epochs = math.ceil(WORK_IMAGES / BATCH / STEPS_PER_EPOCH)
+    epochs = math.ceil(WORK_STEPS / STEPS_PER_EPOCH)
 
     def change(config: dict) -> None:
         config["data"]["synthetic"]["train_per_class"] = STEPS_PER_EPOCH * BATCH // 10
@@ -93,7 +95,7 @@ def time_limited(clusters, tmp_path_factory):  # noqa: F811 - the module fixture
             world_size=1, axes={"per_gpu_batch": [BATCH], "bucket_cap_mb": [1, 25]}, epochs=epochs
         )
         config["train"].update(epochs=epochs, max_steps_per_epoch=None, eval_max_batches=1)
-        config["train"].update(checkpoint_every_steps=50)
+        config["train"].update(checkpoint_every_steps=50, min_step_s=PACE_S)
         # fake GPUs: the GPU request path (--gres=gpu:1 on sbatch and srun), training on the CPU
         config["cluster"].update(runtime_minutes=2, signal_lead_s=60, runtime_growth=5.0, gpus_per_node=4)
         config["cluster"]["ranks_per_node"] = None

@@ -65,6 +65,7 @@ OPTIONAL_TRAIN_KEYS = (
     *("optimizer_impl", "compile_mode"),  # how the step runs: scalestudy.train.optim, trainer.build_model
     "micro_batch",  # gradient accumulation: scalestudy.train.accumulation
     "cudnn_benchmark",  # cuDNN autotuning: scalestudy.train.process.process_settings
+    "min_step_s",  # a step's least duration, for tests of signals on small jobs: bookkeeping.hold_step
 )
 # config["train"]["measure"][key] -> the run config's key (the steady-state window, scalestudy.train.steady)
 MEASURE_KEYS = {

@@ -116,6 +116,24 @@ def log_start(
     )
 
 
+def warn_if_paced(min_step_s: float) -> None:
+    if min_step_s:
+        log.warning(
+            "train.min_step_s=%g: every step lasts at least %g s (the trainer sleeps the rest); this run's "
+            "throughput is that pace, not the machine's",
+            min_step_s,
+            min_step_s,
+        )
+
+
+def hold_step(min_step_s: float, started: float) -> None:
+    """Sleeps out the rest of a step begun at `started` (time.monotonic()) that must last `min_step_s`.
+    A stop signal received meanwhile is acted on once the sleep ends (the handler only records it)."""
+    rest = min_step_s - (time.monotonic() - started)
+    if rest > 0:
+        time.sleep(rest)
+
+
 def log_epoch(row: dict[str, Any], epochs: int, sample_unit: str) -> None:
     log.info(
         "epoch %d/%d done in %s: train loss %.4f acc %.3f | test loss %.4f acc %.3f | %.0f %s/s",

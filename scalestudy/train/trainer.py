@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,7 @@ class Trainer:
         self.state.start_attempt()
         batches, steps = (c["per_gpu_batch"], c["global_batch"]), (self.steps_per_epoch, c["epochs"])
         bookkeeping.log_start(self.world_size, batches, steps, self.peak_lr, self.device)
+        bookkeeping.warn_if_paced(c["min_step_s"])
         measure = tuple(c[f"measure_{key}"] for key in ("warmup_steps", "steps", "intervals", "seconds"))
         self.steady = build.steady_window(measure, self.device, self.t0, self.synchronize, self.control_group)
         if not self.wrapped.sharded:  # FSDP2's sharded parameters take no gradient hook
@@ -195,6 +197,7 @@ class Trainer:
         meter = EpochMeter(self.state.progress, self.device, self.is_main)
         batches = self.epoch_batches(epoch, self.state.position.step)
         for step in range(self.state.position.step, self.steps_per_epoch):
+            started = time.monotonic()
             self.profile_step(meter.clock)
             timer = StepTimer(self.device, self.times_this_step())
             y, predicted, loss = self.train_step(batches, timer)
@@ -202,6 +205,7 @@ class Trainer:
                 # The next epoch's plan (permutation, augmentation draws, one copy to the device),
                 # made while the device still runs this step rather than after the epoch end's sync.
                 self.next_epoch_batches = {(epoch + 1, 0): self.train_data.epoch(epoch + 1, 0)}
+            bookkeeping.hold_step(self.config["min_step_s"], started)  # before the window counts it
             self.count_step(meter, y, predicted, loss, timer)
             stopping = stop.agreed(self.control_group)
             if stopping or self.checkpoint_due():

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the TeX the paper needs (latexmk, pdflatex, BibTeX; booktabs, natbib, hyperref, microtype,
 # geometry, amsmath) and pdftoppm, from Debian's packages: about 50 MB of downloads. Idempotent: exits
-# at once when everything is there. Needs root and apt-get (tests/test_paper_draft.py runs it then).
+# at once when everything is there. Needs root and apt-get (tests/test_paper_pdf.py runs it then).
 set -eu
 PACKAGES="latexmk texlive-latex-base texlive-latex-recommended poppler-utils"
 if command -v latexmk >/dev/null && command -v pdflatex >/dev/null && command -v bibtex >/dev/null \
