@@ -10,7 +10,8 @@ shell). A command that exits non-zero fails its test, named by file:line.
 
 What this machine (CPU, no Apptainer, no real site) does not run is in the tables below, each row
 with its reason; a row whose command the docs no longer show fails, so the tables stay current.
-The Slurm route of docs/slurm.md runs literally in tests/test_slurm.py (documented_commands()).
+The Slurm route of docs/slurm.md runs literally in tests/test_slurm.py (tests/slurm_cluster.py's
+documented_commands()).
 """
 
 from __future__ import annotations
@@ -95,10 +96,10 @@ COVERED: dict[str, tuple[str, str]] = {
         "pytestmark = pytest.mark.slurm",
     ),
     "bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", 'cluster_script("up-two-node"'),
-    "WITH_DBD=1 bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", '"WITH_DBD": "1"'),
+    "WITH_DBD=1 bash tests/slurm/cluster.sh up-two-node": ("tests/slurm_cluster.py", '"WITH_DBD": "1"'),
     "bash tests/slurm/cluster.sh status": ("tests/test_slurm.py", 'cluster_script("status")'),
-    "bash tests/slurm/cluster.sh exec squeue": ("tests/test_slurm.py", 'str(CLUSTER_SH), "exec"]'),
-    "bash tests/slurm/cluster.sh down": ("tests/test_slurm.py", 'cluster_script("down")'),
+    "bash tests/slurm/cluster.sh exec squeue": ("tests/slurm_cluster.py", 'str(CLUSTER_SH), "exec"]'),
+    "bash tests/slurm/cluster.sh down": ("tests/slurm_cluster.py", 'cluster_script("down")'),
     "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
     "python -m scalestudy.benchmark.slurm_sweep": ("tests/test_slurm_array_faults.py", "slurm_sweep.run("),
     "sbatch profiles/slurm-allocation/driver.sbatch": (
@@ -221,8 +222,9 @@ def documented_commands(root: Path = REPO) -> list[Command]:
 
 
 def slurm_test_commands() -> set[str]:
-    """The docs/slurm.md commands tests/test_slurm.py runs literally (its own reading of the page)."""
-    from tests.test_slurm import documented_commands as slurm_documented
+    """The docs/slurm.md commands tests/test_slurm.py runs literally (tests/slurm_cluster.py's reading
+    of the page)."""
+    from tests.slurm_cluster import documented_commands as slurm_documented
 
     return {" ".join(words) for words in slurm_documented()}
 

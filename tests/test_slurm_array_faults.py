@@ -32,7 +32,7 @@ import pytest
 from scalestudy.benchmark import slurm_sweep
 from scalestudy.launch import attempt_logs as attemptlog
 from tests.conftest import copy_workflow
-from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, shared
+from tests.slurm_cluster import (  # noqa: F401 - clusters: the module fixture, shared
     FAST_POLLING,
     Cluster,
     clusters,

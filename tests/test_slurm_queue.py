@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, snakemake_env
-from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, shared
+from tests.slurm_cluster import (  # noqa: F401 - clusters: the module fixture, shared
     SUBMITTED,
     Cluster,
     cluster_script,

@@ -28,7 +28,7 @@ import yaml
 
 from scalestudy.plan import grid, runfiles
 from tests.conftest import REPO, copy_workflow, snakemake_env
-from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, shared
+from tests.slurm_cluster import (  # noqa: F401 - clusters: the module fixture, shared
     Cluster,
     assert_learns_what_the_local_executor_learns,
     clusters,
@@ -37,7 +37,7 @@ from tests.test_slurm import (  # noqa: F401 - clusters: the module fixture, sha
     summaries,
     write_config,
 )
-from tests.test_slurm import controller_submissions as submissions
+from tests.slurm_cluster import controller_submissions as submissions
 
 pytestmark = pytest.mark.slurm
 
