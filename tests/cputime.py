@@ -29,6 +29,7 @@ import pytest
 from scalestudy.atomic import write_json
 
 SLOWEST = 20
+MODULES = 10
 REPORT_ENV = "SCALESTUDY_CPU_REPORT"
 
 
@@ -140,9 +141,28 @@ class CpuClock:
         write(f"costliest {SLOWEST} phases (CPU-s, wall s; a fixture's process is charged to its reaper):")
         for cpu, wall, when, nodeid in sorted(self.phases, reverse=True)[:SLOWEST]:
             write(f"{cpu:8.1f} {wall:8.1f}  {when:<8} {nodeid}")
+        modules = by_module(self.phases)
+        write(
+            f"costliest {MODULES} test modules (CPU-s, wall s, tests; every phase of their tests added up):"
+        )
+        for module, (cpu, wall, tests) in list(modules.items())[:MODULES]:
+            write(f"{cpu:8.1f} {wall:8.1f} {tests:5d}  {module}")
         path = os.environ.get(REPORT_ENV)
         if path:
-            write_json(path, totals)
+            write_json(path, {**totals, "modules": modules})
+
+
+def by_module(phases: list[tuple[float, float, str, str]]) -> dict[str, tuple[float, float, int]]:
+    """module path -> (CPU-s, wall s, tests) of its phases, costliest first."""
+    sums: dict[str, list] = {}
+    for cpu, wall, _, nodeid in phases:
+        module = nodeid.split("::", 1)[0]
+        entry = sums.setdefault(module, [0.0, 0.0, set()])
+        entry[0] += cpu
+        entry[1] += wall
+        entry[2].add(nodeid)
+    ranked = sorted(sums.items(), key=lambda item: item[1][0], reverse=True)
+    return {module: (cpu, wall, len(tests)) for module, (cpu, wall, tests) in ranked}
 
 
 _COST = pytest.StashKey[dict]()

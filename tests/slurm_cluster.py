@@ -319,9 +319,10 @@ def local_catalog(workdir: Path, configfile: str, scratch: Path) -> pd.DataFrame
     the catalog only, on workdir's data: no fetch/preprocess again), run once per config and
     session: kept in the session's `scratch` folder (the Slurm routes of two test modules compare to
     it, and pytest may import this module once for each of them)."""
-    text = (workdir / configfile).read_text()
-    config = yaml.safe_load(text)
+    config = yaml.safe_load((workdir / configfile).read_text())
     config["cluster"].pop("account", None)  # which Slurm account paid is no setting of the local run
+    config.pop("tracking", None)  # nor where the runs were tracked (a server the local run cannot reach)
+    text = yaml.safe_dump(config, sort_keys=False)
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     kept = scratch / "local-catalogs" / f"{key}.csv"
     if not kept.is_file():

@@ -421,3 +421,14 @@ def test_a_run_config_the_trainer_would_refuse_fails_at_once_naming_the_key(demo
     argv = ["--device", "cpu", "--sections", "training,fixed_cost", "--steps", "0", "--out", str(out)]
     assert main(argv) == 2  # --steps 0 is the trainer's max_steps_per_epoch=0: refused, not replaced by 20
     assert "max_steps_per_epoch=0" in capsys.readouterr().err and not out.exists()
+
+
+def test_job_counts_reads_the_first_job_stats_table_rule_by_rule():
+    first = "Job stats:\njob          count\n---------  -------\nall              1\n"
+    first += "scaling_run      4\ntotal            5\n"
+    later = "Job stats:\njob    count\n---  -----\nall      1\ntotal    1\n"
+    assert dag.job_counts(f"Building DAG of jobs...\n{first}\nrule all:\n{later}") == {
+        "all": 1,
+        "scaling_run": 4,
+    }
+    assert dag.job_counts("Nothing to be done (all requested files are present and up to date).") == {}

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.plan import cluster, slurm_requests
+from scalestudy.plan import cluster, schema, slurm_requests
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA = yaml.safe_load((REPO / "config/schema.yaml").read_text())
+SCHEMA = schema.read(REPO / "config/schema.yaml")  # its sections' $refs inlined
 
 
 def gpu_config(**cluster_settings) -> dict:

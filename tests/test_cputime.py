@@ -68,6 +68,9 @@ def test_the_summary_charges_each_childs_cpu_to_the_phase_that_reaped_it(tmp_pat
     assert phase_cpu(output, "setup", "test_uses_server") < 0.5, output  # started there, reaped later
     assert totals["cpu_s"] >= 2.5 and totals["cpu_s"] == pytest.approx(totals["own_s"] + totals["children_s"])
     assert totals["workers"] == (2 if options else 0) and totals["wall_s"] > 0
+    cpu, _, tests = totals["modules"]["tests/test_probe.py"]  # both tests' phases, children included
+    assert tests == 2 and cpu >= 2.3, totals["modules"]
+    assert "costliest 10 test modules" in output and output.count("tests/test_probe.py\n") >= 1, output
 
 
 def test_the_sessions_add_up_and_a_missing_report_fails(tmp_path):

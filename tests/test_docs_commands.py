@@ -91,16 +91,19 @@ COVERED: dict[str, tuple[str, str]] = {
         "def test_the_readmes_one_point_commands_name_points_of_the_demo",
     ),
     "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
-    ".venv/bin/python -m pytest -m slurm tests/test_slurm.py -v": (
-        "tests/test_slurm.py",
+    ".venv/bin/python -m pytest -m slurm tests/test_slurm.py tests/test_slurm_no_accounting.py -v": (
+        "tests/test_slurm_no_accounting.py",
         "pytestmark = pytest.mark.slurm",
     ),
-    "bash tests/slurm/cluster.sh up-two-node": ("tests/test_slurm.py", 'cluster_script("up-two-node"'),
+    "bash tests/slurm/cluster.sh up-two-node": (
+        "tests/test_slurm_no_accounting.py",
+        'cluster_script("up-two-node"',
+    ),
     "WITH_DBD=1 bash tests/slurm/cluster.sh up-two-node": ("tests/slurm_cluster.py", '"WITH_DBD": "1"'),
     "bash tests/slurm/cluster.sh status": ("tests/test_slurm.py", 'cluster_script("status")'),
     "bash tests/slurm/cluster.sh exec squeue": ("tests/slurm_cluster.py", 'str(CLUSTER_SH), "exec"]'),
     "bash tests/slurm/cluster.sh down": ("tests/slurm_cluster.py", 'cluster_script("down")'),
-    "sbatch --test-only": ("tests/test_slurm.py", "{sbatch} --test-only"),
+    "sbatch --test-only": ("tests/test_slurm_no_accounting.py", "{sbatch} --test-only"),
     "python -m scalestudy.benchmark.slurm_sweep": ("tests/test_slurm_array_faults.py", "slurm_sweep.run("),
     "sbatch profiles/slurm-allocation/driver.sbatch": (
         "tests/test_slurm_scale.py",

@@ -9,18 +9,13 @@ import shlex
 import subprocess
 import sys
 
+from scalestudy.benchmark import dag
 from scalestudy.plan import grid, windowtime
 from scalestudy.plan.studyconfig import load as study_config
 from tests import gpufake
 from tests.conftest import REPO, run_snakemake, snakemake_env
 
 CONFIG_FILE = "config/gpu-one.yaml"
-
-
-def planned_jobs(output: str) -> dict[str, int]:
-    table = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+\d+", output, re.S)
-    assert table, output[-3000:]
-    return {name: int(count) for name, count in (line.split() for line in table.group(1).splitlines())}
 
 
 def test_the_one_gpu_config_is_the_real_model_on_one_gpu_with_a_precision_by_batch_sweep():
@@ -67,7 +62,7 @@ def test_every_point_fills_its_window_in_seconds_at_the_fastest_rates_seen():
 
 def test_the_one_gpu_study_dry_runs_with_the_local_profile(workflow_copy):
     result = run_snakemake(workflow_copy, "--dry-run", "--printshellcmds", "--configfile", CONFIG_FILE)
-    jobs = planned_jobs(result.stdout)
+    jobs = dag.job_counts(result.stdout)
     assert jobs["sensitivity_run"] == 6 and jobs["scaling_run"] == 1 and jobs["baseline_run"] == 1
     assert jobs["profile_run"] == 1 and jobs["profile_ncu"] == 1
     assert "track" not in jobs and "paper_pdf" not in jobs

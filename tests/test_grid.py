@@ -18,17 +18,17 @@ def test_the_schema_ships_with_the_package_and_the_repository_links_to_it():
     assert Path(schema.PATH) == REPO / "scalestudy/plan/schema.yaml"
     assert (REPO / "config/schema.yaml").resolve() == Path(schema.PATH).resolve()
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "schema.yaml" in package_data["scalestudy.plan"]
+    assert {"schema.yaml", "schema/*.yaml"} <= set(package_data["scalestudy.plan"])
     assert (
         schema.defaults("cluster")["gpus_per_node"]
-        == yaml.safe_load(Path(schema.PATH).read_text())["properties"]["cluster"]["properties"][
-            "gpus_per_node"
-        ]["default"]
+        == yaml.safe_load((Path(schema.PATH).parent / "schema/cluster.yaml").read_text())["$defs"]["cluster"][
+            "properties"
+        ]["gpus_per_node"]["default"]
     )
 
 
 def test_snakemakes_validate_gets_the_yaml_schema_as_json_and_the_file_goes_afterwards():
-    as_written = yaml.safe_load(Path(schema.PATH).read_text())  # PyYAML's pure-Python loader
+    as_written = schema.read(schema.PATH, yaml.SafeLoader)  # PyYAML's pure-Python loader
     with schema.as_json_file() as path:
         assert json.loads(Path(path).read_text()) == as_written
     assert not Path(path).exists()

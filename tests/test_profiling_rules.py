@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 
 import yaml
 
+from scalestudy.benchmark import dag
 from tests.conftest import run_snakemake
 
 FIGURES = ("profile_breakdown", "profile_top_kernels", "profile_ncu_throughput")
 TARGETS = [f"results/figures/{name}.png" for name in FIGURES]
 
 
-def planned_jobs(output: str) -> dict[str, int]:
-    table = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+\d+", output, re.S)
-    assert table, output[-3000:]
-    return {name: int(count) for name, count in (line.split() for line in table.group(1).splitlines())}
-
-
 def test_demo_plans_one_profiled_run_per_world_size_and_no_ncu(workflow_copy):
     result = run_snakemake(workflow_copy, *TARGETS, "--dry-run", "--printshellcmds")
-    jobs = planned_jobs(result.stdout)
+    jobs = dag.job_counts(result.stdout)
     demo = yaml.safe_load((workflow_copy / "config/demo.yaml").read_text())
     worlds = len(demo["profiling"]["world_sizes"])
     for rule in ("profile_run", "profile_nsys_stats", "profile_summary"):
@@ -44,7 +38,7 @@ def ncu_config(workflow_copy, **ncu) -> str:
 def test_enabled_ncu_runs_on_one_gpu_and_feeds_its_figure(workflow_copy):
     path = ncu_config(workflow_copy, kernel_regex="regex:conv|gemm", launch_count=7)
     result = run_snakemake(workflow_copy, *TARGETS, "--dry-run", "--printshellcmds", "--configfile", path)
-    assert planned_jobs(result.stdout)["profile_ncu"] == 1
+    assert dag.job_counts(result.stdout)["profile_ncu"] == 1
     assert "--top-kernels 10 --launch-count 7 --kernel-regex 'regex:conv|gemm'" in result.stdout
     command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
     assert "--nsys-stats" not in command  # a configured regex needs no nsys summary
@@ -89,7 +83,7 @@ def test_without_a_regex_ncu_waits_for_and_reads_the_one_gpu_profile_run(workflo
     assert argv[argv.index("--nsys-stats") + 1] == "results/profile/w1/nsys_stats"
     assert argv[argv.index("--top-kernels") + 1] == "5" and "--kernel-regex" not in argv
     assert "--loader-kernels" not in argv  # the default: the loader's kernels are left out
-    jobs = planned_jobs(result.stdout)
+    jobs = dag.job_counts(result.stdout)
     assert jobs["profile_run"] == 1 and jobs["profile_nsys_stats"] == 1, jobs
 
 
@@ -106,7 +100,8 @@ def test_a_configured_regex_needs_no_profile_run_and_the_loader_can_be_asked_for
     command = next(line for line in result.stdout.splitlines() if "scalestudy.profiling.ncu run" in line)
     argv = shlex.split(command)
     assert "--profile-record" not in argv and "--loader-kernels" in argv
-    assert "profile_run" not in planned_jobs(result.stdout)
+    jobs = dag.job_counts(result.stdout)
+    assert jobs and "profile_run" not in jobs, result.stdout[-3000:]
 
 
 def test_the_removed_launch_skip_is_refused_with_what_replaced_it(workflow_copy):

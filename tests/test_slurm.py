@@ -1,37 +1,36 @@
-"""The study on a real (throw-away) two-node Slurm cluster (tests/slurm_cluster.py; skipped with the
-reason without root and apt-get), first without accounting, then with it (mariadb + slurmdbd):
+"""The demo study on a real (throw-away) two-node Slurm cluster with accounting (mariadb + slurmdbd;
+tests/slurm_cluster.py; skipped with the reason without root and apt-get), run ONCE and read by
+every test here (issue 45):
 
 - docs/slurm.md's container-less commands, run as written (only the config file is the test's and
-  status polling faster), finish the demo study (a smaller grid) to the report on both kinds of
-  cluster; two-rank points span both nodes; the run catalog names each Slurm job (name, nodes,
-  account, attempts);
+  status polling faster), finish the demo study (a smaller grid) to the report, as the profiles run
+  it (groups of short jobs: at most half the sbatch calls of separate jobs); two-rank points span
+  both nodes; the run catalog names each Slurm job (name, nodes, account, attempts) and learns what
+  the local executor learns;
+- a real `mlflow server` on the submit host tracks every point (its Slurm job and node list) and
+  its UI (headless Chromium) lists them; `system` and the collective benchmark span both nodes;
 - re-runs through Slurm: a changed value re-runs exactly its points; a deleted summary.json is
-  measured afresh;
-- without accounting a real `mlflow server` on the submit host tracks every point (its Slurm job and
-  node list) and its UI (headless Chromium) lists them; `system` and the collective benchmark span
-  both nodes;
-- the real study's GPU requests (2 nodes x 4 fake GPUs for world 8) pass `sbatch --test-only`.
+  measured afresh; names the cluster does not know, and an sbatch refusal, stop the run clearly.
 
-Time limits and job arrays: tests/test_slurm_array_faults.py. About 20 minutes on 2 cores; a cluster
-that was up before is left up, one brought up here is brought down."""
+Without accounting: tests/test_slurm_no_accounting.py. Time limits and job arrays:
+tests/test_slurm_array_faults.py. A cluster that was up before is left up, one brought up here is
+brought down."""
 
-# ruff: noqa: F811 - the cluster fixtures (clusters, slurm, slurm_accounting) are tests/slurm_cluster.py's
+# ruff: noqa: F811 - the cluster fixtures (clusters, slurm_accounting) are tests/slurm_cluster.py's
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
-from scalestudy.plan import arrays, cluster, groups, slurm_requests
+from scalestudy.benchmark import dag
+from scalestudy.plan import arrays, cluster, groups
 from tests import mlflow_server
-from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.conftest import copy_workflow
 from tests.mlflow_server import start_server, stop_server
 from tests.slurm_cluster import (  # noqa: F401 - the cluster fixtures, taken as arguments
     ACCOUNT,
@@ -54,7 +53,6 @@ from tests.slurm_cluster import (  # noqa: F401 - the cluster fixtures, taken as
     rows,
     run_documented_demo,
     shorter_demo,
-    slurm,
     slurm_accounting,
     snakemake,
     status_history,
@@ -67,62 +65,67 @@ from tests.slurm_cluster import (  # noqa: F401 - the cluster fixtures, taken as
 pytestmark = pytest.mark.slurm
 
 
-# The demo's sbatch calls, counted in slurmctld's log by the two demo fixtures: "separate" (every
-# job on its own, the way before issue 22) and "grouped" (the profiles' groups, with job arrays).
-SBATCH_CALLS: dict[str, int] = {}
+# ----------------------------------------------------------------------------- with accounting
 
 
 @pytest.fixture(scope="module")
-def demo(clusters, tmp_path_factory):
-    """The demo study (a smaller grid) through the documented commands, without accounting, every
-    job on its own (`--resources grouped=0`: the short jobs not grouped, as before issue 22),
-    tracked by a real MLflow server (tracking.uri) on the submit host."""
-    slurm = clusters.get(accounting=False)
-    root = tmp_path_factory.mktemp("slurm-demo")
+def demo_accounting(clusters, tmp_path_factory):
+    """The demo study (a smaller grid) through docs/slurm.md's container-less commands on a cluster
+    with accounting, jobs charged to an account, as a user runs them on a big grid: the profiles'
+    groups of short jobs, and job arrays for the rules `python -m scalestudy.plan.arrays` finds safe
+    (none in this smaller grid: its one sensitivity point, and world 2 spans both nodes); tracked by
+    a real MLflow server (tracking.uri) on the submit host. Every test of the study reads this one
+    run (issue 45)."""
+    slurm = clusters.get(accounting=True)
+    root = tmp_path_factory.mktemp("slurm-demo-accounting")
     workdir = copy_workflow(root / "scalestudy")
     (root / "mlflow-server").mkdir()
     server = start_server(root / "mlflow-server", MLFLOW_PORT, via=slurm.client)
 
     def change(config: dict) -> None:
-        shorter_demo(slurm)(config)
+        shorter_demo(slurm, account=ACCOUNT)(config)
         config["tracking"] = {"uri": f"http://127.0.0.1:{MLFLOW_PORT}"}
 
     configfile = write_config(workdir, "slurm-demo.yaml", change)
     READ_STORES[workdir] = f"sqlite:///{root / 'mlflow-server/mlflow.db'}"
+    config = yaml.safe_load((workdir / configfile).read_text())
+    safe = ",".join(rule for rule, why_not in arrays.array_rules(config).items() if why_not is None)
     before = controller_submissions()
     try:
-        output = run_documented_demo(slurm, workdir, configfile, "--resources", f"{groups.SLOT}=0")
-        SBATCH_CALLS["separate"] = controller_submissions() - before
-        yield workdir, configfile, output
+        output = run_documented_demo(
+            slurm, workdir, configfile, *(["--slurm-array-jobs", safe] if safe else [])
+        )
+        yield workdir, configfile, output, controller_submissions() - before
     finally:
         stop_server(server)
 
 
-# ----------------------------------------------------------------------------- without accounting
-
-
-def test_the_documented_commands_finish_the_demo_on_a_cluster_without_accounting(demo, slurm):
-    workdir, configfile, output = demo
-    assert "accounting storage is disabled" in (slurm.run("sacct").stdout + slurm.run("sacct").stderr)
+def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
+    demo_accounting, slurm_accounting
+):
+    workdir, configfile, output, _ = demo_accounting
+    slurm = slurm_accounting
+    assert slurm.run("sacct", "-X", "-n").returncode == 0
     assert (workdir / "results/report.html").stat().st_size > 100_000
-    check_jobs(slurm, workdir, output, configfile)
+    jobs = check_jobs(slurm, workdir, output, configfile)
+    check_run_records(slurm, workdir, output, account=ACCOUNT)
+    for job_id in jobs:
+        assert slurm.job(job_id)["Account"] == ACCOUNT
     sacct = json.loads((workdir / "results/tables/sacct.json").read_text())
-    assert sacct["jobs"] == {} and "disabled" in sacct["note"], sacct
+    assert sacct["note"] is None and sacct["jobs"], sacct
+    rows = catalog(workdir)
+    assert set(rows["sacct.state"]) == {"COMPLETED"}, rows["sacct.state"]
+    assert "no SLURM account" not in output and "invalid option" not in output
 
 
-def test_every_run_records_the_slurm_job_that_made_it(demo, slurm):
-    workdir, _, output = demo
-    check_run_records(slurm, workdir, output, account=None)
-
-
-def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
-    if slurm.nodes < 2:
+def test_a_two_rank_point_spans_both_nodes_with_one_result(demo_accounting, slurm_accounting):
+    if slurm_accounting.nodes < 2:
         pytest.skip("network namespaces are unavailable here: the cluster has one node")
-    workdir, _, _ = demo
+    workdir, _, _, _ = demo_accounting
     run = summaries(workdir)["scaling/strong/w2_r0"]
     assert run["provenance"]["hosts"] == ["n1", "n2"] and run["run"]["nodes"] == 2
     assert run["results"]["world_size"] == 2 and run["results"]["backend"] == "gloo"
-    assert slurm.job(run["provenance"]["slurm"]["job_id"])["NodeList"] == "n[1-2]"
+    assert slurm_accounting.job(run["provenance"]["slurm"]["job_id"])["NodeList"] == "n[1-2]"
     assert sorted(p.name for p in (workdir / "results/runs/scaling/strong/w2_r0").glob("summary*")) == [
         "summary.json"
     ]
@@ -130,10 +133,10 @@ def test_a_two_rank_point_spans_both_nodes_with_one_result(demo, slurm):
     assert "but the ranks run on" not in log, log[-3000:]  # the run config's nodes are the layout's
 
 
-def test_system_and_comm_bench_ran_as_slurm_jobs(demo, slurm):
+def test_system_and_comm_bench_ran_as_slurm_jobs(demo_accounting, slurm_accounting):
     """Each in a Slurm job of the grid's largest shape (both nodes): its own (`rule_system`,
     `rule_comm_bench`) or, as the profiles group the short jobs, the preflight group's one job."""
-    workdir, _, output = demo
+    workdir, _, output, _ = demo_accounting
     folders = {
         job: log.relative_to(workdir / ".snakemake/slurm_logs").parts[0]
         for job, log in submitted(output).items()
@@ -150,15 +153,15 @@ def test_system_and_comm_bench_ran_as_slurm_jobs(demo, slurm):
         (job_id,) = jobs
         folder = folders[job_id]  # (the table_* rules run on the submit host)
         assert folder == f"rule_{rule}" or folder.startswith(f"group_{groups.PREFLIGHT}"), folder
-        state = slurm.job(job_id)
+        state = slurm_accounting.job(job_id)
         assert state["JobState"] == "COMPLETED", state
-        assert state["NumNodes"] == str(slurm.nodes)
+        assert state["NumNodes"] == str(slurm_accounting.nodes)
 
 
-def test_the_system_table_lists_every_host(demo, slurm):
-    workdir, _, _ = demo
+def test_the_system_table_lists_every_host(demo_accounting, slurm_accounting):
+    workdir, _, _, _ = demo_accounting
     table = rows(workdir / "results/tables/system.csv")
-    expected = ["n1", "n2"][: slurm.nodes]
+    expected = ["n1", "n2"][: slurm_accounting.nodes]
     assert sorted(row["host"] for row in table) == expected
     for row in table:
         assert row["kind"] == "compute" and row["gpu_model"] == "none"  # CPU nodes: said, not guessed
@@ -166,14 +169,14 @@ def test_the_system_table_lists_every_host(demo, slurm):
         assert (workdir / "results/system" / f"{row['host']}.json").is_file()
 
 
-def test_comm_bench_spans_the_nodes(demo, slurm):
-    workdir, _, _ = demo
+def test_comm_bench_spans_the_nodes(demo_accounting, slurm_accounting):
+    workdir, _, _, _ = demo_accounting
     bench = rows(workdir / "results/comm/busbw.csv")
     assert {row["collective"] for row in bench} == {"all_reduce", "all_gather", "reduce_scatter"}
-    placement = "inter-node" if slurm.nodes == 2 else "intra-node"
+    placement = "inter-node" if slurm_accounting.nodes == 2 else "intra-node"
     for row in bench:
         assert row["world_size"] == "2" and row["backend"] == "gloo" and row["placement"] == placement
-        assert row["hosts"] == " ".join(["n1", "n2"][: slurm.nodes])
+        assert row["hosts"] == " ".join(["n1", "n2"][: slurm_accounting.nodes])
         assert float(row["time_s"]) > 0 and row["provenance.slurm.job_id"]
     fit = rows(workdir / "results/tables/comm_bench_fit.csv")
     assert {row["placement"] for row in fit} == {placement}
@@ -184,12 +187,12 @@ def test_comm_bench_spans_the_nodes(demo, slurm):
             assert row["bandwidth_gb_s"] == "", row
 
 
-def test_every_points_mlflow_run_names_its_slurm_job_and_nodes(demo, slurm):
+def test_every_points_mlflow_run_names_its_slurm_job_and_nodes(demo_accounting, slurm_accounting):
     """The demo's MLflow server: each training point's run went RUNNING when its job started on a
     compute node (its journal's start record, sent by the study's follower on the submit host) and
     FINISHED, and its tags name the Slurm job and node list that summary.json's provenance and
     Slurm itself name; rule track gave it its files and the study's run the tables and figures."""
-    workdir, configfile, output = demo
+    workdir, configfile, output, _ = demo_accounting
     client, experiment = mlflow_store(workdir, configfile)
     runs = summaries(workdir)
     assert len(runs) >= 4, sorted(runs)
@@ -200,21 +203,28 @@ def test_every_points_mlflow_run_names_its_slurm_job_and_nodes(demo, slurm):
         history = status_history(run)
         assert history[-1] == "FINISHED" and "RUNNING" in history, (point, history)
         job_id = recorded["slurm"]["job_id"]
-        assert tags.get("slurm.job_ids") == job_id == recorded["slurm_job_id"], (point, tags, job_id)
+        assert tags.get("slurm.job_ids") == job_id == recorded["slurm_job_id"], (
+            point,
+            tags,
+            job_id,
+        )
         assert job_id in submitted(output), f"{point}: job {job_id} is not one Snakemake submitted"
-        nodelist = slurm.job(job_id)["NodeList"]
-        assert tags.get("slurm.nodelists") == nodelist == recorded["slurm"]["job_nodelist"], (point, tags)
+        nodelist = slurm_accounting.job(job_id)["NodeList"]
+        assert tags.get("slurm.nodelists") == nodelist == recorded["slurm"]["job_nodelist"], (
+            point,
+            tags,
+        )
         assert tags.get("hosts") == ",".join(recorded["hosts"]), (point, tags)
         assert tags.get("attempt") == "1" and tags.get("world_size") == str(summary["run"]["world_size"])
-        assert {"summary.json", "metrics.csv", "logs"} <= set(artifacts(slurm, workdir, run.info.run_id)), (
-            point
-        )
+        assert {"summary.json", "metrics.csv", "logs"} <= set(
+            artifacts(slurm_accounting, workdir, run.info.run_id)
+        ), point
     two_nodes = runs["scaling/strong/w2_r0"]
-    if slurm.nodes == 2:
+    if slurm_accounting.nodes == 2:
         run = mlflow_run(client, experiment, "scaling/strong/w2_r0", two_nodes)
         assert run.data.tags["slurm.nodelists"] == "n[1-2]" and run.data.tags["hosts"] == "n1,n2"
     (study,) = store_runs(client, experiment, "study")
-    assert {"tables", "figures"} <= set(artifacts(slurm, workdir, study.info.run_id))
+    assert {"tables", "figures"} <= set(artifacts(slurm_accounting, workdir, study.info.run_id))
 
 
 @pytest.fixture(scope="module")
@@ -223,12 +233,12 @@ def chromium():
 
 
 def test_the_mlflow_ui_lists_every_point_of_the_demo_and_draws_a_metric_chart(
-    demo, slurm, chromium, tmp_path
+    demo_accounting, slurm_accounting, chromium, tmp_path
 ):
     """The server's UI, in headless Chromium on the submit host (as a user opens it through an SSH
     tunnel): the experiment page lists every training point of the demo, and a point's metric chart
     renders. SCALESTUDY_SCREENSHOT_DIR=docs/figures keeps the screenshot (the README's)."""
-    workdir, configfile, _ = demo
+    workdir, configfile, _, _ = demo_accounting
     client, experiment = mlflow_store(workdir, configfile)
     runs = summaries(workdir)
     points = sorted(runs)
@@ -248,130 +258,30 @@ def test_the_mlflow_ui_lists_every_point_of_the_demo_and_draws_a_metric_chart(
     assert set(points) <= nested, sorted(set(points) - nested)  # every point under its stage's run
     mlflow_server.check_ui(
         chromium, MLFLOW_PORT, experiment, study.data.tags["mlflow.runName"], len(everything),
-        run.info.run_id, tmp_path, via=slurm.client,
+        run.info.run_id, tmp_path, via=slurm_accounting.client,
     )  # fmt: skip
 
 
-def test_an_lm_point_trains_with_fsdp2_across_both_nodes(slurm, tmp_path):
-    """One point of the LM demo (config/demo-gpt.yaml): FSDP2 over gloo, a rank on each node, its
-    sharded checkpoints written by both, and only what that point needs (data, gates) run first."""
-    if slurm.nodes < 2:
-        pytest.skip("network namespaces are unavailable here: the cluster has one node")
-    workdir = copy_workflow(tmp_path / "scalestudy")
-
-    def change(config: dict) -> None:
-        config["scaling"].update(modes=["strong"], parallelism=["fsdp"])
-        config["train"].update(epochs=3, max_steps_per_epoch=6, checkpoint_every_steps=4)  # 18 >= 3 + 12
-        config["cluster"]["ranks_per_node"] = 1
-
-    configfile = write_config(workdir, "slurm-lm.yaml", change, base="config/demo-gpt.yaml")
-    point = "scaling/strong/fsdp-w2_r0"
-    run = snakemake(slurm, workdir, configfile, f"results/runs/{point}/summary.json")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-8000:]
-    summary = summaries(workdir)[point]
-    results = summary["results"]
-    assert summary["provenance"]["hosts"] == ["n1", "n2"] and summary["run"]["nodes"] == 2
-    assert (results["workload"], results["sample_unit"], results["parallelism"]) == ("gpt", "tokens", "fsdp")
-    assert results["world_size"] == 2 and results["backend"] == "gloo" and results["window_filled"]
-    assert len(results["peak_memory_bytes_per_rank"]) == 2
-    assert slurm.job(summary["provenance"]["slurm"]["job_id"])["NodeList"] == "n[1-2]"
-    log = (workdir / f"results/logs/{point}.log").read_text()
-    assert re.search(r"checkpoint \S*dcp-000000004", log), log[-3000:]  # both ranks wrote their shards
-
-
-def test_a_second_bring_up_never_stops_the_running_cluster(slurm):
-    """tests/slurm/cluster.sh takes a lock: bring-ups started together, or one of the other kind,
-    leave the running slurmctld alone."""
-    pidfile = SLURM_STATE / "run/slurmctld.pid"
-    pid = pidfile.read_text()
-    other = cluster_script("up-two-node", accounting=True, timeout=120)
-    assert other.returncode == 1 and "not replacing" in other.stderr, other.stderr
-    together = [
-        subprocess.Popen(["bash", str(CLUSTER_SH), "up-two-node"], stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    for process in together:
-        _, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0 and "already up" in stderr, stderr
-    assert pidfile.read_text() == pid
-    assert cluster_script("status").stdout.split() == ["up", str(slurm.nodes), "no-accounting"]
-
-
-@pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_slurm_accepts_the_real_studys_gpu_requests(slurm, world, tmp_path):
-    """config/config.yaml's geometry (4 GPUs per node), with CPUs and memory shrunk to the toy
-    nodes, through the plugin's own sbatch builder, checked by `sbatch --test-only`."""
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    config["cluster"].update(cpus_per_rank=1, mem_mb_per_rank=100)
-    nodes, per_node = cluster.layout(config, world)
-    if nodes > slurm.nodes:
-        pytest.skip(f"world {world} needs {nodes} nodes; the test cluster has {slurm.nodes}")
-    sbatch = slurm_requests.sbatch_command(cluster.train_resources(config, world, 1), threads=world)
-    result = slurm.run("sh", "-c", f"{sbatch} --test-only --wrap=true", cwd=tmp_path)
-    assert result.returncode == 0, f"{sbatch}\n{result.stderr}"
-    match = re.search(r"using (\d+) processors on nodes (\S+)", result.stderr)
-    assert match, result.stderr
-    assert int(match[1]) == world  # one CPU per rank here
-    hosts = subprocess.run(
-        [*slurm.client, "scontrol", "show", "hostnames", match[2]], capture_output=True, text=True
-    ).stdout.split()
-    assert len(hosts) == nodes, (sbatch, result.stderr)
-    assert shlex.split(sbatch).count(f"--gres=gpu:{per_node}") == 1
-
-
-# ----------------------------------------------------------------------------- with accounting
-
-
-@pytest.fixture(scope="module")
-def demo_accounting(clusters, tmp_path_factory):
-    """The same documented commands on a cluster with accounting, jobs charged to an account, as a
-    user runs them on a big grid: the profiles' groups of short jobs, and job arrays for the rules
-    `python -m scalestudy.plan.arrays` finds safe (none in this smaller grid: its one sensitivity
-    point, and world 2 spans both nodes)."""
-    slurm = clusters.get(accounting=True)
-    workdir = copy_workflow(tmp_path_factory.mktemp("slurm-demo-accounting") / "scalestudy")
-    configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm, account=ACCOUNT))
-    config = yaml.safe_load((workdir / configfile).read_text())
-    safe = ",".join(rule for rule, why_not in arrays.array_rules(config).items() if why_not is None)
-    before = controller_submissions()
-    output = run_documented_demo(slurm, workdir, configfile, *(["--slurm-array-jobs", safe] if safe else []))
-    SBATCH_CALLS["grouped"] = controller_submissions() - before
-    return workdir, configfile, output
-
-
-def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
-    demo_accounting, slurm_accounting
-):
-    workdir, configfile, output = demo_accounting
-    slurm = slurm_accounting
-    assert slurm.run("sacct", "-X", "-n").returncode == 0
-    assert (workdir / "results/report.html").stat().st_size > 100_000
-    jobs = check_jobs(slurm, workdir, output, configfile)
-    check_run_records(slurm, workdir, output, account=ACCOUNT)
-    for job_id in jobs:
-        assert slurm.job(job_id)["Account"] == ACCOUNT
-    sacct = json.loads((workdir / "results/tables/sacct.json").read_text())
-    assert sacct["note"] is None and sacct["jobs"], sacct
-    rows = catalog(workdir)
-    assert set(rows["sacct.state"]) == {"COMPLETED"}, rows["sacct.state"]
-    assert "no SLURM account" not in output and "invalid option" not in output
-
-
 def test_grouped_short_jobs_halve_the_sbatch_calls_and_learn_what_the_local_executor_learns(
-    demo, demo_accounting, slurm_accounting, tmp_path_factory
+    demo_accounting, slurm_accounting, tmp_path_factory
 ):
-    """Issue 22, the same smaller demo twice: every job on its own (`demo`, as before) and as a user
-    runs it now (`demo_accounting`: the profiles' groups of short jobs, and arrays where safe). The
-    second makes at most half the sbatch calls (slurmctld's log, and Snakemake's own count); its
-    preflight is ONE Slurm job shaped like the grid's largest training job; and its run catalog's
-    learning columns equal those of the local executor on the same config (throughput and timings
-    aside), run here for the catalog only (what its training points need)."""
-    _, _, separate_output = demo
-    workdir, configfile, output = demo_accounting
-    before, after = SBATCH_CALLS["separate"], SBATCH_CALLS["grouped"]
-    print(f"sbatch calls of the smaller demo: {before} as separate jobs, {after} grouped")
-    assert "Group job" not in separate_output and before == len(submitted(separate_output)), before
-    assert after == len(submitted(output)) and after <= before / 2, (before, after)
+    """Issue 22, on the demo as a user runs it (the profiles' groups of short jobs, and arrays where
+    safe): at most half the sbatch calls (slurmctld's log, and Snakemake's own count) of the jobs
+    its plan sends to the cluster (Snakemake's "Job stats" less the submit host's rules), each of
+    which would be one sbatch call on its own; its preflight is ONE Slurm job shaped like the grid's
+    largest training job; and its run catalog's learning columns equal those of the local executor
+    on the same config (throughput and timings aside), run here for the catalog only (what its
+    training points need)."""
+    workdir, configfile, output, grouped = demo_accounting
+    config = yaml.safe_load((workdir / configfile).read_text())
+    planned = dag.job_counts(output)
+    on_cluster = {
+        rule: n for rule, n in planned.items() if rule != "all" and not cluster.on_submit_host(config, rule)
+    }
+    separate = sum(on_cluster.values())
+    print(f"sbatch calls of the smaller demo: {separate} jobs on the cluster, {grouped} sbatch calls grouped")
+    assert separate > 10 and "Group job" in output, planned
+    assert grouped == len(submitted(output)) and grouped <= separate / 2, (separate, grouped)
     config = yaml.safe_load((workdir / configfile).read_text())
     logs = workdir / ".snakemake/slurm_logs"
     jobs = {job: log.relative_to(logs).parts[0] for job, log in submitted(output).items()}
@@ -389,7 +299,7 @@ def test_a_changed_value_reruns_exactly_the_points_that_carry_it_through_slurm(
 ):
     """sensitivity.epochs is carried by the sensitivity points only: they (and what reads them)
     re-run with new outputs, no job fails, every other run is left as it was."""
-    workdir, configfile, _ = demo_accounting
+    workdir, configfile, _, _ = demo_accounting
     before = summaries(workdir)
     config = yaml.safe_load((workdir / configfile).read_text())
     config["sensitivity"]["epochs"] += 1
@@ -411,7 +321,7 @@ def test_a_changed_value_reruns_exactly_the_points_that_carry_it_through_slurm(
 
 
 def test_a_deleted_summary_is_measured_afresh_through_slurm(demo_accounting, slurm_accounting):
-    workdir, configfile, _ = demo_accounting
+    workdir, configfile, _, _ = demo_accounting
     point = "scaling/strong/w2_r0"
     old = summaries(workdir)[point]
     target = f"results/runs/{point}/summary.json"
@@ -441,7 +351,7 @@ def test_a_name_the_cluster_does_not_know_stops_the_run_in_seconds_with_nothing_
 ):
     """docs/slurm.md followed with a partition, account or QOS the cluster does not have: the run stops
     before its first submission, naming the setting and what the cluster has (sinfo, sacctmgr)."""
-    workdir, _, _ = demo_accounting
+    workdir, _, _, _ = demo_accounting
     badconfig = bad_config(workdir, slurm_accounting, f"slurm-bad-{next(iter(setting))}.yaml", **setting)
     before, started = controller_submissions(), time.monotonic()
     run = snakemake(slurm_accounting, workdir, badconfig, timeout=300)
@@ -451,29 +361,13 @@ def test_a_name_the_cluster_does_not_know_stops_the_run_in_seconds_with_nothing_
     assert time.monotonic() - started < 60
 
 
-def test_without_accounting_an_account_is_taken_with_a_warning_that_it_cannot_be_checked(demo, slurm):
-    """The preview command (docs/slurm.md) runs the same check as the workflow: on a cluster without
-    accounting Slurm accepts any account, which is a warning saying so, not an error."""
-    workdir, _, _ = demo
-    badconfig = bad_config(workdir, slurm, "slurm-acct.yaml", account="nosuchacct", partition="debug")
-    preview = slurm.run(
-        sys.executable, "-m", "scalestudy.plan.slurm_requests", "--configfile", badconfig,
-        cwd=workdir, env=snakemake_env(), timeout=120,
-    )  # fmt: skip
-    assert preview.returncode == 0, preview.stdout[-2000:] + preview.stderr[-2000:]
-    assert "warning: cluster.account 'nosuchacct' cannot be checked: this cluster keeps no accounting" in (
-        preview.stdout
-    )
-    assert "error:" not in preview.stdout
-
-
 def test_an_sbatch_refusal_inside_a_group_shows_sbatchs_message_and_no_earlier_runs_log(
     demo_accounting, slurm_accounting
 ):
     """Memory above what a node has: sbatch refuses the preflight group. Snakemake says "message: None"
     for a group; the workflow prints sbatch's own message when it ends, and the earlier run's logs of
     the refused jobs are set aside (never shown as this run's)."""
-    workdir, _, _ = demo_accounting
+    workdir, _, _, _ = demo_accounting
     earlier = workdir / "results/logs/smoke/train_w2.log"
     earlier_text = earlier.read_text()
     assert earlier_text.strip(), "the demo left no smoke log"

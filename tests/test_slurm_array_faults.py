@@ -63,12 +63,12 @@ PACE_S = 0.5
 BATCH = 64
 STEPS_PER_EPOCH = 80  # train_per_class 512: 5,120 images, 80 steps of 64
 WORK_STEPS = 160
-# The many-points sweep's size: 8 in CI, in arrays of 3 (three arrays, the last one short, as 200
+# The many-points sweep's size: 5 in CI, in arrays of 2 (three arrays, the last one short, as 200
 # points make four of 50 and the CPU cost is per point); SCALESTUDY_SWEEP_POINTS=200 runs the
 # issue's 200 points (21 minutes here: ~10 CPU-s a point; python -m scalestudy.benchmark.slurm_sweep
 # is the same).
-POINTS = int(os.environ.get("SCALESTUDY_SWEEP_POINTS", "8"))
-CI_CHUNK = 3
+POINTS = int(os.environ.get("SCALESTUDY_SWEEP_POINTS", "5"))
+CI_CHUNK = 2
 
 
 def gate(slurm: Cluster, workdir: Path, configfile: str) -> None:

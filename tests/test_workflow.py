@@ -16,18 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalestudy.benchmark import dag
 from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env
 
 pytestmark = pytest.mark.slow
-
-
-def job_stats(output: str) -> dict[str, int]:
-    """The 'Job stats' table Snakemake prints for a plan: rule name -> job count."""
-    match = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", output, re.S)
-    if match is None:
-        return {}
-    rows = (line.split() for line in match.group(1).splitlines() if line.strip())
-    return {name: int(count) for name, count in rows}
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +261,7 @@ def test_a_title_change_rewrites_only_the_paper(demo_run):
     config["study"]["title"] = "Another title"
     path = demo_run / "config/demo-title.yaml"
     path.write_text(yaml.safe_dump(config))
-    plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+    plan = dag.job_counts(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
     paper = {"paper_numbers", "paper_draft"} | ({"paper_pdf"} if shutil.which("latexmk") else set())
     # track: the new paper into MLflow; crate: the study's crate, written again with it
     assert set(plan) - {"all"} == paper | {"track", "crate"}
@@ -280,7 +272,7 @@ def _plan_with(demo_run: Path, name: str, change) -> dict[str, int]:
     change(config)
     path = demo_run / f"config/demo-{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+    return dag.job_counts(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
 
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
@@ -310,7 +302,7 @@ def changed_sensitivity_config(workdir: Path) -> tuple[Path, float, float]:
 
 def test_changing_one_sensitivity_value_plans_only_the_affected_jobs(demo_run):
     path, _, _ = changed_sensitivity_config(demo_run)
-    plan = job_stats(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
+    plan = dag.job_counts(run_snakemake(demo_run, "--dry-run", "--configfile", str(path)).stdout)
     config = yaml.safe_load(path.read_text())
     sweep = config["sensitivity"]["axes"]
     assert plan.get("sensitivity_run") == len(sweep["precision"]) * len(sweep["per_gpu_batch"])
@@ -324,7 +316,7 @@ def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     target = f"results/runs/sensitivity/fp32/bs{batch}_bucket{new}/summary.json"
     # The target goes first: --configfile takes every word after it.
     result = run_snakemake(demo_run, target, "--configfile", str(path))
-    assert job_stats(result.stdout + result.stderr) == {"sensitivity_run": 1}
+    assert dag.job_counts(result.stdout + result.stderr) == {"sensitivity_run": 1}
     assert (demo_run / target).stat().st_size > 0
 
 

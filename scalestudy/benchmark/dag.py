@@ -8,6 +8,7 @@ from the workflow's own code (Snakefile, rules/*.smk, scalestudy/).
 from __future__ import annotations
 
 import pstats
+import re
 import subprocess
 import sys
 import time
@@ -54,6 +55,16 @@ def planned_jobs(output: str) -> int | None:
         if len(fields) == 2 and fields[0] == "total" and fields[1].isdigit():
             return int(fields[1])
     return None
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Rule name -> job count of the first 'Job stats' table in Snakemake's output (a plan's or a
+    run's; the total left out); {} where it printed none."""
+    match = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+\d+", output, re.S)
+    if match is None:
+        return {}
+    rows = (line.split() for line in match.group(1).splitlines() if line.strip())
+    return {name: int(count) for name, count in rows}
 
 
 def profile_dry_run(configfile: str | Path, stats_path: str | Path, cwd: Path = REPO) -> pstats.Stats:

@@ -61,12 +61,8 @@ def _names_workloads(given: Mapping[str, Any]) -> bool:
 
 
 def load_schema(path: str | os.PathLike) -> dict:
-    """A schema file other than the package's. PyYAML imported here, not at module level: the
-    Snakefile imports this module when it parses the workflow."""
-    import yaml
-
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+    """A schema file other than the package's, its $refs to other files inlined (schema.read)."""
+    return schema.read(path)
 
 
 def problems_of(

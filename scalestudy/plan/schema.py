@@ -1,9 +1,13 @@
-"""The study config's schema (schema.yaml, shipped with the package): its path and its defaults.
+"""The study config's schema (schema.yaml and schema/*.yaml, shipped with the package): its path, the
+one loader that reads it whole, and its defaults.
 
-The one place every default of the study config lives. The Snakefile validates the config against
-`PATH` (snakemake.utils.validate fills the defaults in); library code that is given a part of a
-config fills the rest from `defaults(section)`. config/schema.yaml in the repository is a link to
-this file. Read with importlib.resources, so an installed package finds it too.
+The one place every default of the study config lives. schema.yaml is the top document: the sections,
+which are required and which default to {}, the shared $defs; each section's keys live in the
+schema/<file>.yaml its $ref names. The Snakefile validates the config against `PATH` (as the JSON of
+`load()`; snakemake.utils.validate fills the defaults in and follows the $refs itself when handed the
+file); library code that is given a part of a config fills the rest from `defaults(section)`.
+config/schema.yaml in the repository is a link to the top document. Found with importlib.resources,
+so an installed package finds it too.
 """
 
 from __future__ import annotations
@@ -16,28 +20,112 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 # A real file in a source checkout and in an installed (unzipped) package, as the Snakefile needs it.
 PATH = str(importlib.resources.files("scalestudy.plan").joinpath("schema.yaml"))
 
+# What a $ref into another file may have beside it: annotations, and the section's default, which
+# snakemake.utils.validate fills in only where it stands beside the $ref (it never follows one for it).
+BESIDE_REF = frozenset({"default", "description", "title", "$comment"})
+
+
+class SchemaError(ValueError):
+    """A schema file that cannot be read whole (a $ref that leads nowhere): one line naming the file."""
+
+
+def read(path: str | os.PathLike, loader: Any = None) -> dict[str, Any]:
+    """The schema file at `path` as one document: each $ref into another file -- relative to the file
+    that holds it, symlinks resolved, as snakemake.utils.validate follows it -- replaced by what it
+    points at (with the keys beside the $ref, BESIDE_REF only, none the target gives too), each $ref
+    into `path` itself made local ("#/$defs/positive_int"). `loader`: PyYAML's, libyaml's if unset.
+    Raises SchemaError naming the file."""
+    root = Path(path).resolve()
+    inliner = _Inliner(root, loader)
+    return inliner.walk(inliner.document(root), root)
+
+
+class _Inliner:
+    def __init__(self, root: Path, loader: Any) -> None:
+        self.root, self.loader, self.files, self.following = root, loader, {}, []
+
+    def document(self, path: Path, where: str = "") -> Any:
+        if path not in self.files:
+            # PyYAML imported here, not at module level: the Snakefile imports this module when it
+            # parses the workflow, and the modules it imports import no third-party package then.
+            import yaml
+
+            # libyaml's loader where PyYAML has it: 12 ms for the schema's files where the pure-Python
+            # one takes 73 ms, in every process that reads it (each Snakemake process, each Slurm job's).
+            loader = self.loader or getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            try:
+                self.files[path] = yaml.load(path.read_text(encoding="utf-8"), loader)
+            except OSError as error:
+                raise SchemaError(f"{where or path}: cannot read {path} ({error.strerror})") from None
+            except yaml.YAMLError as error:
+                raise SchemaError(f"{path}: not YAML: {' '.join(str(error).split())}") from None
+        return self.files[path]
+
+    def walk(self, value: Any, here: Path) -> Any:
+        if isinstance(value, list):
+            return [self.walk(item, here) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if isinstance(value.get("$ref"), str):
+            return self.follow(value, here)
+        return {key: self.walk(item, here) for key, item in value.items()}
+
+    def follow(self, node: dict[str, Any], here: Path) -> dict[str, Any]:
+        ref = node["$ref"]
+        where = f"{here}: $ref {ref!r}"
+        name, _, fragment = ref.partition("#")
+        target = (here.parent / name).resolve() if name else here
+        beside = {key: self.walk(value, here) for key, value in node.items() if key != "$ref"}
+        found = _pointer(self.document(target, where), fragment, where)
+        if target == self.root:  # the top document's own $defs: stays a $ref, made local
+            if not fragment.strip("/"):
+                raise SchemaError(f"{where}: names the whole top document, not a part of it")
+            return {"$ref": f"#{fragment}", **beside}
+        if (target, fragment) in self.following:
+            raise SchemaError(f"{where}: leads back to itself")
+        self.following.append((target, fragment))
+        found = self.walk(found, target)
+        self.following.pop()
+        if not isinstance(found, dict):
+            raise SchemaError(f"{where}: points at {type(found).__name__}, not a schema")
+        found = {key: value for key, value in found.items() if key not in ("$schema", "$id")}
+        clash = sorted((set(beside) - BESIDE_REF) | (set(beside) & set(found)))
+        if clash:
+            allowed = ", ".join(sorted(BESIDE_REF))
+            raise SchemaError(f"{where}: {', '.join(clash)} beside it (only {allowed}; none the target has)")
+        return {**found, **beside}
+
+
+def _pointer(document: Any, fragment: str, where: str) -> Any:
+    """The part of `document` a $ref's fragment ("/$defs/train", a JSON pointer) names."""
+    if fragment and not fragment.startswith("/"):
+        raise SchemaError(f"{where}: only JSON-pointer fragments (#/...) are followed")
+    found = document
+    for part in fragment.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        try:
+            found = found[int(part)] if isinstance(found, list) else found[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise SchemaError(f"{where}: no {part!r} there") from None
+    return found
+
 
 @functools.lru_cache(maxsize=1)
 def _load() -> dict[str, Any]:
-    # PyYAML imported here, not at module level: the Snakefile imports this module when it parses the
-    # workflow, and the modules it imports import no third-party package at module level.
-    import yaml
-
-    # libyaml's loader where PyYAML has it: 13 ms for the schema where the pure-Python one takes 123 ms,
-    # in every process that reads it (each Snakemake process, each Slurm job's included).
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(importlib.resources.files("scalestudy.plan").joinpath("schema.yaml").read_text(), loader)
+    return read(PATH)
 
 
 @contextlib.contextmanager
 def as_json_file() -> Iterator[str]:
-    """The schema as a temporary JSON file, for Snakemake's validate(): it reads a JSON schema in
-    under a millisecond, a YAML one with pure-Python YAML in ~120 ms (in every Snakemake process)."""
+    """The schema as a temporary JSON file, one document (load()'s, its $refs inlined), for Snakemake's
+    validate(): it reads a JSON schema in under a millisecond, the YAML files with pure-Python YAML in
+    ~120 ms (in every Snakemake process)."""
     handle, path = tempfile.mkstemp(prefix="scalestudy-schema-", suffix=".json")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -48,7 +136,7 @@ def as_json_file() -> Iterator[str]:
 
 
 def load() -> dict[str, Any]:
-    """The schema as a mapping (a copy: callers may change it)."""
+    """The schema as a mapping, its sections' $refs inlined (a copy: callers may change it)."""
     return copy.deepcopy(_load())
 
 
@@ -87,5 +175,5 @@ def section(name: str) -> dict[str, Any]:
 
 
 def defaults(name: str) -> dict[str, Any]:
-    """{key: default} of a section's settings, as schema.yaml gives them (None where it gives none)."""
+    """{key: default} of a section's settings, as its schema/*.yaml gives them (None where it gives none)."""
     return {key: copy.deepcopy(spec.get("default")) for key, spec in node(name)["properties"].items()}

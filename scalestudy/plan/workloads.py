@@ -114,7 +114,7 @@ def default_optimizer(name: str | None) -> str | None:
 
 def schema_problems(node: Mapping[str, Any]) -> list[str]:
     """The schema's workload.name enum against the registry: a name without a package, or a package
-    the schema does not list (add its name to the enum in scalestudy/plan/schema.yaml)."""
+    the schema does not list (add its name to the enum in scalestudy/plan/schema/workload.yaml)."""
     name = node.get("properties", {}).get("workload", {}).get("properties", {}).get("name", {})
     enum = list(name.get("enum") or [])
     problems = [

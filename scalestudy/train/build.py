@@ -1,8 +1,8 @@
 """What the trainer's setup builds (scalestudy.train.trainer.Trainer.setup), each piece given what it
-reads: the ranks (process groups, every rank's facts), the model prepared for its parallelism
-(scalestudy.train.parallel) and compiled, the optimizer and schedule (scalestudy.train.optim), the
-mixed precision (autocast dtype, grad scaler) and an attempt's steady-state window
-(scalestudy.train.steady)."""
+reads: the ranks (process groups, every rank's facts), the GPU monitor, the model prepared for its
+parallelism (scalestudy.train.parallel) and compiled, the optimizer and schedule
+(scalestudy.train.optim), the mixed precision (autocast dtype, grad scaler) and an attempt's
+steady-state window (scalestudy.train.steady)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,18 @@ def rank_info(dist_env: distributed.DistEnv, device: torch.device) -> dict[str, 
     }
 
 
+def gpu_monitor(
+    device: torch.device, interval_s: float, t0: float, rank: int, ranks: list[dict[str, Any]]
+) -> monitor.GpuMonitor:
+    """This rank's GPU monitor, started: every rank samples its own GPU (by UUID), the job's processes
+    told apart by the ranks' PIDs (`ranks`: rank_info of each); NVML opens on the monitor's thread
+    while the data and model load; rank 0 writes the gathered reports at the run's end."""
+    job = monitor.job_on_host(ranks, socket.gethostname())
+    sampler = monitor.for_device(device, interval_s, t0, rank, job=job)
+    sampler.start(background=True)
+    return sampler
+
+
 def prepare_model(
     model: torch.nn.Module,
     settings: ParallelSettings,
@@ -83,14 +95,18 @@ def prepare_model(
 
 
 def optimizer_and_schedule(
-    model: torch.nn.Module, config: dict[str, Any], sharded: bool, steps_per_epoch: int, total_steps: int
+    model: torch.nn.Module,
+    settings: optim.OptimizerSettings,
+    schedule: optim.ScheduleSettings,
+    sharded: bool,
+    steps: tuple[int, int],
 ):
-    """(peak learning rate, optimizer, scheduler): lr scaled for the global batch, warm-up in steps."""
-    c = config
-    peak_lr = c["lr"] * optim.lr_scale(c["lr_scaling"], c["global_batch"], c["base_batch"])
-    settings = optim.OptimizerSettings.from_config(c)
+    """(peak learning rate, optimizer, scheduler): lr scaled for the global batch, warm-up in steps;
+    `steps`: (per epoch, in all)."""
+    steps_per_epoch, total_steps = steps
+    peak_lr = schedule.peak_lr()
     optimizer = optim.build_optimizer(model, settings, peak_lr, sharded=sharded)
-    warmup_steps = round(c["warmup_epochs"] * steps_per_epoch)
+    warmup_steps = round(schedule.warmup_epochs * steps_per_epoch)
     return peak_lr, optimizer, optim.build_scheduler(optimizer, warmup_steps, total_steps)
 
 

@@ -70,6 +70,26 @@ class OptimizerSettings:
         return cls(optimizer_name(config), filled["optimizer_impl"] or "auto", *(filled[k] for k in keys))
 
 
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """What the learning rate and its schedule read of a run config (from_config)."""
+
+    lr: float  # at base_batch
+    lr_scaling: str  # linear, sqrt or none (lr_scale)
+    global_batch: int
+    base_batch: int
+    warmup_epochs: float
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ScheduleSettings:
+        keys = ("lr", "lr_scaling", "global_batch", "base_batch", "warmup_epochs")
+        return cls(*(config[key] for key in keys))
+
+    def peak_lr(self) -> float:
+        """lr scaled for the global batch."""
+        return self.lr * lr_scale(self.lr_scaling, self.global_batch, self.base_batch)
+
+
 def implementation(settings: OptimizerSettings, sharded: bool) -> dict[str, bool]:
     """The optimizer's keyword for `optimizer_impl`: {"fused": True}, {"foreach": True} or
     {"foreach": False} (a loop over the parameters); auto: fused, but foreach for SGD over DTensors."""

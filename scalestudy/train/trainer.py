@@ -4,8 +4,10 @@ In the order it happens: ranks and devices -> data and model (the workload's: sc
 -> data parallelism (scalestudy.train.parallel) -> optimizer and schedule (scalestudy.train.optim)
 -> resume (scalestudy.train.checkpoint.manager.Checkpointer) -> training loop -> results
 (scalestudy.train.results). What setup builds is made by scalestudy.train.build, the epoch's
-totals, evaluation, metrics rows and progress lines by scalestudy.train.bookkeeping: each is given
-what it reads, not the run config. Trainer.train_step is one optimizer step, read top to bottom;
+totals and evaluation by scalestudy.train.bookkeeping; its components are each given what they read,
+not the run config: the epoch's batches (scalestudy.train.epoch_data), the step's forward, backward
+and update (scalestudy.train.optimizer_step), the progress lines and metrics rows
+(scalestudy.train.reporting). Trainer.train_step is one optimizer step, read top to bottom;
 train_epoch puts around it the profiler window, the epoch's totals, the steady-state window
 (scalestudy.train.steady), progress lines, checkpoint cadence and stop signals. Rank 0 writes the
 run folder once, at the end (gpu_monitor.*, metrics.csv, steps.csv, then summary.json), every file
@@ -17,7 +19,6 @@ are in docs/architecture.md, "The trainer's choices".
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,15 @@ from scalestudy import workloads as workload_code
 from scalestudy.contract import EXIT_RESUMABLE  # noqa: F401 (the trainer's exit code, as tests read it)
 from scalestudy.launch import distributed
 from scalestudy.plan import workloads
-from scalestudy.train import accumulation, bookkeeping, build, parallel, startup, steady
+from scalestudy.train import bookkeeping, build, optim, parallel, startup, steady
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train.checkpoint.manager import Checkpointer, CheckpointSettings
+from scalestudy.train.epoch_data import EpochData
 from scalestudy.train.journal import NULL_RUN
+from scalestudy.train.optimizer_step import OptimizerStep, StepSettings
 from scalestudy.train.parallel import ParallelSettings
 from scalestudy.train.ranges import ProfileWindow, named_range
+from scalestudy.train.reporting import ReportSettings, RunReport
 from scalestudy.train.results import RunResults, steady_result
 from scalestudy.train.state import EpochMeter, EpochProgress, Position, RunState, StepTimer, StopRequest
 from scalestudy.workloads.built import Built
@@ -64,14 +68,13 @@ class Trainer:
     workload: workloads.Workload
     state: RunState  # position, the epoch's totals, history: what checkpoints hold of the run
     control_group: Any  # the gloo group the ranks agree on stopping over (None with one rank)
-    next_epoch_batches: dict[tuple[int, int], Any]  # (epoch, step) -> its batches, made early
     # built by setup(), in this order
     ranks: list[dict[str, Any]]  # every rank's host, device and start time
     t0: float  # rank 0's start (time.time()): the time base of the GPU monitor and the window
-    train_data: Any  # the workload's loaders: steps_per_epoch, epoch(epoch, start_step)
-    test_data: Any
+    data: EpochData  # the workload's loaders, each epoch's batches
     steps_per_epoch: int
     total_steps: int
+    report: RunReport  # progress lines, metrics rows, the time to target
     built: Built  # the bare model and its facts (parameters, FLOPs)
     # rank 0's MLflow run while program.run tracks it (scalestudy.train.journal); off: does nothing
     live: Any = NULL_RUN
@@ -82,6 +85,7 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: build.MixedPrecision  # autocast dtype and grad scaler
+    optimizer_step: OptimizerStep  # forward and backward, clipping, optimizer and schedule
     checkpointer: Checkpointer
     window: ProfileWindow
     monitor: monitor.GpuMonitor
@@ -100,7 +104,6 @@ class Trainer:
         self.workload = workloads.get(config["workload"])
         self.state = RunState()
         self.control_group = None
-        self.next_epoch_batches = {}
         self.parallel_settings = ParallelSettings.from_config(config)
 
     # -- setup, in the order it happens --
@@ -113,20 +116,31 @@ class Trainer:
         )
         self.t0 = self.ranks[0]["time"]
         startup.mark("process_group")
-        # every rank samples its own GPU (by UUID), the job's processes told apart by the ranks' PIDs;
-        # NVML opens on the monitor's thread while the data and model load; rank 0 writes the
-        # gathered reports in finish()
-        job = monitor.job_on_host(self.ranks, socket.gethostname())
-        self.monitor = monitor.for_device(self.device, c["monitor_interval_s"], self.t0, self.rank, job=job)
-        self.monitor.start(background=True)
+        self.monitor = build.gpu_monitor(self.device, c["monitor_interval_s"], self.t0, self.rank, self.ranks)
         self.build_data()
+        steps = (self.steps_per_epoch, self.total_steps)
+        settings = ReportSettings.of(c, steps, self.world_size, self.workload.sample_unit)
+        self.report = RunReport(settings, self.state)
         startup.mark("data")
         self.build_model()
         startup.mark("model")
         self.peak_lr, self.optimizer, self.scheduler = build.optimizer_and_schedule(
-            self.model, c, self.wrapped.sharded, self.steps_per_epoch, self.total_steps
+            self.model,
+            optim.OptimizerSettings.from_config(c),
+            optim.ScheduleSettings.from_config(c),
+            self.wrapped.sharded,
+            steps,
         )
         self.precision = build.MixedPrecision.of(c["precision"], self.device, self.wrapped)
+        self.optimizer_step = OptimizerStep(
+            StepSettings.from_config(c),
+            self.model,
+            self.wrapped.module,
+            self.train_model,
+            self.optimizer,
+            self.scheduler,
+            self.precision,
+        )
         self.checkpointer = Checkpointer(
             CheckpointSettings.from_config(c, self.config_hash),
             sharded=self.workload.reshardable,
@@ -145,11 +159,9 @@ class Trainer:
 
     def build_data(self) -> None:
         runtime = workload_code.runtime(self.workload.name)
-        self.train_data, self.test_data = runtime.build_data(
-            self.config, self.rank, self.world_size, self.device
-        )
-        self.steps_per_epoch = self.train_data.steps_per_epoch
-        self.total_steps = self.config["epochs"] * self.steps_per_epoch
+        loaders = runtime.build_data(self.config, self.rank, self.world_size, self.device)
+        self.data = EpochData(*loaders, self.config["epochs"])
+        self.steps_per_epoch, self.total_steps = self.data.steps_per_epoch, self.data.total_steps
 
     def build_model(self) -> None:
         built = workload_code.runtime(self.workload.name).build_model(self.config, self.device)
@@ -170,8 +182,7 @@ class Trainer:
     def fit(self, stop: StopRequest) -> int:
         c = self.config
         self.state.start_attempt()
-        batches, steps = (c["per_gpu_batch"], c["global_batch"]), (self.steps_per_epoch, c["epochs"])
-        bookkeeping.log_start(self.world_size, batches, steps, self.peak_lr, self.device)
+        self.report.start(self.peak_lr, self.device)
         bookkeeping.warn_if_paced(c["min_step_s"])
         measure = tuple(c[f"measure_{key}"] for key in ("warmup_steps", "steps", "intervals", "seconds"))
         self.steady = build.steady_window(measure, self.device, self.t0, self.synchronize, self.control_group)
@@ -195,16 +206,13 @@ class Trainer:
         epoch = self.state.position.epoch
         self.train_model.train()
         meter = EpochMeter(self.state.progress, self.device, self.is_main)
-        batches = self.epoch_batches(epoch, self.state.position.step)
+        batches = self.data.batches(epoch, self.state.position.step)
         for step in range(self.state.position.step, self.steps_per_epoch):
             started = time.monotonic()
             self.profile_step(meter.clock)
             timer = StepTimer(self.device, self.times_this_step())
             y, predicted, loss = self.train_step(batches, timer)
-            if step + 1 == self.steps_per_epoch and epoch + 1 < self.config["epochs"]:
-                # The next epoch's plan (permutation, augmentation draws, one copy to the device),
-                # made while the device still runs this step rather than after the epoch end's sync.
-                self.next_epoch_batches = {(epoch + 1, 0): self.train_data.epoch(epoch + 1, 0)}
+            self.data.step_done(epoch, step)  # the next epoch's plan, in its last step
             bookkeeping.hold_step(self.config["min_step_s"], started)  # before the window counts it
             self.count_step(meter, y, predicted, loss, timer)
             stopping = stop.agreed(self.control_group)
@@ -217,8 +225,8 @@ class Trainer:
 
     def train_step(self, batches, timer: StepTimer):
         """One optimizer step: batch, forward and backward (DDP's all-reduce; per chunk of
-        micro_batch samples where it is set), clipping, optimizer and schedule; `timer` times the
-        phases of a sampled step, the window's `parts` where a measured step goes
+        micro_batch samples where it is set), clipping, optimizer and schedule (OptimizerStep);
+        `timer` times the phases of a sampled step, the window's `parts` where a measured step goes
         (scalestudy.train.step_parts)."""
         parts = self.steady.parts
         with named_range("step"):
@@ -227,48 +235,13 @@ class Trainer:
                 x, y = next(batches)
             parts.data_ready()
             timer.mark("data")
-            predicted, loss = self.forward_backward(x, y, timer)
+            predicted, loss = self.optimizer_step.forward_backward(x, y, timer, parts.backward_done)
             with named_range("optimizer"):
-                self.clip_gradients()
-                self.precision.scaler.step(self.optimizer)
-                self.precision.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
+                self.optimizer_step.update()
             timer.mark("optimizer")
         return y, predicted, loss
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, timer: StepTimer):
-        """The batch's gradients, over the ranks: one forward and backward, or one per chunk of
-        micro_batch samples with the gradients synchronised in the last one's backward
-        (scalestudy.train.accumulation); `timer` adds up the chunks' phases. Returns the predicted
-        classes (a callable: the argmax is taken where counted only, but as each chunk goes with
-        micro_batch, whose chunks' logits are not kept) and the batch's mean loss."""
-        chunks = accumulation.chunks(x, y, self.config["micro_batch"])
-        losses, predicted = [], []
-        for index, (x_chunk, y_chunk, weight) in enumerate(chunks):
-            last = index == len(chunks) - 1
-            with accumulation.gradient_sync(self.wrapped.module, sync=last):
-                with named_range("forward"), self.precision.autocast():
-                    logits = self.train_model(x_chunk)
-                    loss = self.loss(logits, y_chunk)
-                    loss = loss if weight == 1.0 else loss * weight
-                timer.mark("forward")
-                with named_range("backward"):
-                    self.precision.scaler.scale(loss).backward()
-            losses.append(loss.detach())
-            predicted.append(logits.detach() if len(chunks) == 1 else logits.detach().argmax(-1))
-            if last:
-                self.steady.parts.backward_done()
-            timer.mark("backward_allreduce")
-        if len(chunks) == 1:
-            return lambda: predicted[0].argmax(-1), losses[0]
-        return lambda: torch.cat(predicted), torch.stack(losses).sum()
-
     # -- around the step --
-
-    def epoch_batches(self, epoch: int, start_step: int):
-        prepared = self.next_epoch_batches.pop((epoch, start_step), None)
-        return iter(prepared or self.train_data.epoch(epoch, start_step))
 
     def times_this_step(self) -> bool:
         """steps.csv samples every step_timing_every-th step, none inside the steady window or the
@@ -282,7 +255,7 @@ class Trainer:
         predictions: every step for an accuracy workload, else on log steps only (they sync anyway)."""
         position, history = self.state.position, self.state.history
         step = position.step + 1
-        logs = bookkeeping.every(step, self.config["log_every_steps"]) or step == self.steps_per_epoch
+        logs = self.report.logs(step)
         hits = logs or self.workload.metric == "accuracy"
         samples = meter.add(loss, predicted, y, self.world_size, hits=hits)
         self.steady.step_done(samples * self.world_size)
@@ -294,7 +267,7 @@ class Trainer:
             history.steps.append(timer.row(position.epoch + 1, position.global_step))
         self.state.position = Position(position.epoch, step, position.global_step + 1)
         if logs:
-            self.log_progress(meter)
+            self.report.progress(meter, self.scheduler.get_last_lr()[0], self.live)
 
     def checkpoint_due(self) -> bool:
         """Every checkpoint_every_steps global steps, but not at an epoch's end (which saves anyway)."""
@@ -325,33 +298,13 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return bookkeeping.cross_entropy(logits, targets, self.config["label_smoothing"], reduction="mean")
-
-    def clip_gradients(self) -> None:
-        if self.config["grad_clip"]:
-            self.precision.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config["grad_clip"])
-
-    def log_progress(self, meter: EpochMeter) -> None:
-        steps = (self.config["epochs"], self.steps_per_epoch, self.total_steps)
-        lr = self.scheduler.get_last_lr()[0]
-        bookkeeping.log_progress(meter, self.state, steps, self.workload.sample_unit, lr, self.live)
-
     def end_epoch(self) -> None:
-        """Evaluation, the epoch's metrics row, then a checkpoint at the next epoch's start."""
-        c, history = self.config, self.state.history
+        """Evaluation, the epoch's metrics row (RunReport.epoch), then a checkpoint at the next epoch's
+        start."""
         test = bookkeeping.evaluate(
-            self.model, self.test_data, self.precision.autocast, self.device, self.world_size
+            self.model, self.data.test, self.precision.autocast, self.device, self.world_size
         )
-        batches = (c["global_batch"], c["per_gpu_batch"])
-        lr = self.scheduler.get_last_lr()[0]
-        row = bookkeeping.epoch_row(self.state, test, batches, self.world_size, lr)
-        history.metrics.append(row)
-        self.live.epoch(row["epoch"], row)
-        if history.time_to_target_s is None and row["test_acc"] >= c["target_accuracy"]:
-            history.time_to_target_s = row["wall_time_s"]
-        bookkeeping.log_epoch(row, c["epochs"], self.workload.sample_unit)
+        row = self.report.epoch(test, self.scheduler.get_last_lr()[0], self.live)
         self.state.position = Position(row["epoch"], 0, self.state.position.global_step)
         self.state.progress = EpochProgress()
         self.checkpointer.save()
