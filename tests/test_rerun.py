@@ -19,11 +19,11 @@ import yaml
 
 from scalestudy import atomic, provenance
 from scalestudy.analysis import aggregate
+from scalestudy.benchmark import dag
 from scalestudy.plan import runconfig
 from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.conftest import REPO, copy_workflow, run_snakemake
-from tests.test_workflow import job_stats
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_a_changed_value_reruns_exactly_its_points_past_an_older_configs_checkpo
     second_config = _write_config(demo, "second.yaml", 2)
 
     plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", second_config)
-    assert job_stats(plan.stdout) == {"sensitivity_run": 1}, plan.stdout[-3000:]
+    assert dag.job_counts(plan.stdout) == {"sensitivity_run": 1}, plan.stdout[-3000:]
     run_snakemake(demo, *TARGETS, "--configfile", second_config)
 
     second = _summary(demo, SENSITIVITY)
@@ -107,7 +107,7 @@ def test_re_measuring_the_contended_points_re_runs_exactly_them(demo, monkeypatc
     plan that point's training job again, and only it; with none contended, nothing."""
     trained = _summary(demo, SENSITIVITY)["run"]["epochs"]  # 2 after the changed-value test, else 1
     config = _write_config(demo, "current.yaml", trained)
-    assert job_stats(run_snakemake(demo, "-n", *TARGETS, "--configfile", config).stdout) == {}
+    assert dag.job_counts(run_snakemake(demo, "-n", *TARGETS, "--configfile", config).stdout) == {}
     monkeypatch.chdir(demo)  # runs.csv's run_dir as the workflow writes it: relative to the workdir
     catalog = aggregate.build_catalog(TARGETS)
     catalog["contended"] = catalog["run_dir"] == SCALING
@@ -122,7 +122,7 @@ def test_re_measuring_the_contended_points_re_runs_exactly_them(demo, monkeypatc
     ).stdout.split()
     assert printed == [f"{SCALING}/summary.json"]
     plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", config, "--forcerun", *printed)
-    assert job_stats(plan.stdout) == {"scaling_run": 1}, plan.stdout[-3000:]
+    assert dag.job_counts(plan.stdout) == {"scaling_run": 1}, plan.stdout[-3000:]
     atomic.write_csv(demo / "results/tables/runs.csv", catalog.assign(contended=False))
     plan = run_snakemake(demo, "-n", *TARGETS, "--configfile", config, "--forcerun")  # $(...) empty
-    assert job_stats(plan.stdout) == {}, plan.stdout[-3000:]
+    assert dag.job_counts(plan.stdout) == {}, plan.stdout[-3000:]
