@@ -119,7 +119,7 @@ class _Live:
 
 def _report(log_every_steps: int | None) -> RunReport:
     config = {"epochs": 3, "log_every_steps": log_every_steps, "global_batch": 8, "per_gpu_batch": 4}
-    settings = ReportSettings.of(config | {"target_accuracy": 0.5}, (5, 15), 2, "images")
+    settings = ReportSettings.of(config | {"target_accuracy": 0.5}, 5, 2, "images")
     return RunReport(settings, RunState())
 
 

@@ -49,12 +49,9 @@ def time_dry_run(configfile: str | Path, cwd: Path = REPO) -> tuple[float, str]:
 
 
 def planned_jobs(output: str) -> int | None:
-    """The job total of a dry-run's 'Job stats' table."""
-    for line in reversed(output.splitlines()):
-        fields = line.split()
-        if len(fields) == 2 and fields[0] == "total" and fields[1].isdigit():
-            return int(fields[1])
-    return None
+    """The job total of a dry-run's 'Job stats' table (job_counts added up); None without one."""
+    counts = job_counts(output)
+    return sum(counts.values()) if counts else None
 
 
 def job_counts(output: str) -> dict[str, int]:

@@ -21,7 +21,6 @@ class ReportSettings:
 
     epochs: int
     steps_per_epoch: int
-    total_steps: int
     log_every_steps: int | None  # 0 or None: progress lines at epoch ends only
     global_batch: int
     per_gpu_batch: int
@@ -31,13 +30,11 @@ class ReportSettings:
 
     @classmethod
     def of(
-        cls, config: dict[str, Any], steps: tuple[int, int], world_size: int, sample_unit: str
+        cls, config: dict[str, Any], steps_per_epoch: int, world_size: int, sample_unit: str
     ) -> ReportSettings:
-        """`steps`: (per epoch, in all)."""
         return cls(
             epochs=config["epochs"],
-            steps_per_epoch=steps[0],
-            total_steps=steps[1],
+            steps_per_epoch=steps_per_epoch,
             log_every_steps=config["log_every_steps"],
             global_batch=config["global_batch"],
             per_gpu_batch=config["per_gpu_batch"],
@@ -45,6 +42,10 @@ class ReportSettings:
             sample_unit=sample_unit,
             target_accuracy=config["target_accuracy"],
         )
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
 
 
 class RunReport:

@@ -119,7 +119,7 @@ class Trainer:
         self.monitor = build.gpu_monitor(self.device, c["monitor_interval_s"], self.t0, self.rank, self.ranks)
         self.build_data()
         steps = (self.steps_per_epoch, self.total_steps)
-        settings = ReportSettings.of(c, steps, self.world_size, self.workload.sample_unit)
+        settings = ReportSettings.of(c, self.steps_per_epoch, self.world_size, self.workload.sample_unit)
         self.report = RunReport(settings, self.state)
         startup.mark("data")
         self.build_model()
