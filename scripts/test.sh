@@ -19,6 +19,10 @@ packages_log="$(mktemp)"
 bash tests/system_packages.sh >"$packages_log" 2>&1 &
 packages=$!
 source scripts/bootstrap.sh
+# Where PYTHONDONTWRITEBYTECODE is set (this machine's shells), pytest keeps no rewritten test module:
+# each pytest process (two workers, the Slurm session, the probes some tests start) rewrote all of
+# them again, 6 of its 15 CPU-s of collection here. Byte code may be cached while the tests run.
+unset PYTHONDONTWRITEBYTECODE
 ruff check .
 ruff format --check .
 snakemake --lint --profile profiles/local

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from scalestudy.benchmark import slurm_sweep
-from scalestudy.plan import cluster, groups
+from scalestudy.plan import cluster, groups, paths
 from tests.conftest import REPO, copy_workflow, snakemake_env
 
 CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
@@ -314,9 +314,14 @@ LEARNING = re.compile(
 )
 
 
+# What the local executor takes from the Slurm run: the data and the checks that gate training (the
+# gate passed stays passed: rules/gate.smk), so that it runs the training points and the catalog only.
+CHECKS_DONE = (paths.RAW_DATA_DIR, paths.SITE_DIR, paths.SMOKE_DIR, paths.GATES_DIR)
+
+
 def local_catalog(workdir: Path, configfile: str, scratch: Path) -> pd.DataFrame:
     """results/tables/runs.csv of the local executor on workdir's config (its training points and
-    the catalog only, on workdir's data: no fetch/preprocess again), run once per config and
+    the catalog only, on workdir's data and checks: CHECKS_DONE), run once per config and
     session: kept in the session's `scratch` folder (the Slurm routes of two test modules compare to
     it, and pytest may import this module once for each of them)."""
     config = yaml.safe_load((workdir / configfile).read_text())
@@ -327,7 +332,9 @@ def local_catalog(workdir: Path, configfile: str, scratch: Path) -> pd.DataFrame
     kept = scratch / "local-catalogs" / f"{key}.csv"
     if not kept.is_file():
         local = copy_workflow(scratch / f"local-{key}" / "scalestudy")
-        shutil.copytree(workdir / "results/data", local / "results/data")
+        for done in CHECKS_DONE:  # what is compared is the training: it starts past the gate
+            if (workdir / done).is_dir():
+                shutil.copytree(workdir / done, local / done)
         (local / configfile).write_text(text)
         started = time.monotonic()
         target = "results/tables/runs.csv"  # before --configfile, which takes several values
