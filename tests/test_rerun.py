@@ -38,6 +38,10 @@ def _write_config(workdir: Path, name: str, sensitivity_epochs: int) -> str:
     config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
     config["sensitivity"]["epochs"] = sensitivity_epochs
     config["train"]["epochs"] = 1  # the scaling point: cheaper, and carries no sensitivity value
+    # one rank everywhere: what is tested is which points re-run, and every check before them (the
+    # site check, the smoke tests) then runs one process, not a launcher and two ranks (issue 45)
+    config["scaling"]["world_sizes"] = [1]
+    config["sensitivity"]["world_size"] = 1
     (workdir / "config" / name).write_text(yaml.safe_dump(config, sort_keys=False))
     return f"config/{name}"
 

@@ -21,26 +21,38 @@ pytestmark = pytest.mark.slow
 # the sweep, the profile runs), its tables, the figures an LM draws in its own units, and the report
 # of them. The rest of README's LM demo (the collective benchmark, the paper, the crate) is the same
 # for every workload and runs in the ResNet demo (tests/test_workflow.py); the LM paper compiles in
-# tests/test_paper_pdf.py (issue 45: 186 CPU-s here, against 223 for the whole demo).
+# tests/test_paper_pdf.py. Issue 45: 186 CPU-s here, against 223 for the whole demo; fewer points
+# (LM_SMALLER) 150.
 LM_FIGURES = ("throughput", "efficiency", "memory", "accuracy", "sensitivity")
 LM_TARGETS = ("results/tables/scaling.csv", *(f"results/figures/{name}.png" for name in LM_FIGURES))
 LM_CONFIG = "config/demo-gpt.yaml"
+# The LM demo's config with a sweep over the parallelism alone and one profile run (of two ranks).
+LM_SMALLER = {"sensitivity": {"per_gpu_batch": [4]}, "profiling": {"world_sizes": [2]}}
+
+
+def lm_config(workdir: Path) -> str:
+    config = yaml.safe_load((REPO / LM_CONFIG).read_text())
+    config["sensitivity"]["axes"].update(LM_SMALLER["sensitivity"])
+    config["profiling"].update(LM_SMALLER["profiling"])
+    (workdir / "config/lm.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return "config/lm.yaml"
 
 
 @pytest.fixture(scope="module")
-def lm_demo(tmp_path_factory) -> Path:
-    """The LM demo's config (config/demo-gpt.yaml) to LM_TARGETS and their report, in a copy of the
-    repository."""
+def lm_demo(tmp_path_factory) -> tuple[Path, str]:
+    """The LM demo's config (LM_SMALLER) to LM_TARGETS and their report, in a copy of the repository;
+    (folder, config file)."""
     workdir = copy_workflow(tmp_path_factory.mktemp("lm") / "scalestudy")
+    configfile = lm_config(workdir)
     started = time.monotonic()
-    run_snakemake(workdir, *LM_TARGETS, "--configfile", LM_CONFIG, timeout=1500)
-    run_snakemake(workdir, *LM_TARGETS, "--report", "results/report.html", "--configfile", LM_CONFIG)
+    run_snakemake(workdir, *LM_TARGETS, "--configfile", configfile, timeout=1500)
+    run_snakemake(workdir, *LM_TARGETS, "--report", "results/report.html", "--configfile", configfile)
     print(f"LM study: {time.monotonic() - started:.0f} s")
-    return workdir
+    return workdir, configfile
 
 
 def test_the_lm_study_reports_tokens_memory_and_both_parallelisms(lm_demo):
-    workdir = lm_demo
+    workdir, _ = lm_demo
     scaling = pd.read_csv(workdir / "results/tables/scaling.csv")
     assert set(scaling["parallelism"]) == {"ddp", "fsdp"} and set(scaling["sample_unit"]) == {"tokens"}
     assert scaling["peak_memory_bytes"].gt(0).all()
@@ -54,7 +66,7 @@ def test_the_lm_study_reports_tokens_memory_and_both_parallelisms(lm_demo):
 
 
 def test_the_lm_loss_falls_and_every_run_is_the_lm(lm_demo):
-    workdir = lm_demo
+    workdir, _ = lm_demo
     metrics = pd.read_csv(workdir / "results/runs/baseline/default/metrics.csv")
     assert metrics["train_loss"].is_monotonic_decreasing and metrics["test_loss"].iloc[-1] < 3.5
     for path in (workdir / "results/runs").rglob("summary.json"):
@@ -63,8 +75,8 @@ def test_the_lm_loss_falls_and_every_run_is_the_lm(lm_demo):
 
 
 def test_the_lm_study_has_nothing_left_to_do(lm_demo):
-    workdir = lm_demo
-    result = run_snakemake(workdir, "--dry-run", *LM_TARGETS, "--configfile", LM_CONFIG)
+    workdir, configfile = lm_demo
+    result = run_snakemake(workdir, "--dry-run", *LM_TARGETS, "--configfile", configfile)
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
