@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scalestudy.plan.cluster import THREAD_POOL_ENV
 from tests.cputime import CpuClock
@@ -49,6 +50,16 @@ def copy_workflow(dest: Path) -> Path:
         elif source.exists():
             shutil.copy2(source, dest / part)
     return dest
+
+
+def write_config(workdir: Path, name: str, change, base: str = "config/demo.yaml") -> str:
+    """`base` (the demo), changed by `change(config)`, as config/<name> of the workflow copy; its path
+    relative to the copy (a --configfile value)."""
+    config = yaml.safe_load((REPO / base).read_text())
+    change(config)
+    path = workdir / "config" / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path.relative_to(workdir))
 
 
 def snakemake_env() -> dict[str, str]:

@@ -26,7 +26,7 @@ import yaml
 
 from scalestudy.benchmark import slurm_sweep
 from scalestudy.plan import cluster, groups, paths
-from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.conftest import REPO, copy_workflow, snakemake_env, write_config  # noqa: F401 - theirs too
 
 CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
 DOCS = REPO / "docs/slurm.md"
@@ -92,15 +92,6 @@ class Clusters:
             status = cluster_script("status").stdout.split()
         assert status[2] == kind, status
         return Cluster(int(status[1]), accounting)
-
-
-def write_config(workdir: Path, name: str, change, base: str = "config/demo.yaml") -> str:
-    """`base` (the demo), changed by `change(config)`, as a config file of the workflow copy."""
-    config = yaml.safe_load((REPO / base).read_text())
-    change(config)
-    path = workdir / "config" / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return str(path.relative_to(workdir))
 
 
 def documented_commands() -> list[list[str]]:

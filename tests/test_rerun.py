@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from scalestudy import atomic, provenance
 from scalestudy.analysis import aggregate
@@ -23,7 +22,7 @@ from scalestudy.benchmark import dag
 from scalestudy.plan import runconfig
 from scalestudy.train.checkpoint import policy
 from scalestudy.train.checkpoint import single_file as checkpoint
-from tests.conftest import REPO, copy_workflow, run_snakemake
+from tests.conftest import REPO, copy_workflow, run_snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -35,15 +34,16 @@ TARGETS = [f"{SENSITIVITY}/summary.json", f"{SCALING}/summary.json"]
 def _write_config(workdir: Path, name: str, sensitivity_epochs: int) -> str:
     """A --configfile copy of demo.yaml (it replaces the demo config rather than merging into it);
     it goes after the targets: --configfile takes every word that follows it."""
-    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
-    config["sensitivity"]["epochs"] = sensitivity_epochs
-    config["train"]["epochs"] = 1  # the scaling point: cheaper, and carries no sensitivity value
-    # one rank everywhere: what is tested is which points re-run, and every check before them (the
-    # site check, the smoke tests) then runs one process, not a launcher and two ranks (issue 45)
-    config["scaling"]["world_sizes"] = [1]
-    config["sensitivity"]["world_size"] = 1
-    (workdir / "config" / name).write_text(yaml.safe_dump(config, sort_keys=False))
-    return f"config/{name}"
+
+    def change(config: dict) -> None:
+        config["sensitivity"]["epochs"] = sensitivity_epochs
+        config["train"]["epochs"] = 1  # the scaling point: cheaper, and carries no sensitivity value
+        # one rank everywhere: what is tested is which points re-run, and every check before them
+        # (the site check, the smoke tests) then runs one process, not a launcher and two ranks
+        config["scaling"]["world_sizes"] = [1]
+        config["sensitivity"]["world_size"] = 1
+
+    return write_config(workdir, name, change)
 
 
 def _summary(workdir: Path, run_dir: str) -> dict:

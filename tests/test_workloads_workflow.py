@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from tests.conftest import REPO, copy_workflow, run_snakemake
+from tests.conftest import copy_workflow, run_snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -21,29 +20,24 @@ pytestmark = pytest.mark.slow
 # the sweep, the profile runs), its tables, the figures an LM draws in its own units, and the report
 # of them. The rest of README's LM demo (the collective benchmark, the paper, the crate) is the same
 # for every workload and runs in the ResNet demo (tests/test_workflow.py); the LM paper compiles in
-# tests/test_paper_pdf.py. Issue 45: 186 CPU-s here, against 223 for the whole demo; fewer points
-# (LM_SMALLER) 150.
+# tests/test_paper_pdf.py. Issue 45: 186 CPU-s for these targets, against 223 for the whole demo
+# (idle); with a sweep over the parallelism alone and one profile run (smaller_lm), 160 in the suite.
 LM_FIGURES = ("throughput", "efficiency", "memory", "accuracy", "sensitivity")
 LM_TARGETS = ("results/tables/scaling.csv", *(f"results/figures/{name}.png" for name in LM_FIGURES))
 LM_CONFIG = "config/demo-gpt.yaml"
-# The LM demo's config with a sweep over the parallelism alone and one profile run (of two ranks).
-LM_SMALLER = {"sensitivity": {"per_gpu_batch": [4]}, "profiling": {"world_sizes": [2]}}
 
 
-def lm_config(workdir: Path) -> str:
-    config = yaml.safe_load((REPO / LM_CONFIG).read_text())
-    config["sensitivity"]["axes"].update(LM_SMALLER["sensitivity"])
-    config["profiling"].update(LM_SMALLER["profiling"])
-    (workdir / "config/lm.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    return "config/lm.yaml"
+def smaller_lm(config: dict) -> None:
+    config["sensitivity"]["axes"]["per_gpu_batch"] = [4]  # the parallelism alone
+    config["profiling"]["world_sizes"] = [2]
 
 
 @pytest.fixture(scope="module")
 def lm_demo(tmp_path_factory) -> tuple[Path, str]:
-    """The LM demo's config (LM_SMALLER) to LM_TARGETS and their report, in a copy of the repository;
+    """The LM demo's config (smaller_lm) to LM_TARGETS and their report, in a copy of the repository;
     (folder, config file)."""
     workdir = copy_workflow(tmp_path_factory.mktemp("lm") / "scalestudy")
-    configfile = lm_config(workdir)
+    configfile = write_config(workdir, "lm.yaml", smaller_lm, base=LM_CONFIG)
     started = time.monotonic()
     run_snakemake(workdir, *LM_TARGETS, "--configfile", configfile, timeout=1500)
     run_snakemake(workdir, *LM_TARGETS, "--report", "results/report.html", "--configfile", configfile)
@@ -80,8 +74,7 @@ def test_the_lm_study_has_nothing_left_to_do(lm_demo):
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
-def _command_config(workdir: Path) -> str:
-    config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+def users_script(config: dict) -> None:
     config["workload"] = {
         "name": "command",
         "command": {
@@ -98,9 +91,6 @@ def _command_config(workdir: Path) -> str:
     config["sensitivity"].update(world_size=1, axes={"per_gpu_batch": [16], "lr": [0.05, 0.1]})
     config["profiling"]["world_sizes"] = [1]
     config["train"]["epochs"] = 1
-    path = workdir / "config/command.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return "config/command.yaml"
 
 
 # What the tests below read, not the whole study: the ResNet demo runs every stage (tests/test_workflow.py);
@@ -117,7 +107,7 @@ COMMAND_TARGETS = (
 @pytest.fixture(scope="module")
 def command_study(tmp_path_factory) -> Path:
     workdir = copy_workflow(tmp_path_factory.mktemp("command") / "scalestudy")
-    configfile = _command_config(workdir)
+    configfile = write_config(workdir, "command.yaml", users_script)
     run_snakemake(workdir, *COMMAND_TARGETS, "--configfile", configfile, timeout=1500)
     return workdir
 
