@@ -241,3 +241,12 @@ def test_the_csv_names_the_peaks_entry_and_source(benchmark):
     table, _, _, _ = benchmark
     assert set(table["peak_tflops_key"]) == {"cpu"}
     assert table["peak_tflops_source"].str.startswith("analysis.peak_tflops[cpu][fp32] of").all()
+
+
+def test_the_benchmark_entry_point_runs_it_as_its_lm_command(monkeypatch):
+    from scalestudy.benchmark import __main__ as entry
+
+    seen = []
+    monkeypatch.setattr(lm, "main", lambda argv: seen.append(argv) or 0)
+    assert entry.main(["lm", "--preset", "gpt2-small", "--steps", "100"]) == 0
+    assert seen == [["--preset", "gpt2-small", "--steps", "100"]]
