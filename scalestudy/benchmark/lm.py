@@ -48,17 +48,8 @@ import numpy as np
 from scalestudy import contract, provenance
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
-from scalestudy.benchmark import project
+from scalestudy.benchmark import project, report
 from scalestudy.benchmark.measure import median
-from scalestudy.benchmark.report import (
-    Row,
-    Target,
-    check_targets,
-    format_checks,
-    format_table,
-    records,
-    write_csv,
-)
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
 from scalestudy.plan import runfiles
@@ -84,8 +75,8 @@ TABLE_COLUMNS = (
 )
 ACTIVITY_COLUMNS = ("kernel_active_pct", "sm_active_pct")  # gpu_activity's, the CSV's
 TARGETS = (  # issue 51, at its settings only (targets_apply)
-    Target("GPT-2 small DDP at one rank, MFU %", "lm", "ddp", on="mfu_pct", minimum=42),
-    Target("GPT-2 small FSDP2 vs DDP at one rank", "lm", "fsdp", minimum=0.95),
+    report.Target("GPT-2 small DDP at one rank, MFU %", "lm", "ddp", on="mfu_pct", minimum=42),
+    report.Target("GPT-2 small FSDP2 vs DDP at one rank", "lm", "fsdp", minimum=0.95),
 )
 MIB = 2**20
 PEAK_SOURCE = (
@@ -312,7 +303,7 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
         " tokens a step"
     )
     rows = [
-        Row(
+        report.Row(
             "lm",
             parallelism,
             "tokens/s per rank",
@@ -337,7 +328,7 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
         "load_1m_start": args.load_1m_start,
         "load_1m_end": round(os.getloadavg()[0], 2),
     }
-    table_records = records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
+    table_records = report.records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
     return [
         {**record, **result_row(args, repeats)}
         for record, repeats in zip(table_records, runs.values(), strict=True)
@@ -399,12 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as error:
         log.error("%s", error)
         return 1
-    print(format_table(rows, TABLE_COLUMNS))
+    print(report.format_table(rows, TABLE_COLUMNS))
     if targets_apply(args, rows):
-        print(format_checks(check_targets(TARGETS, rows)))
+        print(report.format_checks(report.check_targets(TARGETS, rows)))
     if rows[0]["device"] == "cpu":
         print("MFU on a CPU is against the placeholder peak analysis.peak_tflops.cpu (not a measured rate)")
-    write_csv(args.out, rows)
+    report.write_csv(args.out, rows)
     print(f"wrote {args.out}")
     return 0
 
