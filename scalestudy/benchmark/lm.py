@@ -74,6 +74,7 @@ TABLE_COLUMNS = (
     "peak_memory_mib",
 )
 ACTIVITY_COLUMNS = ("kernel_active_pct", "sm_active_pct")  # gpu_activity's, the CSV's
+TARGET_STEPS, TARGET_REPEATS = 100, 3  # what issue 51's targets are judged on, at least
 TARGETS = (  # issue 51, at its settings only (targets_apply)
     report.Target("GPT-2 small DDP at one rank, MFU %", "lm", "ddp", on="mfu_pct", minimum=42),
     report.Target("GPT-2 small FSDP2 vs DDP at one rank", "lm", "fsdp", minimum=0.95),
@@ -377,6 +378,21 @@ def targets_apply(args: argparse.Namespace, rows: list[dict]) -> bool:
     return rows[0]["device"] == "cuda" and settings == ("gpt2-small", "bf16", 1, 16, None)
 
 
+def target_lines(args: argparse.Namespace, rows: list[dict]) -> str | None:
+    """Issue 51's verdicts where its settings ran (targets_apply); not judged on fewer measured steps
+    or repeats than it asks for (TARGET_STEPS, TARGET_REPEATS, both parallelisms)."""
+    if not targets_apply(args, rows):
+        return None
+    short = args.steps < TARGET_STEPS or args.repeats < TARGET_REPEATS or len(rows) < len(PARALLELISMS)
+    if short:
+        return (
+            f"issue 51's targets not judged: they need {TARGET_STEPS} measured steps and {TARGET_REPEATS} "
+            f"interleaved repeats of ddp and fsdp (ran {args.steps} steps x {args.repeats} of "
+            f"{' '.join(args.parallelism)})"
+        )
+    return report.format_checks(report.check_targets(TARGETS, rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level))
@@ -391,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", error)
         return 1
     print(report.format_table(rows, TABLE_COLUMNS))
-    if targets_apply(args, rows):
-        print(report.format_checks(report.check_targets(TARGETS, rows)))
+    verdicts = target_lines(args, rows)
+    if verdicts:
+        print(verdicts)
     if rows[0]["device"] == "cpu":
         print("MFU on a CPU is against the placeholder peak analysis.peak_tflops.cpu (not a measured rate)")
     report.write_csv(args.out, rows)
