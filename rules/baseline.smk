@@ -19,7 +19,7 @@ rule baseline_run:
         run_log("baseline"),
     benchmark:
         run_benchmark("baseline")
-    # No container: here: scalestudy.launch.launcher puts the image around each rank (see docs/slurm.md).
+    # No container: here: scalestudy.launch.launcher puts the image around each rank (see docs/guide/cluster.md).
     conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.launch --launch-json {params.launch:q}"

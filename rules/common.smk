@@ -36,7 +36,7 @@ PROFILE_WORLDS = config["profiling"]["world_sizes"]
 SOFTWARE_ENV = "../envs/scalestudy.yaml"
 APPTAINER_ENV = "../envs/apptainer.yaml"
 
-# The container image (rules/container.smk builds it; docs/slurm.md, "The image").
+# The container image (rules/container.smk builds it; docs/guide/cluster.md, "The image").
 CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 IMAGE = cluster.container_image(config)
 IMAGE_BUILD = cluster.image_build_target(config)

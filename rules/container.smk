@@ -1,4 +1,4 @@
-# container: builds the Apptainer image the study runs in (docs/slurm.md, "The image").
+# container: builds the Apptainer image the study runs in (docs/guide/cluster.md, "The image").
 #
 # The image is used when Snakemake runs with --software-deployment-method apptainer (profiles/slurm):
 # - CPU rules name it in `container:` (cluster.container_image); Snakemake wraps their shell in

@@ -2,7 +2,7 @@
 # starts two ranks exactly as a training job does (srun, the image around each rank, the nccl:
 # environment) and checks the host driver against the image's CUDA, that torch sees the job's GPUs,
 # the network interfaces named in NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, and that the process
-# group initialises (scalestudy/preflight/site.py; docs/slurm.md, "Site check"). A failure stops the
+# group initialises (scalestudy/preflight/site.py; docs/guide/cluster.md, "Site check"). A failure stops the
 # workflow with one paragraph saying what to change; every training rule waits for the result.
 
 import re

@@ -1,4 +1,4 @@
-# track: the study in MLflow (scalestudy.tracking, docs/tracking.md). With `tracking.enabled`, every
+# track: the study in MLflow (scalestudy.tracking, docs/guide/tracking.md). With `tracking.enabled`, every
 # training job's rank 0 journals its run in its run folder (the settings reach it through one
 # environment variable, never the run config), the study's follower sends the journals to MLflow
 # while the jobs run and shows the points not yet running as SCHEDULED (onstart), and rule

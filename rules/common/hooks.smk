@@ -172,7 +172,7 @@ def prepare_workflow():
     # An sbatch that Slurm refuses for a submit limit (the site's MaxSubmitJobs) waits and tries
     # again for cluster.submit_retry_minutes instead of failing the job: a wrapper `sbatch` first on
     # the PATH of the Snakemake that submits, wherever sbatch exists (only the Slurm executor calls
-    # it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
+    # it; a job's own Snakemake leaves PATH alone). docs/guide/cluster.md, Queue limits.
     if workflow.is_main_process and shutil.which("sbatch"):
         wrapper = _submit_retry.install(
             os.path.join(".snakemake", "scalestudy-sbatch"),
