@@ -36,16 +36,17 @@ if TRACKING:
             study=provided("analysis", "figures", "paper"),
         output:
             f"{TRACK_LOGS}/sync.json",
-        params:
-            tracking=lambda wildcards: TRACKING_JSON,
-            follower=FOLLOWER_PID,
         log:
             f"{TRACK_LOGS}/sync.log",
+        conda:
+            SOFTWARE_ENV
         # On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: it reaches the
         # tracking server (compute nodes may not) and writes the embedded store with the venv's full mlflow.
         resources:
             **light_resources(),
-        conda: SOFTWARE_ENV
+        params:
+            tracking=lambda wildcards: TRACKING_JSON,
+            follower=FOLLOWER_PID,
         shell:
             "python -m scalestudy.tracking sync --tracking-json {params.tracking:q} --runs-dir results/runs"
             " --smoke-files {input.smoke:q} --comm-files {input.comm:q}"

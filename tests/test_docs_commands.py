@@ -69,8 +69,6 @@ NOT_RUN: dict[str, str] = {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server": SITE,
     "ssh": SITE + " (a tunnel from your laptop)",
     "$EDITOR config/config.yaml": "opens an editor",
-    "python -X importtime": "an interpreter option named in prose",
-    "pytest -ra": "the whole test suite: scripts/test.sh runs it (CI)",
     "python -m scalestudy.preflight.site rank": "prose: the rank program the launcher starts under srun",
 }
 # Commands that run too long for this module, and the test that runs them: (file, text in it).

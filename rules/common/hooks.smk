@@ -17,7 +17,6 @@ from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
 from scalestudy.plan import arrays, cluster, grid, paths, slurm_names, windowtime
 
-
 # An sbatch that Slurm refuses for a submit limit waits and tries again (prepare_workflow); the
 # wrapper's waits and refusals go to this log, which report_sbatch_refusals reads at exit.
 SBATCH_LOG = os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log")  # the wrapper's waits and refusals
