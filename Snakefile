@@ -78,10 +78,10 @@ workflow.localrules(*submit_host_rules())
 
 
 rule all:
+    default_target: True
     input:
         # what each rule file registered for the study (provide(), rules/common/hooks.smk)
         provided("profile", "analysis", "figures", "paper", "track", "compare", "crate"),
-    default_target: True
 
 
 onstart:

@@ -1,5 +1,5 @@
 """Hostile and malformed config values, refused or accepted before anything runs (issue 13;
-docs/robustness.md lists what the user sees).
+docs/reference/robustness.md lists what the user sees).
 
 Every string a user can set in the config -- found by walking config/schema.yaml
 (tests/hostile_helpers.py), so a key added later is covered without touching this file -- is filled

@@ -72,6 +72,18 @@ def test_report_has_every_figure(demo_run):
     assert not missing, f"figures not in the report: {missing}"
 
 
+def test_the_reference_names_every_column_of_the_demos_tables_and_every_figure(demo_run):
+    """docs/reference/tables.md names every column of every table the demo wrote, and figures.md
+    every figure (tests/test_docs_reference.py reads the pages)."""
+    from tests.test_docs_reference import CODE, FIGURES_PAGE, undocumented_columns
+
+    assert len(list((demo_run / "results/tables").glob("*.csv"))) >= 10
+    assert undocumented_columns(demo_run / "results/tables") == {}
+    figures = {path.stem for path in (demo_run / "results/figures").glob("*.png")}
+    assert len(figures) >= 12
+    assert figures - set(CODE.findall(FIGURES_PAGE.read_text())) == set()
+
+
 def test_the_demo_fills_the_embedded_mlflow_store(demo_run):
     from tests.test_tracking import check_demo_store
 
@@ -320,18 +332,21 @@ def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     assert (demo_run / target).stat().st_size > 0
 
 
-def readme_point_commands() -> list[str]:
-    """README's commands that ask for one grid point by its path."""
+RERUNS_PAGE = "docs/guide/reruns.md"
+
+
+def one_point_commands() -> list[str]:
+    """The partial re-runs guide's commands that ask for one grid point by its path."""
     pattern = r"^(snakemake --profile profiles/local results/runs/\S+/summary\.json)\s*$"
-    return re.findall(pattern, (REPO / "README.md").read_text(), re.M)
+    return re.findall(pattern, (REPO / RERUNS_PAGE).read_text(), re.M)
 
 
-def test_the_readmes_one_point_commands_name_points_of_the_demo(demo_run):
+def test_the_guides_one_point_commands_name_points_of_the_demo(demo_run):
     """The commands are run here, on the finished demo (nothing left to do: each path is one of its
     points); asking for points by path from a fresh copy is tests/test_rerun.py's fixture, and that
     only the point asked for runs is the test above."""
-    commands = readme_point_commands()
-    assert len(commands) >= 2, "README shows no one-point command"
+    commands = one_point_commands()
+    assert len(commands) >= 2, f"{RERUNS_PAGE} shows no one-point command"
     for command in commands:
         target = command.split()[-1]
         assert (demo_run / target).stat().st_size > 0, command
