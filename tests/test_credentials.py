@@ -110,6 +110,14 @@ def test_keys_the_schema_does_not_know_and_nested_values_are_walked():
     assert "(top level) (a key of it: a URL with credentials)" in message
 
 
+def test_a_login_where_the_name_of_its_variable_belongs_is_refused_unquoted():
+    config = filled_demo()
+    config["data"]["credentials_env"] = f"alice:{CANARY}"
+    assert_refused_without_the_secret(credentials.refusal(config), "data.credentials_env (not the name of")
+    config["data"]["credentials_env"] = "MIRROR_LOGIN"
+    assert credentials.refusal(config) is None
+
+
 @pytest.mark.parametrize("value", NOT_SECRET)
 def test_urls_and_values_without_credentials_pass(value):
     config = filled_demo()

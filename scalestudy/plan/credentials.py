@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from scalestudy.plan import patterns
+
 HIDDEN = "***"
 # Where credentials go instead (the refusal's advice; docs/robustness.md).
 INSTEAD = (
@@ -50,6 +52,9 @@ SECRET_WORDS = frozenset(
         "credential", "credentials", "auth", "authorization", "apikey",
     }
 )  # fmt: skip
+# Keys that hold the NAME of a variable holding a login: anything else there may be the login itself,
+# which the schema's pattern message would quote.
+NAME_KEYS = ("credentials_env",)
 SECRET_COMPOUNDS = ("apikey", "accesskey", "privatekey", "secretkey", "accountkey", "subscriptionkey")
 
 
@@ -110,6 +115,8 @@ def config_credentials(value: Any, key: str = "") -> Iterator[str]:
     if isinstance(value, str):
         for found in text_credentials(value):
             yield f"{key or '(top level)'} ({found})"
+        if key.rpartition(".")[2] in NAME_KEYS and not re.fullmatch(patterns.ENV_NAME, value):
+            yield f"{key} (not the name of an environment variable: the login itself?)"
     elif isinstance(value, dict):
         for name, item in value.items():
             where = f"{key}.{name}" if key else str(name)
