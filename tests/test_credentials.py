@@ -16,9 +16,8 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import quote
 
@@ -29,6 +28,7 @@ from scalestudy import tracking
 from scalestudy.plan import configcheck, credentials, studyconfig
 from tests.conftest import REPO, copy_workflow, snakemake_env
 from tests.hostile_helpers import SCHEMA, STRING_SLOTS, filled_demo, names_key, put, slot_id
+from tests.test_fetch import http_server
 
 CANARY = "CANARYpw7f3k9q"
 # Each way a credential rides in a URL, and the words the refusal uses for it.
@@ -236,14 +236,9 @@ class _Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def mlflow_stub():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with http_server(_Recorder) as server:
+        server.seen = []  # type: ignore[attr-defined]
+        yield server
 
 
 def _settings(server, tmp_path: Path) -> dict:

@@ -132,15 +132,24 @@ def server(payload: bytes) -> Iterator[FileServer]:
 def serving(files: dict[str, bytes]) -> Iterator[FileServer]:
     """A FileServer of `files` on 127.0.0.1 (a free port) while the block runs."""
     state = FileServer(files)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.state = state  # type: ignore[attr-defined]
-    state.port = httpd.server_address[1]
+    with http_server(_Handler) as httpd:
+        httpd.state = state  # type: ignore[attr-defined]
+        state.port = httpd.server_address[1]
+        yield state
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """An HTTP server of `handler` on 127.0.0.1 (a free port), serving in a thread while the block runs."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def _expected(data: bytes) -> Expected:
