@@ -12,6 +12,7 @@ The canary scan of a whole demo run is tests/test_workflow.py's
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import subprocess
@@ -211,6 +212,39 @@ def test_snakemake_refuses_a_credential_in_a_config_files_comment(workflow):
     (workflow / "config/commented.yaml").write_text(text)
     line = refused_by_snakemake(workflow, "--configfile", "config/commented.yaml")
     assert f"config/commented.yaml:{len(text.splitlines())} (user:password@ in a URL)" in line, line
+
+
+def test_the_fetch_rule_logs_in_to_a_private_mirror_with_the_variable_the_config_names(tmp_path):
+    """data.credentials_env through the workflow: the rule hands fetch the variable's name, fetch
+    the login to the mirror that asks (HTTP basic); neither the log, Snakemake's records nor the
+    console hold it."""
+    from scalestudy.data import synthetic_cifar
+    from tests.test_fetch import NAME, serving
+
+    archive = tmp_path / NAME
+    synthetic_cifar.write_archive(archive, train_per_class=2, test_per_class=1, seed=0)
+    payload = archive.read_bytes()
+    workdir = copy_workflow(tmp_path / "workflow")
+    env = {key: value for key, value in snakemake_env().items() if not key.lower().endswith("_proxy")}
+    env["MIRROR_LOGIN"] = f"alice:{CANARY}"
+    with serving({NAME: payload}) as mirror:
+        mirror.login = "Basic " + base64.b64encode(f"alice:{CANARY}".encode()).decode()
+        config = yaml.safe_load((REPO / "config/demo.yaml").read_text())
+        config["data"] = {"source": "cifar10", "mirrors": [mirror.url()], "credentials_env": "MIRROR_LOGIN",
+                          "md5": hashlib.md5(payload).hexdigest(), "size_bytes": len(payload)}  # fmt: skip
+        (workdir / "config/private.yaml").write_text(yaml.safe_dump(config))
+        target = f"results/data/{NAME}"
+        command = [sys.executable, "-m", "snakemake", target, "--profile", "profiles/local", "--cores", "1"]
+        command += ["--configfile", "config/private.yaml"]
+        result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert (workdir / target).read_bytes() == payload
+    assert [(r.status, r.authorization) for r in mirror.requests] == [(401, None), (200, mirror.login)]
+    assert "--credentials-env MIRROR_LOGIN" in output  # the name only, on the command line
+    assert CANARY not in output
+    written = [p for root in ("results", ".snakemake") for p in (workdir / root).rglob("*") if p.is_file()]
+    assert not [path for path in written if CANARY.encode() in path.read_bytes()]
 
 
 # --------------------------------------------------------------------------- MLflow's own variables
