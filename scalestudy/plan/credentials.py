@@ -52,10 +52,10 @@ SECRET_WORDS = frozenset(
         "credential", "credentials", "auth", "authorization", "apikey",
     }
 )  # fmt: skip
+SECRET_COMPOUNDS = ("apikey", "accesskey", "privatekey", "secretkey", "accountkey", "subscriptionkey")
 # Keys that hold the NAME of a variable holding a login: anything else there may be the login itself,
 # which the schema's pattern message would quote.
 NAME_KEYS = ("credentials_env",)
-SECRET_COMPOUNDS = ("apikey", "accesskey", "privatekey", "secretkey", "accountkey", "subscriptionkey")
 
 
 def urls(text: str) -> Iterator[str]:
