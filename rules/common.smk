@@ -137,4 +137,6 @@ def fetch_args(wildcards):
         args += ["--sha256", data["sha256"]]
     for mirror in data["mirrors"]:
         args += ["--mirror", mirror]
+    if data["credentials_env"]:  # the variable's name: fetch reads the login from the environment
+        args += ["--credentials-env", data["credentials_env"]]
     return [str(arg) for arg in args]

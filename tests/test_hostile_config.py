@@ -117,7 +117,7 @@ def test_ordinary_image_paths_pass(value):
         ("cluster.constraint", "a100&ib"),
         ("cluster.constraint", "[rack1|rack2]*2"),
         ("study.title", "ResNet-18 on 8x H100: 'strong' & weak {scaling}"),
-        ("data.url", "https://example.org/get?file=cifar-10-python.tar.gz&token=a;b"),
+        ("data.url", "https://example.org/get?file=cifar-10-python.tar.gz&part=a;b"),
         ("nccl.NCCL_SOCKET_IFNAME", "^docker0,lo"),
         ("nccl.NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1"),
         ("nccl.NCCL_DEBUG_FILE", "/tmp/nccl.%h.%p.log"),
