@@ -3,11 +3,13 @@
 #   the real study:         snakemake --profile profiles/slurm --configfile config/config.yaml
 #   report:                 snakemake --report results/report.html [same options]
 
+import sys
+
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from scalestudy import provenance
-from scalestudy.plan import configcheck, schema
+from scalestudy.plan import configcheck, credentials, schema
 
 min_version("9.0")
 
@@ -17,6 +19,14 @@ min_version("9.0")
 if not workflow.overwrite_configfiles:
 
     configfile: "config/demo.yaml"
+
+
+# A credential in the config (a URL's user:password@, a token= query) is refused before anything
+# else: the schema's messages quote the value they refuse, and the crate, Snakemake's metadata and
+# the jobs' command lines record every value (scalestudy/plan/credentials.py). One line, exit 2.
+if refused := credentials.refusal(config, workflow.configfiles):
+    print(refused, file=sys.stderr)
+    sys.exit(2)
 
 
 # The schema ships with the package (scalestudy/plan/schema.yaml; config/schema.yaml links to it),
@@ -78,10 +88,10 @@ workflow.localrules(*submit_host_rules())
 
 
 rule all:
+    default_target: True
     input:
         # what each rule file registered for the study (provide(), rules/common/hooks.smk)
         provided("profile", "analysis", "figures", "paper", "track", "compare", "crate"),
-    default_target: True
 
 
 onstart:

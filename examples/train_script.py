@@ -1,4 +1,4 @@
-"""An example of your own training script under scalestudy (`workload: command`; docs/workloads.md).
+"""An example of your own training script under scalestudy (`workload: command`; docs/guide/workloads.md).
 
 A small MLP learns a synthetic classification task made from the run config's seed, with PyTorch
 DDP over gloo on the CPU or NCCL on GPUs. What makes it a scalestudy workload:

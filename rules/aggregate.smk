@@ -13,12 +13,13 @@ rule table_accounting:
         f"{TABLES_DIR}/sacct.json",
     log:
         f"{ANALYSIS_LOGS}/accounting.log",
+    conda:
+        SOFTWARE_ENV
     # Outside the container (sacct and the Slurm libraries are on the host, not in the image) and,
     # as a table_* rule, on the submit host (cluster.submit_host_rules), where sacct answers.
     # Standard library only; where sacct is missing or disabled the JSON says so and the run still succeeds.
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.analysis.accounting --summaries {input.summaries:q} --out {output:q} > {log:q} 2>&1"
 
@@ -32,10 +33,12 @@ rule table_runs:
         runs=table_report("runs.csv", "Acceptance", "Run catalog"),
     log:
         f"{ANALYSIS_LOGS}/runs.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.analysis.aggregate --summaries {input.summaries:q}"
         " --accounting {input.accounting:q} --out {output.runs:q} > {log:q} 2>&1"
@@ -48,17 +51,19 @@ rule table_metrics:
     output:
         scaling=table_report("scaling.csv", "Scaling", "Tables"),
         sensitivity=table_report("sensitivity.csv", "Sensitivity", "Tables"),
+    log:
+        f"{ANALYSIS_LOGS}/metrics.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **light_resources(),
     params:
         analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
         axes=SENSITIVITY_AXES,
         sample_unit=WORKLOAD.sample_unit,  # for the captions
         unit=PLOT_UNIT,
-    log:
-        f"{ANALYSIS_LOGS}/metrics.log",
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.analysis.metrics --runs {input.runs:q} --analysis-json {params.analysis:q}"
         " --scaling-out {output.scaling:q} --sensitivity-out {output.sensitivity:q} --axes {params.axes:q}"
@@ -76,15 +81,17 @@ rule table_acceptance:
     output:
         csv=f"{TABLES_DIR}/acceptance.csv",
         html=table_report("acceptance.html", "Acceptance", "Criteria"),
+    log:
+        f"{ANALYSIS_LOGS}/acceptance.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **light_resources(),
     params:
         analysis=analysis_json("acceptance", "monitor"),
         loader_smoke=lambda wc, input: ["--loader-smoke", *input.loader_smoke] if input.loader_smoke else [],
-    log:
-        f"{ANALYSIS_LOGS}/acceptance.log",
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.analysis.acceptance --scaling {input.scaling:q}"
         " --sensitivity {input.sensitivity:q} --monitor {input.monitor:q} --analysis-json {params.analysis:q}"
@@ -102,14 +109,16 @@ rule table_comm_model:
         fit=table_report("comm_model_fit.csv", "Model", "Tables"),
         residuals=table_report("comm_model_residuals.csv", "Model", "Tables"),
         prediction=f"{TABLES_DIR}/comm_model_prediction.csv",
-    params:
-        analysis=analysis_json("comm_model"),
     log:
         f"{ANALYSIS_LOGS}/comm_model.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
+    params:
+        analysis=analysis_json("comm_model"),
     shell:
         "python -m scalestudy.analysis.commmodel --runs {input.runs:q} --analysis-json {params.analysis:q}"
         " --fit-out {output.fit:q} --residuals-out {output.residuals:q}"
@@ -126,15 +135,17 @@ rule table_waterfall:
         profile_overlap=rules.profile_combine.output.overlap,
     output:
         csv=table_report("waterfall.csv", "Scaling", "Tables"),
+    log:
+        f"{ANALYSIS_LOGS}/waterfall.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **light_resources(),
     params:
         # metrics.run_metrics reads monitor, peak_tflops and train_flops_factor; the model comm_model
         analysis=analysis_json("comm_model", "monitor", "peak_tflops", "train_flops_factor", "waterfall"),
-    log:
-        f"{ANALYSIS_LOGS}/waterfall.log",
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.analysis.waterfall --runs {input.runs:q} --analysis-json {params.analysis:q}"
         " --comm-fit {input.comm_fit:q} --bench-fit {input.bench_fit:q}"
@@ -149,14 +160,16 @@ rule table_resources:
         prediction=rules.table_comm_model.output.prediction,
     output:
         csv=table_report("resource_estimate.csv", "Acceptance", "Resource estimate"),
-    params:
-        analysis=analysis_json("resources", "comm_model"),
     log:
         f"{ANALYSIS_LOGS}/resources.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
+    params:
+        analysis=analysis_json("resources", "comm_model"),
     shell:
         "python -m scalestudy.analysis.resources --runs {input.runs:q} --scaling {input.scaling:q}"
         " --prediction {input.prediction:q} --analysis-json {params.analysis:q}"

@@ -10,17 +10,18 @@ rule baseline_run:
         gate=after_training_gate,
     output:
         **run_outputs("baseline"),
-    params:
-        **run_params("baseline"),
-    threads: train_threads("baseline")
-    resources:
-        **train_resources("baseline"),
     log:
         run_log("baseline"),
     benchmark:
         run_benchmark("baseline")
-    # No container: here: scalestudy.launch.launcher puts the image around each rank (see docs/slurm.md).
-    conda: SOFTWARE_ENV
+    # No container: here: scalestudy.launch.launcher puts the image around each rank (see docs/guide/cluster.md).
+    conda:
+        SOFTWARE_ENV
+    threads: train_threads("baseline")
+    resources:
+        **train_resources("baseline"),
+    params:
+        **run_params("baseline"),
     shell:
         "python -m scalestudy.launch --launch-json {params.launch:q}"
         " --log {log:q} --attempt {resources.attempt} --"

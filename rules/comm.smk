@@ -21,22 +21,24 @@ rule comm_bench:
         site=SITE_CHECKED,
     output:
         f"{COMM_DIR}/w{{world}}.csv",
-    wildcard_constraints:
-        world="|".join(map(str, COMM_WORLDS)) or "none",
-    params:
-        launch=launch_json(lambda wc: int(wc.world)),
-        settings=lambda wc: json.dumps(COMM_SETTINGS, sort_keys=True),  # a function: never formatted
-    threads: rank_threads(lambda wc: int(wc.world))
-    group: short_job_group("comm_bench")  # the preflight group on Slurm (scalestudy/plan/groups.py)
-    resources:
-        **grouped_resources("comm_bench", world_resources(lambda wc: int(wc.world))),
-        gpu=gpu_resource(lambda wc: int(wc.world)),
     log:
         f"{COMM_LOGS}/w{{world}}.log",
     benchmark:
         f"{paths.BENCHMARKS_DIR}/comm/w{{world}}.tsv"
+    wildcard_constraints:
+        world="|".join(map(str, COMM_WORLDS)) or "none",
+    group:
+        short_job_group("comm_bench")  # the preflight group on Slurm (scalestudy/plan/groups.py)
     # No container: here: scalestudy.launch.launcher puts the image around each rank.
-    conda: SOFTWARE_ENV
+    conda:
+        SOFTWARE_ENV
+    threads: rank_threads(lambda wc: int(wc.world))
+    resources:
+        **grouped_resources("comm_bench", world_resources(lambda wc: int(wc.world))),
+        gpu=gpu_resource(lambda wc: int(wc.world)),
+    params:
+        launch=launch_json(lambda wc: int(wc.world)),
+        settings=lambda wc: json.dumps(COMM_SETTINGS, sort_keys=True),  # a function: never formatted
     shell:
         "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.preflight.collectives --"
         " run --settings-json {params.settings:q} --out {output:q} > {log:q} 2>&1"
@@ -51,10 +53,12 @@ rule table_comm_bench:
         fit=table_report("comm_bench_fit.csv", "Model", "Communication benchmark"),
     log:
         f"{COMM_LOGS}/fit.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.preflight.collectives fit --bench {input.bench:q} --busbw-out {output.busbw:q}"
         " --fit-out {output.fit:q} > {log:q} 2>&1"

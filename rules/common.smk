@@ -15,7 +15,6 @@ from scalestudy import compare as _compare
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.plan import cluster, grid, workloads
 
-
 # What the study trains (scalestudy.workloads), the data it reads and its unit.
 WORKLOAD = workloads.of_config(config)
 ARCHIVE = WORKLOAD.data.raw_path  # what fetch writes (None: a command workload brings its own data)
@@ -36,7 +35,7 @@ PROFILE_WORLDS = config["profiling"]["world_sizes"]
 SOFTWARE_ENV = "../envs/scalestudy.yaml"
 APPTAINER_ENV = "../envs/apptainer.yaml"
 
-# The container image (rules/container.smk builds it; docs/slurm.md, "The image").
+# The container image (rules/container.smk builds it; docs/guide/cluster.md, "The image").
 CONTAINERIZED = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 IMAGE = cluster.container_image(config)
 IMAGE_BUILD = cluster.image_build_target(config)
@@ -125,9 +124,12 @@ def fetch_args(wildcards):
     if data["source"] == "synthetic":
         synthetic = data["synthetic"]
         return [
-            "--train-per-class", synthetic["train_per_class"],
-            "--test-per-class", synthetic["test_per_class"],
-            "--seed", synthetic["seed"],
+            "--train-per-class",
+            synthetic["train_per_class"],
+            "--test-per-class",
+            synthetic["test_per_class"],
+            "--seed",
+            synthetic["seed"],
         ]
     args = ["--url", data["url"], "--md5", data["md5"], "--size", data["size_bytes"]]
     args += ["--timeout", data["timeout_s"], "--retries", data["retries"]]
@@ -135,4 +137,6 @@ def fetch_args(wildcards):
         args += ["--sha256", data["sha256"]]
     for mirror in data["mirrors"]:
         args += ["--mirror", mirror]
+    if data["credentials_env"]:  # the variable's name: fetch reads the login from the environment
+        args += ["--credentials-env", data["credentials_env"]]
     return [str(arg) for arg in args]

@@ -25,8 +25,19 @@ if COMPARE["against"]:
             table=table_report(os.path.basename(paths.COMPARISON_TABLE), "Comparison", "Tables"),
             summary=f"{paths.COMPARE_DIR}/summary.json",
             markdown=f"{paths.COMPARE_DIR}/comparison.md",
-            png=report(f"{paths.FIGURES_DIR}/comparison.png", caption="../report/comparison.rst", category="Comparison", subcategory="Figures"),
+            png=report(
+                f"{paths.FIGURES_DIR}/comparison.png",
+                caption="../report/comparison.rst",
+                category="Comparison",
+                subcategory="Figures",
+            ),
             pdf=f"{paths.PAPER_FIGURES_DIR}/comparison.pdf",
+        log:
+            f"{COMPARE_LOGS}/compare.log",
+        conda:
+            SOFTWARE_ENV
+        resources:
+            **light_resources(),
         params:
             against=lambda wildcards: COMPARE["against"],  # a function: never formatted
             # the other study's name: compare.label, else its folder's (scalestudy.compare.study)
@@ -36,11 +47,6 @@ if COMPARE["against"]:
             allow=["--allow-different"] if COMPARE.get("allow_different") else [],
             here=lambda wildcards, input: str(Path(input.runs).parent.parent),  # results/
             analysis=analysis_json("confidence", "train_flops_factor", "peak_tflops", "comm_model"),
-        log:
-            f"{COMPARE_LOGS}/compare.log",
-        resources:
-            **light_resources(),
-        conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.compare {params.against:q} {params.here:q} {params.label_a:q}"
             " --label-b {params.label_b:q} {params.axis:q} {params.allow:q} --analysis-json {params.analysis:q}"

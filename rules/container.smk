@@ -1,4 +1,4 @@
-# container: builds the Apptainer image the study runs in (docs/slurm.md, "The image").
+# container: builds the Apptainer image the study runs in (docs/guide/cluster.md, "The image").
 #
 # The image is used when Snakemake runs with --software-deployment-method apptainer (profiles/slurm):
 # - CPU rules name it in `container:` (cluster.container_image); Snakemake wraps their shell in
@@ -23,14 +23,15 @@ if IMAGE_BUILD:
             requirements="envs/requirements.txt",
         output:
             IMAGE_BUILD,
-        params:
-            args=lambda wildcards: CONTAINER["build_args"],
         log:
             f"{paths.LOGS_DIR}/build_image.log",
+        # apptainer build runs on the host; this env supplies apptainer where the host has none.
+        conda:
+            APPTAINER_ENV
         resources:
             **light_resources(),
-        # apptainer build runs on the host; this env supplies apptainer where the host has none.
-        conda: APPTAINER_ENV
+        params:
+            args=lambda wildcards: CONTAINER["build_args"],
         shell:
             "apptainer build --force {params.args:q} {output:q} {input.definition:q} > {log:q} 2>&1"
 
@@ -45,6 +46,7 @@ if CONTAINERIZED:
         log:
             f"{paths.LOGS_DIR}/image_digest.log",
         # One read of the image where Snakemake runs (cluster.ALWAYS_ON_SUBMIT_HOST).
-        conda: SOFTWARE_ENV
+        conda:
+            SOFTWARE_ENV
         shell:
             "python -m scalestudy.launch.container_image --image {input:q} --out {output:q} > {log:q} 2>&1"

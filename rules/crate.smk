@@ -42,6 +42,12 @@ if CRATE["enabled"]:
         output:
             folder=directory(paths.CRATE_DIR),
             zip=f"{paths.CRATE_DIR}.zip",
+        log:
+            f"{paths.LOGS_DIR}/crate.log",
+        conda:
+            SOFTWARE_ENV
+        resources:
+            **light_resources(),
         params:
             rules=lambda wildcards: _crate.rule_specs(workflow.rules, workflow.basedir),
             # functions: never formatted for wildcards (a config value may hold braces)
@@ -50,11 +56,6 @@ if CRATE["enabled"]:
             config_files=lambda wildcards: [os.path.relpath(path) for path in workflow.configfiles],
             exclude=lambda wildcards: ["--exclude", *CRATE["exclude"]] if CRATE["exclude"] else [],
             metadata=lambda wildcards: os.path.join(os.path.relpath(workflow.persistence.path), "metadata"),
-        log:
-            f"{paths.LOGS_DIR}/crate.log",
-        resources:
-            **light_resources(),
-        conda: SOFTWARE_ENV
         shell:
             "python -m scalestudy.crate write --out-dir {output.folder:q} --zip {output.zip:q}"
             " --metadata-dir {params.metadata:q} --targets {input.study:q} {input.gate:q} --rules-json {params.rules:q}"

@@ -9,15 +9,17 @@ if ARCHIVE:
             image=image_input(),
         output:
             archive=ensure(ARCHIVE, non_empty=True),
+        log:
+            f"{paths.LOGS_DIR}/fetch.log",
+        conda:
+            SOFTWARE_ENV
+        container:
+            container_image()
+        resources:
+            **light_resources(),
         params:
             source=fetch_source(),
             args=fetch_args,
-        log:
-            f"{paths.LOGS_DIR}/fetch.log",
-        resources:
-            **light_resources(),
-        conda: SOFTWARE_ENV
-        container: container_image()
         shell:
             "python -m scalestudy.data.fetch --source {params.source:q} --out {output.archive:q}"
             " {params.args:q} > {log:q} 2>&1"

@@ -12,7 +12,8 @@ checkpoint training_gate:
         f"{paths.GATES_DIR}/training.ok",
     log:
         f"{paths.LOGS_DIR}/gates/training.log",
-    conda: SOFTWARE_ENV
+    conda:
+        SOFTWARE_ENV
     # The checks that passed, one path a line: all there is to record (each check wrote its own result).
     shell:
         "printf '%s\\n' {input:q} > {output:q} 2> {log:q}"

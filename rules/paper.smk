@@ -46,7 +46,9 @@ PAPER_CONTEXT = {
     "min_window_samples": config["analysis"]["monitor"]["min_window_samples"],
 }
 # The figures' vector PDFs (rules/plots.smk, rules/profile.smk)
-PAPER_FIGURES = provided("figures", "profile", keep=lambda path: path.startswith(f"{paths.PAPER_FIGURES_DIR}/"))
+PAPER_FIGURES = provided(
+    "figures", "profile", keep=lambda path: path.startswith(f"{paths.PAPER_FIGURES_DIR}/")
+)
 
 # The PDF needs TeX on the host that runs this workflow (it is not in the training image). paper.pdf:
 # "auto" builds it where latexmk is on PATH and otherwise leaves it out of `all`, saying so here;
@@ -70,16 +72,18 @@ rule paper_tables:
         comm_fit=rules.table_comm_model.output.fit,
     output:
         **{name: f"{PAPER_DIR}/{name}.tex" for name in PAPER_TABLES},
+    log:
+        f"{PAPER_LOGS}/tables.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **light_resources(),
     params:
         out_dir=lambda wildcards, output: os.path.dirname(output.efficiency),
         unit=PLOT_UNIT,
         axes=SENSITIVITY_AXES,
-    log:
-        f"{PAPER_LOGS}/tables.log",
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.paper --scaling {input.scaling:q} --sensitivity {input.sensitivity:q}"
         " --acceptance {input.acceptance:q} --resources {input.resources:q} --comm-fit {input.comm_fit:q}"
@@ -92,15 +96,17 @@ rule paper_numbers:
         image=image_input(),
     output:
         f"{PAPER_DIR}/numbers.tex",
+    log:
+        f"{PAPER_LOGS}/numbers.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **light_resources(),
     params:
         tables=lambda wildcards, input: [f"{name}={getattr(input, name)}" for name in PAPER_DATA],
         context=lambda wc: json.dumps(PAPER_CONTEXT, sort_keys=True),  # a function: never formatted
-    log:
-        f"{PAPER_LOGS}/numbers.log",
-    resources:
-        **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.paper.numbers --table {params.tables:q}"
         " --context-json {params.context:q} --out {output:q} > {log:q} 2>&1"
@@ -119,10 +125,12 @@ rule paper_draft:
         bib=f"{PAPER_DIR}/references.bib",
     log:
         f"{PAPER_LOGS}/draft.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.paper.draft --template {input.template:q} --bib {input.bib:q}"
         " --numbers {input.numbers:q} --out {output.tex:q} --bib-out {output.bib:q} > {log:q} 2>&1"
@@ -138,10 +146,11 @@ rule paper_pdf:
         f"{PAPER_DIR}/paper.pdf",
     log:
         f"{PAPER_LOGS}/pdf.log",
+    conda:
+        SOFTWARE_ENV
     # On the host, outside the container: TeX is a host tool (the training image has none).
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.paper.build --tex {input.tex:q} --pdf {output:q} > {log:q} 2>&1"
 

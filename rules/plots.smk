@@ -36,7 +36,10 @@ FIGURES = {
         extra=" ".join(["--axes", *map(shlex.quote, SENSITIVITY_AXES)]),
     ),
     "gpu_monitor": Figure(
-        "Monitoring", "monitor", {"monitor": run_files("scaling", runfiles.GPU_MONITOR)}, sections=("monitor",)
+        "Monitoring",
+        "monitor",
+        {"monitor": run_files("scaling", runfiles.GPU_MONITOR)},
+        sections=("monitor",),
     ),
     "comm_model": Figure(
         "Model",
@@ -67,8 +70,21 @@ for _name, _figure in FIGURES.items():
             **_figure.inputs,
             image=image_input(),
         output:
-            png=report(f"{paths.FIGURES_DIR}/{_name}.png", caption=f"../report/{_name}.rst", category=_figure.category, subcategory="Figures"),
+            png=report(
+                f"{paths.FIGURES_DIR}/{_name}.png",
+                caption=f"../report/{_name}.rst",
+                category=_figure.category,
+                subcategory="Figures",
+            ),
             pdf=f"{paths.PAPER_FIGURES_DIR}/{_name}.pdf",
+        log:
+            f"{PLOT_LOGS}/{_name}.log",
+        conda:
+            SOFTWARE_ENV
+        container:
+            container_image()
+        resources:
+            **light_resources(),
         params:
             figure=_figure.command,
             inputs=input_args(tuple(_figure.inputs)),
@@ -79,12 +95,6 @@ for _name, _figure in FIGURES.items():
             sample_unit=WORKLOAD.sample_unit,
             workload=WORKLOAD.name,
             metric=WORKLOAD.metric,
-        log:
-            f"{PLOT_LOGS}/{_name}.log",
-        resources:
-            **light_resources(),
-        conda: SOFTWARE_ENV
-        container: container_image()
         shell:
             "python -m scalestudy.plots {params.figure} {params.inputs} {params.extra}"
             " --unit {params.unit:q} --analysis-json {params.analysis:q} --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"

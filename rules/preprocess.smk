@@ -11,15 +11,18 @@ if WORKLOAD.data is workloads.CIFAR10:
         output:
             arrays=PACKED,
             manifest=PACKED_MANIFEST,
-        params:
-            out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
         log:
             f"{paths.LOGS_DIR}/preprocess.log",
-        group: short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
+        group:
+            short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
+        conda:
+            SOFTWARE_ENV
+        container:
+            container_image()
         resources:
             **grouped_resources("preprocess", light_resources()),
-        conda: SOFTWARE_ENV
-        container: container_image()
+        params:
+            out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
         shell:
             "python -m scalestudy.data.preprocess --archive {input.archive:q} --out-dir {params.out_dir:q}"
             " > {log:q} 2>&1"
@@ -33,17 +36,20 @@ elif WORKLOAD.data is workloads.TEXT:
         output:
             arrays=PACKED,
             manifest=PACKED_MANIFEST,
+        log:
+            f"{paths.LOGS_DIR}/preprocess.log",
+        group:
+            short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
+        conda:
+            SOFTWARE_ENV
+        container:
+            container_image()
+        resources:
+            **grouped_resources("preprocess", light_resources()),
         params:
             out_dir=lambda wildcards, output: os.path.dirname(output.manifest[0]),
             test_fraction=config["data"]["test_fraction"],
             seq_len=grid.gpt_seq_len(config),
-        log:
-            f"{paths.LOGS_DIR}/preprocess.log",
-        group: short_job_group("preprocess")  # the preflight group on Slurm (scalestudy/plan/groups.py)
-        resources:
-            **grouped_resources("preprocess", light_resources()),
-        conda: SOFTWARE_ENV
-        container: container_image()
         shell:
             "python -m scalestudy.data.tokenize --corpus {input.corpus:q} --out-dir {params.out_dir:q}"
             " --test-fraction {params.test_fraction:q} --seq-len {params.seq_len:q} > {log:q} 2>&1"

@@ -59,17 +59,18 @@ rule profile_run:
     output:
         **run_outputs("profile"),
         record=f"{PROFILE_RUN_DIR}/profile_tool.json",
-    params:
-        **run_params("profile"),
-    threads: train_threads("profile")
-    resources:
-        **train_resources("profile"),
     log:
         run_log("profile"),
     benchmark:
         run_benchmark("profile")
     # No container: here: scalestudy.launch.launcher puts the image (and nsys) around each rank.
-    conda: SOFTWARE_ENV
+    conda:
+        SOFTWARE_ENV
+    threads: train_threads("profile")
+    resources:
+        **train_resources("profile"),
+    params:
+        **run_params("profile"),
     shell:
         "python -m scalestudy.profiling.run --launch-json {params.launch:q}"
         " --run-config-json {params.run:q} --out-dir {params.out_dir:q} --record {output.record:q}"
@@ -84,11 +85,14 @@ rule profile_nsys_stats:
         directory(f"{PROFILE_DIR}/w{{world}}/nsys_stats"),
     log:
         f"{PROFILE_LOGS}/w{{world}}_nsys_stats.log",
-    group: short_job_group("profile_nsys_stats")
+    group:
+        short_job_group("profile_nsys_stats")
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **grouped_resources("profile_nsys_stats", light_resources()),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.profiling.nsys export --record {input.record:q} --out-dir {output:q}"
         " > {log:q} 2>&1"
@@ -102,16 +106,19 @@ rule profile_summary:
         image=image_input(),
     output:
         **{name: f"{PROFILE_DIR}/w{{world}}/{name}.csv" for name in PROFILE_TABLES},
+    log:
+        f"{PROFILE_LOGS}/w{{world}}_summary.log",
+    group:
+        short_job_group("profile_summary")
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **grouped_resources("profile_summary", light_resources()),
     params:
         out_dir=lambda wildcards, output: os.path.dirname(output.breakdown),
         top=15,
-    log:
-        f"{PROFILE_LOGS}/w{{world}}_summary.log",
-    group: short_job_group("profile_summary")
-    resources:
-        **grouped_resources("profile_summary", light_resources()),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.profiling.summarize world --record {input.record:q}"
         " --nsys-stats {input.nsys_stats:q} --out-dir {params.out_dir:q} --top {params.top:q}"
@@ -127,16 +134,19 @@ rule profile_combine:
         image=image_input(),
     output:
         **{name: f"{PROFILE_DIR}/{name}.csv" for name in PROFILE_TABLES},
+    log:
+        f"{PROFILE_LOGS}/combine.log",
+    group:
+        short_job_group("profile_combine")
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
+    resources:
+        **grouped_resources("profile_combine", light_resources()),
     params:
         out_dir=lambda wildcards, output: os.path.dirname(output.breakdown),
         world_dirs=lambda wildcards, input: [os.path.dirname(path) for path in input.breakdown],
-    log:
-        f"{PROFILE_LOGS}/combine.log",
-    group: short_job_group("profile_combine")
-    resources:
-        **grouped_resources("profile_combine", light_resources()),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.profiling.summarize combine --out-dir {params.out_dir:q}"
         " {params.world_dirs:q} > {log:q} 2>&1"
@@ -152,8 +162,15 @@ rule profile_ncu:
         nsys_stats=NCU_NSYS_STATS,
     output:
         **NCU_FILES,
+    log:
+        f"{PROFILE_LOGS}/w{{world}}_ncu.log",
     wildcard_constraints:
         world=str(NCU_WORLD),
+    conda:
+        SOFTWARE_ENV
+    threads: train_threads("profile")
+    resources:
+        **train_resources("profile"),
     params:
         run=run_params("profile")["run"],
         launch=run_params("profile")["launch"],
@@ -163,12 +180,6 @@ rule profile_ncu:
         selection=lambda wildcards, input: kernel_choice.selection_args(
             NCU, input.profile_record, input.nsys_stats
         ),
-    threads: train_threads("profile")
-    resources:
-        **train_resources("profile"),
-    log:
-        f"{PROFILE_LOGS}/w{{world}}_ncu.log",
-    conda: SOFTWARE_ENV
     shell:
         "python -m scalestudy.profiling.ncu run --launch-json {params.launch:q}"
         " --run-config-json {params.run:q} --work-dir {params.work_dir:q} {params.selection:q}"
@@ -191,10 +202,12 @@ rule figure_profile_breakdown:
         pdf=PROFILE_FIGURE_FILES["profile_breakdown"]["pdf"],
     log:
         f"{PROFILE_LOGS}/figure_breakdown.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.profiling.figures breakdown --breakdown {input.breakdown:q}"
         " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
@@ -214,10 +227,12 @@ rule figure_profile_top_kernels:
         pdf=PROFILE_FIGURE_FILES["profile_top_kernels"]["pdf"],
     log:
         f"{PROFILE_LOGS}/figure_top_kernels.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.profiling.figures top-kernels --top-kernels {input.top_kernels:q}"
         " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"
@@ -235,14 +250,16 @@ rule figure_profile_ncu:
             subcategory="Figures",
         ),
         pdf=PROFILE_FIGURE_FILES["profile_ncu_throughput"]["pdf"],
-    params:
-        source=NCU_FIGURE_SOURCE,
     log:
         f"{PROFILE_LOGS}/figure_ncu_throughput.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
+    params:
+        source=NCU_FIGURE_SOURCE,
     shell:
         "python -m scalestudy.profiling.figures ncu-throughput {params.source:q}"
         " --png {output.png:q} --pdf {output.pdf:q} > {log:q} 2>&1"

@@ -4,12 +4,12 @@
 use rule baseline_run as scaling_run with:
     output:
         **run_outputs("scaling"),
-    params:
-        **run_params("scaling"),
-    threads: train_threads("scaling")
-    resources:
-        **train_resources("scaling"),
     log:
         run_log("scaling"),
     benchmark:
         run_benchmark("scaling")
+    threads: train_threads("scaling")
+    resources:
+        **train_resources("scaling"),
+    params:
+        **run_params("scaling"),

@@ -4,12 +4,12 @@
 use rule baseline_run as sensitivity_run with:
     output:
         **run_outputs("sensitivity"),
-    params:
-        **run_params("sensitivity"),
-    threads: train_threads("sensitivity")
-    resources:
-        **train_resources("sensitivity"),
     log:
         run_log("sensitivity"),
     benchmark:
         run_benchmark("sensitivity")
+    threads: train_threads("sensitivity")
+    resources:
+        **train_resources("sensitivity"),
+    params:
+        **run_params("sensitivity"),

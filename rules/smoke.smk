@@ -25,23 +25,27 @@ if SMOKE_IO:
             site=SITE_CHECKED,
         output:
             result=f"{SMOKE_DIR}/io.json",
-        params:
-            # params functions: values from the config are never formatted as wildcards
-            launch=launch_json(lambda wc: 1),
-            run=lambda wc: json.dumps(_smoke.io_run_config(config), sort_keys=True),
-            settings=lambda wc: json.dumps({key: config["smoke"][key] for key in _smoke.IO_KEYS}, sort_keys=True),
-            epoch=lambda wc: json.dumps(_smoke.saves_per_epoch(config), sort_keys=True),
-        threads: rank_threads(lambda wc: 1)
-        priority: 1  # before the system description and the benchmark: training waits for the smoke tests
-        group: short_job_group("smoke_io")  # the preflight group on Slurm (scalestudy/plan/groups.py)
-        resources:
-            **grouped_resources("smoke_io", world_resources(lambda wc: 1)),
-            gpu=gpu_resource(lambda wc: 1),  # the loader and the checkpoint on the job's GPU
         log:
             f"{SMOKE_LOGS}/io.log",
         benchmark:
             f"{paths.BENCHMARKS_DIR}/smoke/io.tsv"
-        conda: SOFTWARE_ENV
+        priority: 1  # before the system description and the benchmark: training waits for the smoke tests
+        group:
+            short_job_group("smoke_io")  # the preflight group on Slurm (scalestudy/plan/groups.py)
+        conda:
+            SOFTWARE_ENV
+        threads: rank_threads(lambda wc: 1)
+        resources:
+            **grouped_resources("smoke_io", world_resources(lambda wc: 1)),
+            gpu=gpu_resource(lambda wc: 1),  # the loader and the checkpoint on the job's GPU
+        params:
+            # params functions: values from the config are never formatted as wildcards
+            launch=launch_json(lambda wc: 1),
+            run=lambda wc: json.dumps(_smoke.io_run_config(config), sort_keys=True),
+            settings=lambda wc: json.dumps(
+                {key: config["smoke"][key] for key in _smoke.IO_KEYS}, sort_keys=True
+            ),
+            epoch=lambda wc: json.dumps(_smoke.saves_per_epoch(config), sort_keys=True),
         shell:
             "python -m scalestudy.launch --launch-json {params.launch:q} --module scalestudy.preflight.smoke --"
             " io --run-config-json {params.run:q} --settings-json {params.settings:q}"
@@ -56,24 +60,26 @@ rule smoke_step:
         site=SITE_CHECKED,
     output:
         result=f"{SMOKE_DIR}/train_w{{world}}.json",
-    wildcard_constraints:
-        world="|".join(map(str, SMOKE_WORLDS)),
-    params:
-        launch=launch_json(lambda wc: int(wc.world)),
-        run=lambda wc: json.dumps(_smoke.step_run_config(config, int(wc.world)), sort_keys=True),
-        out_dir=lambda wc, output: output.result.removesuffix(".json"),
-    threads: rank_threads(lambda wc: int(wc.world))
-    priority: 1
-    group: short_job_group("smoke_step")
-    resources:
-        **grouped_resources("smoke_step", world_resources(lambda wc: int(wc.world))),
-        gpu=gpu_resource(lambda wc: int(wc.world)),
     log:
         f"{SMOKE_LOGS}/train_w{{world}}.log",
     benchmark:
         f"{paths.BENCHMARKS_DIR}/smoke/train_w{{world}}.tsv"
+    wildcard_constraints:
+        world="|".join(map(str, SMOKE_WORLDS)),
+    priority: 1
+    group:
+        short_job_group("smoke_step")
     # No container: here: scalestudy.launch.launcher puts the image around each rank.
-    conda: SOFTWARE_ENV
+    conda:
+        SOFTWARE_ENV
+    threads: rank_threads(lambda wc: int(wc.world))
+    resources:
+        **grouped_resources("smoke_step", world_resources(lambda wc: int(wc.world))),
+        gpu=gpu_resource(lambda wc: int(wc.world)),
+    params:
+        launch=launch_json(lambda wc: int(wc.world)),
+        run=lambda wc: json.dumps(_smoke.step_run_config(config, int(wc.world)), sort_keys=True),
+        out_dir=lambda wc, output: output.result.removesuffix(".json"),
     shell:
         "python -m scalestudy.preflight.smoke step --launch-json {params.launch:q} --run-config-json {params.run:q}"
         " --out-dir {params.out_dir:q} --out {output.result:q} > {log:q} 2>&1"
@@ -95,10 +101,12 @@ rule table_smoke:
         passed=f"{SMOKE_DIR}/all.passed",
     log:
         f"{SMOKE_LOGS}/table.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.preflight.smoke table --inputs {input.results:q} --out {output.table:q} > {log:q} 2>&1"
         " && printf '%s\\n' {input.results:q} > {output.passed:q}"

@@ -18,20 +18,22 @@ rule system:
         site=SITE_CHECKED,
     output:
         index=f"{SYSTEM_DIR}/nodes_compute.json",
-    params:
-        # a params function: values from the config are never formatted as wildcards
-        launch=launch_json(lambda wc: SYSTEM_WORLD),
-        args=SYSTEM_ARGS,
-    threads: 1
-    group: short_job_group("system")  # the preflight group on Slurm (scalestudy/plan/groups.py)
-    resources:
-        **grouped_resources("system", world_resources(lambda wc: SYSTEM_WORLD)),
     log:
         f"{SYSTEM_LOGS}/compute.log",
     benchmark:
         f"{paths.BENCHMARKS_DIR}/system/compute.tsv"
+    group:
+        short_job_group("system")  # the preflight group on Slurm (scalestudy/plan/groups.py)
     # No container: here: scalestudy.preflight.system puts the image around each per-node task.
-    conda: SOFTWARE_ENV
+    conda:
+        SOFTWARE_ENV
+    threads: 1
+    resources:
+        **grouped_resources("system", world_resources(lambda wc: SYSTEM_WORLD)),
+    params:
+        # a params function: values from the config are never formatted as wildcards
+        launch=launch_json(lambda wc: SYSTEM_WORLD),
+        args=SYSTEM_ARGS,
     shell:
         "python -m scalestudy.preflight.system describe {params.args:q} --kind compute"
         " --launch-json {params.launch:q} --index {output.index:q} > {log:q} 2>&1"
@@ -42,14 +44,16 @@ rule system_cpu:
         image=image_input(),
     output:
         index=f"{SYSTEM_DIR}/nodes_cpu.json",
-    params:
-        args=SYSTEM_ARGS,
     log:
         f"{SYSTEM_LOGS}/cpu.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
+    params:
+        args=SYSTEM_ARGS,
     shell:
         "python -m scalestudy.preflight.system describe {params.args:q} --kind cpu --index {output.index:q}"
         " > {log:q} 2>&1"
@@ -63,10 +67,12 @@ rule table_system:
         table_report("system.csv", "System", "System under test"),
     log:
         f"{SYSTEM_LOGS}/table.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.preflight.system table --index {input.index:q} --out {output:q} > {log:q} 2>&1"
 

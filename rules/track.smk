@@ -1,4 +1,4 @@
-# track: the study in MLflow (scalestudy.tracking, docs/tracking.md). With `tracking.enabled`, every
+# track: the study in MLflow (scalestudy.tracking, docs/guide/tracking.md). With `tracking.enabled`, every
 # training job's rank 0 journals its run in its run folder (the settings reach it through one
 # environment variable, never the run config), the study's follower sends the journals to MLflow
 # while the jobs run and shows the points not yet running as SCHEDULED (onstart), and rule
@@ -36,16 +36,17 @@ if TRACKING:
             study=provided("analysis", "figures", "paper"),
         output:
             f"{TRACK_LOGS}/sync.json",
-        params:
-            tracking=lambda wildcards: TRACKING_JSON,
-            follower=FOLLOWER_PID,
         log:
             f"{TRACK_LOGS}/sync.log",
+        conda:
+            SOFTWARE_ENV
         # On the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: it reaches the
         # tracking server (compute nodes may not) and writes the embedded store with the venv's full mlflow.
         resources:
             **light_resources(),
-        conda: SOFTWARE_ENV
+        params:
+            tracking=lambda wildcards: TRACKING_JSON,
+            follower=FOLLOWER_PID,
         shell:
             "python -m scalestudy.tracking sync --tracking-json {params.tracking:q} --runs-dir results/runs"
             " --smoke-files {input.smoke:q} --comm-files {input.comm:q}"

@@ -1,7 +1,7 @@
 """The contract between scalestudy and your own training script (`workload: command`).
 
 Standard library only: import it (`from scalestudy import contract`) or copy this file next to
-your script. docs/workloads.md ("Your own script") has the whole contract. In short: scalestudy
+your script. docs/guide/workloads.md ("Your own script") has the whole contract. In short: scalestudy
 runs `python SCRIPT ARGS...` on every rank with torch's rendezvous variables and
 SCALESTUDY_RUN_CONFIG (the run config, a JSON file), SCALESTUDY_OUT_DIR, SCALESTUDY_CHECKPOINT_DIR
 (kept over retries: save and resume there) and SCALESTUDY_PROGRESS (this rank's progress file).

@@ -21,7 +21,7 @@
 # GPU_CHECK_STEPS picks the parts (default "study lm"), GPU_CHECK_STUDY_LIMIT_S the study's limit; a
 # part whose limit no longer fits in the budget is not run, and said so. With GPU_CHECK_COPY_TO (the
 # device tool's $OUT) the folder is also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with
-# study-check.txt and the CSVs beside it (what comes back from a lent machine; docs/gpus.md). The
+# study-check.txt and the CSVs beside it (what comes back from a lent machine; docs/guide/gpu.md). The
 # script goes on after a failed part; the exit status says whether any failed. PYTHON picks the
 # interpreter (default .venv/bin/python, else python3); STUDY_DEVICE=cpu with GPU_CHECK_CPU_SMALL=1
 # runs every part at a tiny size on a CPU (the test; GPU_CHECK_LIMIT_SCALE multiplies every limit and

@@ -8,7 +8,7 @@
 #      `python -m scalestudy.benchmark --device cuda --sections training ...`;
 #   3. `python -m scalestudy.benchmark.studycheck check`: no two training jobs overlapped on the GPU,
 #      no point contended, the strong 1-GPU point within 10 % of the benchmark row, convolution
-#      kernels in the ncu table (docs/benchmarks.md, "One-GPU study through Snakemake").
+#      kernels in the ncu table (docs/guide/benchmarks.md, "The one-GPU study check").
 # OUT_DIR then holds snakemake.log, benchmark.csv/.log, check.txt and study-results.tar.gz.
 #
 #   bash scripts/gpu_study.sh [OUT_DIR]     # default bench-out/gpu/study

@@ -25,6 +25,8 @@ source scripts/bootstrap.sh
 unset PYTHONDONTWRITEBYTECODE
 ruff check .
 ruff format --check .
+# the Snakefile and rules/ formatted as the Snakemake workflow template's CI checks them ([tool.snakefmt])
+snakefmt --check Snakefile rules
 snakemake --lint --profile profiles/local
 # On a fresh machine the packages take longer than the venv (Slurm, TeX and Chromium ~2 min; uv ~1)
 wait "$packages" || echo "test.sh: tests/system_packages.sh failed (log: $packages_log); the tests" \

@@ -49,7 +49,7 @@ def start_server(folder: Path, port: int, via: Sequence[str] = ()) -> subprocess
     command += ["--artifacts-destination", str(folder / "artifacts")]
     log_path = folder / f"server-{port}.log"
     log = open(log_path, "a")  # noqa: SIM115 - closed with the process
-    # as docs/tracking.md starts it: without MLflow's GenAI job runner (8 processes fewer)
+    # as docs/guide/tracking.md starts it: without MLflow's GenAI job runner (8 processes fewer)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env=env)
     health = [*via, sys.executable, "-c", HEALTH, f"http://127.0.0.1:{port}/health"]

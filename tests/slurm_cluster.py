@@ -1,5 +1,5 @@
 """What the Slurm tests share (tests/test_slurm*.py): the throw-away cluster (tests/slurm/cluster.sh)
-and its clients, the documented commands of docs/slurm.md run as written, the study's configs for a
+and its clients, the documented commands of docs/guide/cluster.md run as written, the study's configs for a
 cluster, the checks of what Slurm ran and recorded (jobs, run catalog, MLflow runs), and the
 fixtures that bring a cluster up (`clusters`, `slurm`, `slurm_accounting`: each module that imports
 them brings the cluster it needs up, and down at its end if it was not up before). The demo runs on
@@ -29,7 +29,7 @@ from scalestudy.plan import cluster, groups, paths
 from tests.conftest import REPO, copy_workflow, snakemake_env, write_config  # noqa: F401 - theirs too
 
 CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
-DOCS = REPO / "docs/slurm.md"
+DOCS = REPO / "docs/guide/cluster.md"
 PROFILE = "profiles/slurm-noapptainer"
 LOCK = Path("/tmp/scalestudy-slurm.lock")  # one test session on the cluster at a time
 # (a group job's Snakemake id is a uuid, a rule job's a number)
@@ -95,10 +95,10 @@ class Clusters:
 
 
 def documented_commands() -> list[list[str]]:
-    """The container-less route's snakemake commands, as docs/slurm.md gives them."""
+    """The container-less route's snakemake commands, as docs/guide/cluster.md gives them."""
     lines = re.findall(rf"^\$ (snakemake --profile {PROFILE} .*?)\s*(?:#.*)?$", DOCS.read_text(), re.M)
     commands = [shlex.split(line) for line in lines]
-    assert len(commands) >= 2, f"docs/slurm.md has no `$ snakemake --profile {PROFILE} ...` commands"
+    assert len(commands) >= 2, f"docs/guide/cluster.md has no `$ snakemake --profile {PROFILE} ...` commands"
     return commands
 
 
@@ -174,7 +174,7 @@ def run_documented_demo(slurm: Cluster, workdir: Path, configfile: str, *extra: 
 
 # The demo without accounting sends its runs to a real `mlflow server` on the submit host: 127.0.0.1
 # of the cluster's head network namespace, where Snakemake, its follower and rule track run; the
-# compute nodes never reach it (docs/tracking.md). No other server listens there.
+# compute nodes never reach it (docs/guide/tracking.md). No other server listens there.
 MLFLOW_PORT = 5055
 # The store each study folder's MLflow runs are read from (a server's backing SQLite file).
 READ_STORES: dict[Path, str] = {}

@@ -1,6 +1,6 @@
 """scalestudy.benchmark: the arithmetic of its table, and that what it times does the real work.
 
-No timing assertions: speed targets live in the benchmark's output (docs/benchmarks.md).
+No timing assertions: speed targets live in the benchmark's output (docs/guide/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def test_a_study_config_is_read_as_snakemake_does_without_importing_it(name):
 
 def test_the_reference_row_says_how_its_fp32_ran_on_a_gpu():
     """torch's defaults run cuDNN convolutions in TF32: on an H100 that made the reference 2x the
-    project's IEEE fp32 (docs/benchmarks.md), so its row must not read as plain fp32 there."""
+    project's IEEE fp32 (docs/guide/benchmarks.md), so its row must not read as plain fp32 there."""
     from scalestudy.train import process
 
     math = reference_trainer.reference_math

@@ -69,7 +69,8 @@ def test_rounds_interleave_the_cells_and_the_table_gives_spread_ratio_and_noise(
     assert sum(row["kind"] == "sample" for row in read(out)) == 12
     printed = capsys.readouterr().out
     assert "compiled  16     3" in printed
-    assert "| compiled | 16 | 130 +- 5 | 3 | 1.300 | 0.124 | Fake GPU |" in printed  # docs/benchmarks.md's
+    # docs/guide/benchmarks.md's table
+    assert "| compiled | 16 | 130 +- 5 | 3 | 1.300 | 0.124 | Fake GPU |" in printed
 
 
 def test_no_run_starts_that_would_end_past_the_budget_and_the_table_says_so(stand_in, tmp_path, capsys):

@@ -1,6 +1,7 @@
-"""The files the docs send a reader to exist: every path in docs/architecture.md's recipes ("Where
-to look for the five most common changes") and in README.md's layout table. A bare file name is
-looked for in the folder named before it in the same row; `<name>` stands for any one name."""
+"""docs/architecture.md is a true map: every path in its recipes ("Where to look for the five most
+common changes") and its rules table exists, the rules table names every rule file, and its package
+map names every folder of the package and no other. A bare file name is looked for in the folder
+named before it in the same row; `<name>` stands for any one name."""
 
 from __future__ import annotations
 
@@ -56,10 +57,24 @@ def test_every_file_of_the_architecture_recipes_exists():
     assert missing_in(rows[1:], [REPO, REPO / "scalestudy"]) == []
 
 
-def test_every_path_of_the_readme_layout_exists():
-    rows = section_rows((REPO / "README.md").read_text(), "## Layout")
-    assert len(rows) >= 10
-    assert missing_in(rows[1:], [REPO], folder_rows=("profiles/",)) == []
+ARCHITECTURE = REPO / "docs/architecture.md"
+
+
+def test_every_rule_file_is_in_the_architectures_rules_table_and_exists():
+    rows = section_rows(ARCHITECTURE.read_text(), "## The rules")
+    assert len(rows) >= 6
+    assert missing_in(rows[1:], [REPO]) == []
+    named = set(CODE.findall("\n".join(rows)))
+    files = {str(path.relative_to(REPO)) for path in (REPO / "rules").glob("*.smk")} - {"rules/common.smk"}
+    assert files - named == set(), "rule files the architecture's table does not name"
+
+
+def test_the_package_map_names_every_folder_of_the_package_and_no_other():
+    rows = section_rows(ARCHITECTURE.read_text(), "## Package map")
+    named = {CODE.findall(row)[0] for row in rows[1:]}
+    package = REPO / "scalestudy"
+    folders = {f"{path.name}/" for path in package.iterdir() if (path / "__init__.py").is_file()}
+    assert named == folders | {"scalestudy/"}
 
 
 def test_a_missing_file_is_named(tmp_path):

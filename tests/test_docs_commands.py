@@ -1,4 +1,4 @@
-"""Every shell command README.md and docs/*.md show runs as shown, from a fresh copy of the workflow.
+"""Every shell command README.md and the docs show (PAGES) runs as shown, from a fresh copy of the workflow.
 
 The commands are taken from the pages: fenced ```bash/sh/shell blocks (every line; `\\` continues a
 line), ```console blocks (the `$ ` lines), and inline `code` that is a whole command (it starts with
@@ -10,7 +10,7 @@ shell). A command that exits non-zero fails its test, named by file:line.
 
 What this machine (CPU, no Apptainer, no real site) does not run is in the tables below, each row
 with its reason; a row whose command the docs no longer show fails, so the tables stay current.
-The Slurm route of docs/slurm.md runs literally in tests/test_slurm.py (tests/slurm_cluster.py's
+The Slurm route of docs/guide/cluster.md runs literally in tests/test_slurm.py (tests/slurm_cluster.py's
 documented_commands()).
 """
 
@@ -27,7 +27,16 @@ import pytest
 
 from tests.conftest import REPO, snakemake_env
 
-PAGES = ("README.md", "docs/*.md")
+# The pages a reader follows (the measurement records under docs/measurements/ are logs, not instructions).
+PAGES = (
+    "README.md",
+    "CONTRIBUTING.md",
+    "config/README.md",
+    "profiles/README.md",
+    "docs/*.md",
+    "docs/guide/*.md",
+    "docs/reference/*.md",
+)
 
 # --- the one place for commands this test does not run -----------------------------------------
 # A row covers the command it names and every command that starts with it and a blank ("nsys": all
@@ -41,9 +50,11 @@ NOT_RUN: dict[str, str] = {
     "python -m scalestudy.benchmark --device cuda": GPU,
     "python -m scalestudy.benchmark.lm --preset gpt2-small --device cuda": GPU,
     "bash scripts/gpu_check.sh": GPU + " (tests/test_gpu.py skips there; the benchmarks need CUDA)",
-    # docs/gpus.md: the study on a GPU workstation (its dry run runs; tests/test_gpu_workflow.py
+    # docs/guide/gpu.md: the study on a GPU workstation (its dry run runs; tests/test_gpu_workflow.py
     # runs GPU jobs through Snakemake on a fake NVML)
     "snakemake --profile profiles/local --configfile config/workstation.yaml": GPU,
+    "snakemake --profile profiles/local --configfile config/gpu-one.yaml": GPU + " (config/README.md; "
+    "scripts/gpu_check.sh's step `study` runs it on a GPU)",
     "GPU_CHECK_STEPS=study bash scripts/gpu_check.sh": GPU + " (the one-GPU study: cuda + nccl)",
     "bash scripts/gpu_bundle.sh": "fetches cp312 wheels from PyPI (tests/test_gpu_bundle.py builds a "
     "bundle for this interpreter without network)",
@@ -58,8 +69,6 @@ NOT_RUN: dict[str, str] = {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server": SITE,
     "ssh": SITE + " (a tunnel from your laptop)",
     "$EDITOR config/config.yaml": "opens an editor",
-    "python -X importtime": "an interpreter option named in prose",
-    "pytest -ra": "the whole test suite: scripts/test.sh runs it (CI)",
     "python -m scalestudy.preflight.site rank": "prose: the rank program the launcher starts under srun",
 }
 # Commands that run too long for this module, and the test that runs them: (file, text in it).
@@ -72,8 +81,8 @@ COVERED: dict[str, tuple[str, str]] = {
         'LM_CONFIG = "config/demo-gpt.yaml"',
     ),
     "snakemake --report results/report.html": ("scripts/demo.sh", "--report results/report.html"),
-    # README's re-measuring of contended points: on a fresh copy (no runs.csv) it is the whole demo
-    # again; tests/test_rerun.py runs its `targets` and plans its --forcerun on a finished demo
+    # the re-measuring of contended points (docs/guide/reruns.md): on a fresh copy (no runs.csv) it is
+    # the whole demo again; tests/test_rerun.py runs its `targets` and plans its --forcerun on a finished demo
     "snakemake --profile profiles/local --forcerun": ("tests/test_rerun.py", '"--forcerun", *printed'),
     # the whole demo, as demo.sh's first command runs it (tests/test_workflow.py); its point, the
     # rules' python without the venv on PATH, is tests/test_faults.py's
@@ -81,16 +90,17 @@ COVERED: dict[str, tuple[str, str]] = {
         "scripts/demo.sh",
         'snakemake --profile profiles/local "$@"\n',
     ),
-    # README's one-point commands, from a fresh copy: the preflight again and a point (94 s of CI);
+    # the one-point commands of docs/guide/reruns.md, from a fresh copy: the preflight again and a
+    # point (94 s of CI);
     # tests/test_workflow.py runs them on its finished demo, tests/test_rerun.py asks for points by
     # path from a fresh copy
     "snakemake --profile profiles/local results/runs/scaling/weak/w2_r0/summary.json": (
         "tests/test_workflow.py",
-        "def test_the_readmes_one_point_commands_name_points_of_the_demo",
+        "def test_the_guides_one_point_commands_name_points_of_the_demo",
     ),
     "snakemake --profile profiles/local results/runs/sensitivity/bf16/bs32_bucket25/summary.json": (
         "tests/test_workflow.py",
-        "def test_the_readmes_one_point_commands_name_points_of_the_demo",
+        "def test_the_guides_one_point_commands_name_points_of_the_demo",
     ),
     "bash scripts/test.sh": (".ci/run", "exec bash scripts/test.sh"),
     ".venv/bin/python -m pytest -m slurm tests/test_slurm.py tests/test_slurm_no_accounting.py -v": (
@@ -120,7 +130,7 @@ def row(table: dict, text: str) -> str | None:
     return max(rows, key=len, default=None)
 
 
-# The small settings the docs offer (docs/benchmarks.md's options), appended to a module's command.
+# The small settings the docs offer (docs/guide/benchmarks.md's options), appended to a module's command.
 SMALL: dict[str, str] = {
     "scalestudy.benchmark": "--repeats 1 --steps 2 --batch 16",
     "scalestudy.benchmark dag": "--repeats 1 --configfile config/demo.yaml",
@@ -227,7 +237,7 @@ def documented_commands(root: Path = REPO) -> list[Command]:
 
 
 def slurm_test_commands() -> set[str]:
-    """The docs/slurm.md commands tests/test_slurm.py runs literally (tests/slurm_cluster.py's reading
+    """The docs/guide/cluster.md commands tests/test_slurm.py runs literally (tests/slurm_cluster.py's reading
     of the page)."""
     from tests.slurm_cluster import documented_commands as slurm_documented
 
@@ -345,8 +355,8 @@ def test_every_covered_command_is_run_by_the_test_named():
 
 
 def test_the_slurm_pages_commands_are_run_or_listed():
-    """docs/slurm.md's snakemake route runs in tests/test_slurm.py; the rest is run here or listed."""
-    slurm_page = [command for command in ALL if command.where.startswith("docs/slurm.md:")]
+    """docs/guide/cluster.md's snakemake route runs in tests/test_slurm.py; the rest is run here or listed."""
+    slurm_page = [command for command in ALL if command.where.startswith("docs/guide/cluster.md:")]
     assert len(SLURM_RUN) >= 2 and {command.text for command in slurm_page} >= SLURM_RUN
     for command in slurm_page:
         if command.text.startswith("snakemake --profile profiles/slurm-noapptainer"):

@@ -1,7 +1,9 @@
-"""Fetching against a real HTTP server on 127.0.0.1: resume, verification, mirrors, failure reports."""
+"""Fetching against a real HTTP server on 127.0.0.1: resume, verification, mirrors, failure reports,
+a private mirror's login (from a netrc file or a named environment variable; HTTP basic)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -32,6 +34,7 @@ class Served:
     range: str | None
     status: int
     sent: int = 0
+    authorization: str | None = None
 
 
 @dataclass
@@ -42,6 +45,9 @@ class FileServer:
     requests: list[Served] = field(default_factory=list)
     hang_up_after: list[int] = field(default_factory=list)  # per coming response: body bytes to send
     ignore_range: bool = False
+    login: str | None = None  # the Authorization header a request needs (else 401), as a private mirror
+    forbidden: bool = False  # every request answered 403
+    redirect_to: str | None = None  # every request answered 302 to this URL
     port: int = 0
 
     def url(self, name: str = NAME) -> str:
@@ -57,10 +63,24 @@ class _Handler(BaseHTTPRequestHandler):
         requested = self.headers.get("Range")
         start = _range_start(requested) if requested and not state.ignore_range else 0
         status = 404 if body is None else 416 if start >= len(body) > 0 else 206 if start else 200
-        served = Served(self.path, requested, status)
+        authorization = self.headers.get("Authorization")
+        if state.login is not None and authorization != state.login:
+            status = 401
+        status = 403 if state.forbidden else 302 if state.redirect_to else status
+        served = Served(self.path, requested, status, authorization=authorization)
         state.requests.append(served)
-        if status == 404:
-            self.send_error(404)
+        if status in (401, 403, 404):
+            self.send_response(status)
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Basic realm="mirror"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if status == 302:
+            self.send_response(302)
+            self.send_header("Location", state.redirect_to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         self.send_response(status)
         if status == 416:
@@ -112,15 +132,24 @@ def server(payload: bytes) -> Iterator[FileServer]:
 def serving(files: dict[str, bytes]) -> Iterator[FileServer]:
     """A FileServer of `files` on 127.0.0.1 (a free port) while the block runs."""
     state = FileServer(files)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.state = state  # type: ignore[attr-defined]
-    state.port = httpd.server_address[1]
+    with http_server(_Handler) as httpd:
+        httpd.state = state  # type: ignore[attr-defined]
+        state.port = httpd.server_address[1]
+        yield state
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """An HTTP server of `handler` on 127.0.0.1 (a free port), serving in a thread while the block runs."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def _expected(data: bytes) -> Expected:
@@ -337,3 +366,155 @@ def test_command_line_writes_and_pins_a_synthetic_archive(tmp_path):
     assert wrong.returncode == 1
     assert f"expected {'1' * 64}, got {digest}" in wrong.stderr
     assert _leftovers(tmp_path) == ["first.tar.gz", "pinned.tar.gz"]
+
+
+# --------------------------------------------------------------------------- a private mirror's login
+USER, PASSWORD = "alice", "s3cret-CANARY-netrc"
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _netrc(path: Path, host: str = "127.0.0.1", password: str = PASSWORD, mode: int = 0o600) -> Path:
+    path.write_text(f"machine {host}\n  login {USER}\n  password {password}\n")
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def private(server, monkeypatch, tmp_path) -> FileServer:
+    """The test server as a private mirror (HTTP basic, alice's login); no netrc file, no variable."""
+    server.login = _basic(USER, PASSWORD)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NETRC", raising=False)
+    return server
+
+
+@pytest.mark.parametrize("where", ["NETRC", "home"])
+def test_a_private_mirror_authenticates_from_the_netrc_file(
+    private, payload, tmp_path, monkeypatch, caplog, where
+):
+    if where == "NETRC":
+        monkeypatch.setenv("NETRC", str(_netrc(tmp_path / "credentials")))
+    else:
+        (tmp_path / "home").mkdir()
+        _netrc(tmp_path / "home" / ".netrc")
+    private.hang_up_after = [len(payload) // 2]  # the resumed request carries the login too
+    caplog.set_level("INFO", logger="scalestudy")
+    out = tmp_path / NAME
+
+    fetch([private.url()], out, _expected(payload), **FAST)
+
+    assert out.read_bytes() == payload
+    assert [(r.status, r.authorization) for r in private.requests] == [
+        (200, private.login),
+        (206, private.login),
+    ]
+    assert any("credentials for 127.0.0.1" in message and "netrc" in message for message in caplog.messages)
+    assert PASSWORD not in caplog.text and private.login not in caplog.text
+
+
+def test_the_environment_variables_login_goes_only_to_a_source_that_asks_for_one(
+    private, payload, tmp_path, monkeypatch
+):
+    """data.credentials_env: sent after a 401, never to a source that asks for none (a public one)."""
+    monkeypatch.setenv("MIRROR_LOGIN", f"{USER}:{PASSWORD}")
+    with serving({NAME: payload}) as public:
+        fetch(
+            [public.url()],
+            tmp_path / "public" / NAME,
+            _expected(payload),
+            credentials_env="MIRROR_LOGIN",
+            **FAST,
+        )
+    assert [(r.status, r.authorization) for r in public.requests] == [(200, None)]
+
+    fetch([private.url()], tmp_path / NAME, _expected(payload), credentials_env="MIRROR_LOGIN", **FAST)
+    assert [(r.status, r.authorization) for r in private.requests] == [(401, None), (200, private.login)]
+    assert (tmp_path / NAME).read_bytes() == payload
+
+
+def test_a_token_in_the_environment_is_sent_as_a_bearer_token(private, payload, tmp_path, monkeypatch):
+    private.login = "Bearer hf_CANARYtoken"
+    monkeypatch.setenv("HF_TOKEN", "hf_CANARYtoken")
+    fetch([private.url()], tmp_path / NAME, _expected(payload), credentials_env="HF_TOKEN", **FAST)
+    assert [r.status for r in private.requests] == [401, 200]
+
+
+@pytest.mark.parametrize(
+    ("setup", "status", "said"),
+    [
+        ("none", 401, "no credentials were sent"),
+        ("wrong netrc", 401, "it refused the credentials of the netrc file"),
+        (
+            "unset variable",
+            401,
+            "no credentials were sent (data.credentials_env names $MIRROR_LOGIN, which is not set",
+        ),
+        ("netrc", 403, "it refused the credentials of the netrc file"),
+    ],
+)
+def test_a_refused_login_is_one_line_naming_the_mirror_and_never_the_secret(
+    private, payload, tmp_path, monkeypatch, setup, status, said
+):
+    if setup in ("wrong netrc", "netrc"):
+        wrong = PASSWORD if setup == "netrc" else "wrong-CANARY-password"
+        monkeypatch.setenv("NETRC", str(_netrc(tmp_path / "credentials", password=wrong)))
+    private.forbidden = status == 403
+    out = tmp_path / "data" / NAME
+    result = _cli("--source", "cifar10", "--out", str(out), "--url", private.url(), "--md5", "0" * 32,
+                  "--retries", "0", "--credentials-env", "MIRROR_LOGIN")  # fmt: skip
+
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    reason = {401: "Unauthorized", 403: "Forbidden"}[status]
+    assert f"HTTP {status} {reason} from 127.0.0.1:{private.port}/{NAME}: {said}" in last, last
+    assert "~/.netrc" in last and "data.credentials_env" in last  # what to do
+    assert "CANARY" not in result.stderr + result.stdout
+    assert len(private.requests) == 1 and not out.exists()  # refused: not retried
+
+
+def test_a_netrc_file_others_may_read_is_refused_naming_it(private, payload, tmp_path, monkeypatch):
+    netrc_file = _netrc(tmp_path / "credentials", mode=0o644)
+    monkeypatch.setenv("NETRC", str(netrc_file))
+    with pytest.raises(
+        AllSourcesFailed, match=rf"netrc file {re.escape(str(netrc_file))}: others may read it"
+    ):
+        fetch([private.url()], tmp_path / NAME, _expected(payload), **FAST)
+    assert private.requests == []
+    netrc_file.write_text(f"{USER} {PASSWORD}\n")  # Python's parser quotes a bad token in its message
+    netrc_file.chmod(0o600)
+    with pytest.raises(AllSourcesFailed, match="line 1: not netrc syntax") as caught:
+        fetch([private.url()], tmp_path / NAME, _expected(payload), **FAST)
+    assert USER not in str(caught.value) and PASSWORD not in str(caught.value)
+
+
+def test_a_source_holding_credentials_is_refused_without_printing_them(server, payload, tmp_path):
+    """The fetch command line is the rule's, which Snakemake records: a URL's login is refused."""
+    sources = [
+        f"http://{USER}:{PASSWORD}@127.0.0.1:{server.port}/{NAME}",
+        f"{server.url()}?X-Amz-Signature=sig-CANARY&X-Amz-Credential=cred-CANARY",
+    ]
+    result = _cli(
+        "--source", "cifar10", "--out", str(tmp_path / NAME), "--mirror", sources[0], "--url", sources[1]
+    )
+
+    assert result.returncode == 1 and server.requests == []
+    last = result.stderr.strip().splitlines()[-1]
+    assert (
+        f"[1] http://***@127.0.0.1:{server.port}/{NAME}: the source holds credentials (user:password@" in last
+    )
+    assert (
+        "X-Amz-Signature=***&X-Amz-Credential=***: the source holds credentials (the query parameter" in last
+    )
+    assert "CANARY" not in result.stderr + result.stdout
+
+
+def test_the_login_is_not_carried_across_a_redirect_to_another_host(private, payload, tmp_path, monkeypatch):
+    monkeypatch.setenv("NETRC", str(_netrc(tmp_path / "credentials")))
+    with serving({NAME: payload}) as elsewhere:
+        private.redirect_to = f"http://localhost:{elsewhere.port}/{NAME}"
+        fetch([private.url()], tmp_path / NAME, _expected(payload), **FAST)
+    assert [(r.status, r.authorization) for r in private.requests] == [(302, private.login)]
+    assert [(r.status, r.authorization) for r in elsewhere.requests] == [(200, None)]

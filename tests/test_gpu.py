@@ -2,7 +2,7 @@
 trainer on CUDA at every precision and compiled, with the NVML monitor sampling its GPU; the
 one-rank NCCL group; FSDP2 and DDP at one rank on NCCL (the GPT); the node description on a real
 driver; Nsight Compute inside the trainer's NVTX step ranges. scripts/gpu_check.sh runs these with
-the benchmarks on a GPU node; docs/benchmarks.md ("GPU: measured on one H100") has what they showed."""
+the benchmarks on a GPU node; docs/measurements/ has what they showed."""
 
 from __future__ import annotations
 

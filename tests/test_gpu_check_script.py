@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh and scripts/gpu_study.sh on a machine without a GPU: what they do before any
 GPU work (the time budget of one device command, the missing Snakemake), and the one command end to
 end on the CPU at tiny sizes (the study cut short by its limit). The GPU steps themselves run on a GPU
-node only (docs/gpus.md, "The prepared command")."""
+node only (docs/guide/gpu.md, "The prepared GPU check")."""
 
 from __future__ import annotations
 

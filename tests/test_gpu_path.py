@@ -3,7 +3,7 @@ stop agreement's CPU tensors, fp32 is IEEE fp32, FSDP2's root (and at one rank e
 its parameters and only the root casts the inputs, an FSDP2 fp16
 step issues no host sync, blocks are compiled before they are sharded, `deterministic` is refused
 up front where CUDA has no deterministic kernel, and FSDP2 runs get expandable segments. What only a
-GPU can confirm is listed in docs/benchmarks.md ("What only a GPU can confirm")."""
+GPU can confirm is listed in docs/reference/verification.md ("What only a GPU can confirm")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPUs as a scheduled resource of Snakemake's local executor (rules/common/resources.smk, docs/gpus.md),
+"""GPUs as a scheduled resource of Snakemake's local executor (rules/common/resources.smk, docs/guide/gpu.md),
 on a fake machine of 2 or 8 GPUs (tests/fakenvml/pynvml.py first on every process's PYTHONPATH).
 
 Dry runs: every job whose ranks use GPUs declares `gpu` (its ranks) under profiles/local, the

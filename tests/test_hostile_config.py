@@ -1,5 +1,5 @@
 """Hostile and malformed config values, refused or accepted before anything runs (issue 13;
-docs/robustness.md lists what the user sees).
+docs/reference/robustness.md lists what the user sees).
 
 Every string a user can set in the config -- found by walking config/schema.yaml
 (tests/hostile_helpers.py), so a key added later is covered without touching this file -- is filled
@@ -117,7 +117,7 @@ def test_ordinary_image_paths_pass(value):
         ("cluster.constraint", "a100&ib"),
         ("cluster.constraint", "[rack1|rack2]*2"),
         ("study.title", "ResNet-18 on 8x H100: 'strong' & weak {scaling}"),
-        ("data.url", "https://example.org/get?file=cifar-10-python.tar.gz&token=a;b"),
+        ("data.url", "https://example.org/get?file=cifar-10-python.tar.gz&part=a;b"),
         ("nccl.NCCL_SOCKET_IFNAME", "^docker0,lo"),
         ("nccl.NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1"),
         ("nccl.NCCL_DEBUG_FILE", "/tmp/nccl.%h.%p.log"),

@@ -1,4 +1,4 @@
-"""Hostile and malformed config values through Snakemake (issue 13; docs/robustness.md).
+"""Hostile and malformed config values through Snakemake (issue 13; docs/reference/robustness.md).
 
 The values tests/test_hostile_config.py finds accepted must reach their commands as one literal
 argument: no marker file may appear, in `snakemake -n` with both profiles nor in a real containerized

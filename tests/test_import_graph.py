@@ -189,9 +189,9 @@ def test_the_old_entry_points_still_answer_help(module):
 
 
 def documented_modules() -> set[str]:
-    """The modules the package map of docs/architecture.md names: a folder line `scalestudy/x/`,
-    then one indented line per file of that folder."""
-    text = (REPO / "docs/architecture.md").read_text()
+    """The modules docs/reference/modules.md names: a folder line `scalestudy/x/`, then one indented
+    line per file of that folder."""
+    text = (REPO / "docs/reference/modules.md").read_text()
     section = text.split("## Every module", 1)[1].split("\n## ", 1)[0]
     named, folder = set(), None
     for line in section.splitlines():
@@ -209,8 +209,8 @@ def test_the_package_map_names_every_module_and_no_other():
     named = documented_modules()
     assert len(named) > 100, "the package map was not found or not parsed"
     missing, stale = sorted(modules - named), sorted(named - modules)
-    assert not missing, f"modules missing from docs/architecture.md's package map: {missing}"
-    assert not stale, f"docs/architecture.md's package map names modules that do not exist: {stale}"
+    assert not missing, f"modules missing from docs/reference/modules.md: {missing}"
+    assert not stale, f"docs/reference/modules.md names modules that do not exist: {stale}"
 
 
 # --- folders ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 tests/slurm_cluster.py; skipped with the reason without root and apt-get), run ONCE and read by
 every test here (issue 45):
 
-- docs/slurm.md's container-less commands, run as written (only the config file is the test's and
+- docs/guide/cluster.md's container-less commands, run as written (only the config file is the test's and
   status polling faster), finish the demo study (a smaller grid) to the report, as the profiles run
   it (groups of short jobs: at most half the sbatch calls of separate jobs); two-rank points span
   both nodes; the run catalog names each Slurm job (name, nodes, account, attempts) and learns what
@@ -70,7 +70,7 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def demo_accounting(clusters, tmp_path_factory):
-    """The demo study (a smaller grid) through docs/slurm.md's container-less commands on a cluster
+    """The demo study (a smaller grid) through docs/guide/cluster.md's container-less commands on a cluster
     with accounting, jobs charged to an account, as a user runs them on a big grid: the profiles'
     groups of short jobs, and job arrays for the rules `python -m scalestudy.plan.arrays` finds safe
     (none in this smaller grid: its one sensitivity point, and world 2 spans both nodes); tracked by
@@ -351,8 +351,8 @@ def test_a_deleted_summary_is_measured_afresh_through_slurm(demo_accounting, slu
 def test_a_name_the_cluster_does_not_know_stops_the_run_in_seconds_with_nothing_submitted(
     demo_accounting, slurm_accounting, setting, message
 ):
-    """docs/slurm.md followed with a partition, account or QOS the cluster does not have: the run stops
-    before its first submission, naming the setting and what the cluster has (sinfo, sacctmgr)."""
+    """docs/guide/cluster.md followed with a partition, account or QOS the cluster does not have: the run
+    stops before its first submission, naming the setting and what the cluster has (sinfo, sacctmgr)."""
     workdir, _, _, _ = demo_accounting
     badconfig = bad_config(workdir, slurm_accounting, f"slurm-bad-{next(iter(setting))}.yaml", **setting)
     before, started = controller_submissions(), time.monotonic()

@@ -1,5 +1,5 @@
 """Time limits and job arrays on the real (throw-away) two-node Slurm cluster of tests/test_slurm.py
-(issues 4, 21 and 22; docs/slurm.md, "Which route").
+(issues 4, 21 and 22; docs/guide/cluster.md, "which route when").
 
 - One Snakemake run, after the training gate: the baseline as one Slurm job on the GPU request path
   (fake GPUs, training on the CPU) and two sensitivity points as ONE array

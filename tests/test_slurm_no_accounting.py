@@ -1,6 +1,6 @@
 """On the throw-away Slurm cluster WITHOUT accounting (tests/slurm_cluster.py; skipped with the
 reason without root and apt-get): what a cluster without slurmdbd changes, on one point of the LM
-demo (FSDP2, a rank on each node) through docs/slurm.md's run command; the cluster's bring-up lock;
+demo (FSDP2, a rank on each node) through docs/guide/cluster.md's run command; the cluster's bring-up lock;
 the real study's GPU requests through `sbatch --test-only`. The demo study itself runs on the cluster
 with accounting (tests/test_slurm.py), once (issue 45)."""
 
@@ -103,7 +103,7 @@ def test_without_accounting_the_run_records_its_job_and_the_accounting_table_say
 
 
 def test_without_accounting_an_account_is_taken_with_a_warning_that_it_cannot_be_checked(lm_point, slurm):
-    """The preview command (docs/slurm.md) runs the same check as the workflow: on a cluster without
+    """The preview command (docs/guide/cluster.md) runs the same check as the workflow: on a cluster without
     accounting Slurm accepts any account, which is a warning saying so, not an error."""
     workdir, _, _ = lm_point
     badconfig = bad_config(workdir, slurm, "slurm-acct.yaml", account="nosuchacct", partition="debug")

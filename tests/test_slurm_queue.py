@@ -1,5 +1,5 @@
 """Queue limits on the real (throw-away) two-node Slurm cluster of tests/test_slurm.py (issue 22;
-docs/slurm.md, "Queue limits"): with the user's MaxSubmitJobs at 2, four jobs submitted at once
+docs/guide/cluster.md, "Queue limits"): with the user's MaxSubmitJobs at 2, four jobs submitted at once
 through profiles/slurm-noapptainer all finish, none counted as failed: Slurm refuses two sbatch
 calls (AssocMaxSubmitJobLimit), and the sbatch wrapper (scalestudy.launch.submit_retry) waits and
 submits them again once the first jobs have left the queue. About 1 minute on 2 cores.

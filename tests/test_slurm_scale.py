@@ -1,11 +1,12 @@
 """Big grids on the real (throw-away) two-node Slurm cluster of tests/test_slurm.py: few submissions,
-no queue wait between points, seconds of overhead per job (issue 22; docs/slurm.md, "Which route").
+no queue wait between points, seconds of overhead per job (issue 22; docs/guide/cluster.md,
+"which route when").
 
 - the profiles' polling: a 1 s job is seen finished within 15 s of its submission, with at most one
   status query (squeue) per 10 s;
 - job arrays (`--slurm-array-jobs`): a setting that mixes shapes is refused before anything is
   submitted (the sweeps that run as arrays: tests/test_slurm_array_faults.py);
-- one allocation (profiles/slurm-allocation, its driver script as docs/slurm.md gives it): the demo
+- one allocation (profiles/slurm-allocation, its driver script as docs/guide/cluster.md gives it): the demo
   study (the smaller grid of tests/test_slurm.py) is exactly one Slurm job; every training point
   ran in it as its own srun step.
 
@@ -124,14 +125,14 @@ def wait_for(slurm: Cluster, job_id: str, timeout: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def allocation_demo(clusters, tmp_path_factory):  # noqa: F811
     """The smaller demo's run catalog through profiles/slurm-allocation's driver, sbatch'ed as
-    docs/slurm.md says, sized for the toy nodes on the command line (which overrides the script's
+    docs/guide/cluster.md says, sized for the toy nodes on the command line (which overrides the script's
     #SBATCH lines)."""
     slurm = clusters.get(accounting=True)
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm-allocation") / "scalestudy")
     configfile = write_config(workdir, "slurm-demo.yaml", shorter_demo(slurm))
     before = submissions()
     sbatch = re.search(r"^\$ (sbatch .*profiles/slurm-allocation/driver\.sbatch)", DOCS_TEXT(), re.M)
-    assert sbatch, "docs/slurm.md has no `$ sbatch ... profiles/slurm-allocation/driver.sbatch` command"
+    assert sbatch, "docs/guide/cluster.md has no `$ sbatch ... slurm-allocation/driver.sbatch` command"
     toy = ["--nodes", str(slurm.nodes), "--ntasks-per-node=2", "--cpus-per-task=1", "--time=30"]
     # the run catalog (every point, and what the tests read), not the figures and paper after it
     target = "results/tables/runs.csv"
@@ -145,7 +146,7 @@ def allocation_demo(clusters, tmp_path_factory):  # noqa: F811
 
 
 def DOCS_TEXT() -> str:  # noqa: N802 - read when used (the docs may change under a running session)
-    return (REPO / "docs/slurm.md").read_text()
+    return (REPO / "docs/guide/cluster.md").read_text()
 
 
 def test_in_one_allocation_the_study_is_one_job_and_every_point_a_step(allocation_demo):

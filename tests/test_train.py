@@ -53,7 +53,7 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",")]
 
 
-# The column and key lists as docs/architecture.md writes them
+# The column and key lists as docs/reference/files.md writes them
 METRICS_DOC = _names(
     "epoch, train_loss, train_acc, test_loss, test_acc, epoch_time_s, images_per_s, images_per_s_per_gpu, "
     "global_batch, per_gpu_batch, world_size, lr, wall_time_s"

@@ -6,25 +6,44 @@ shared by the tests of this module; it takes a few minutes on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from scalestudy.benchmark import dag
-from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env
+from tests.conftest import REPO, copy_workflow, run_snakemake, snakemake_env, write_config
 
 pytestmark = pytest.mark.slow
+
+# Secrets in the environment of the demo run and of the refused runs of
+# test_no_secret_reaches_any_file_of_the_study_or_its_console: none may reach a file or the console.
+ENV_CANARIES = {
+    "AWS_SECRET_ACCESS_KEY": "CANARYaws5h2k8w",
+    "MLFLOW_TRACKING_USERNAME": "CANARYuser3m1z",
+    "MLFLOW_TRACKING_PASSWORD": "CANARYmlflow3j6d",
+    "MLFLOW_TRACKING_TOKEN": "CANARYtoken8r2p",
+    "HF_TOKEN": "hf_CANARYhf9x4m",
+}
+URL_CANARY = "CANARYurl4q7wz"  # in the URLs of a config the workflow must refuse
+CONSOLE = "demo-console.txt"  # beside the demo's copy: what demo.sh printed
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> Path:
-    """README command 1 in a copy of the repository (sharing this environment's .venv)."""
+    """README command 1 in a copy of the repository (sharing this environment's .venv), with
+    ENV_CANARIES in its environment; what it printed is CONSOLE beside the copy."""
     workdir = copy_workflow(tmp_path_factory.mktemp("demo") / "scalestudy")
     shutil.copytree(REPO / "scripts", workdir / "scripts")
     shutil.copy2(REPO / "pyproject.toml", workdir / "pyproject.toml")
@@ -32,11 +51,12 @@ def demo_run(tmp_path_factory) -> Path:
     result = subprocess.run(
         ["bash", "scripts/demo.sh"],
         cwd=workdir,
-        env=snakemake_env(),
+        env={**snakemake_env(), **ENV_CANARIES},
         capture_output=True,
         text=True,
         timeout=1500,
     )
+    (workdir.parent / CONSOLE).write_text(result.stdout + result.stderr)
     assert result.returncode == 0, f"demo failed:\n{result.stdout[-6000:]}\n{result.stderr[-8000:]}"
     return workdir
 
@@ -70,6 +90,18 @@ def test_report_has_every_figure(demo_run):
     assert figures, "the study declares no figures"
     missing = [path for path in figures if os.path.basename(path) not in report]
     assert not missing, f"figures not in the report: {missing}"
+
+
+def test_the_reference_names_every_column_of_the_demos_tables_and_every_figure(demo_run):
+    """docs/reference/tables.md names every column of every table the demo wrote, and figures.md
+    every figure (tests/test_docs_reference.py reads the pages)."""
+    from tests.test_docs_reference import CODE, FIGURES_PAGE, undocumented_columns
+
+    assert len(list((demo_run / "results/tables").glob("*.csv"))) >= 10
+    assert undocumented_columns(demo_run / "results/tables") == {}
+    figures = {path.stem for path in (demo_run / "results/figures").glob("*.png")}
+    assert len(figures) >= 12
+    assert figures - set(CODE.findall(FIGURES_PAGE.read_text())) == set()
 
 
 def test_the_demo_fills_the_embedded_mlflow_store(demo_run):
@@ -320,18 +352,21 @@ def test_asking_for_one_grid_point_runs_only_that_point(demo_run):
     assert (demo_run / target).stat().st_size > 0
 
 
-def readme_point_commands() -> list[str]:
-    """README's commands that ask for one grid point by its path."""
+RERUNS_PAGE = "docs/guide/reruns.md"
+
+
+def one_point_commands() -> list[str]:
+    """The partial re-runs guide's commands that ask for one grid point by its path."""
     pattern = r"^(snakemake --profile profiles/local results/runs/\S+/summary\.json)\s*$"
-    return re.findall(pattern, (REPO / "README.md").read_text(), re.M)
+    return re.findall(pattern, (REPO / RERUNS_PAGE).read_text(), re.M)
 
 
-def test_the_readmes_one_point_commands_name_points_of_the_demo(demo_run):
+def test_the_guides_one_point_commands_name_points_of_the_demo(demo_run):
     """The commands are run here, on the finished demo (nothing left to do: each path is one of its
     points); asking for points by path from a fresh copy is tests/test_rerun.py's fixture, and that
     only the point asked for runs is the test above."""
-    commands = readme_point_commands()
-    assert len(commands) >= 2, "README shows no one-point command"
+    commands = one_point_commands()
+    assert len(commands) >= 2, f"{RERUNS_PAGE} shows no one-point command"
     for command in commands:
         target = command.split()[-1]
         assert (demo_run / target).stat().st_size > 0, command
@@ -485,3 +520,71 @@ def test_the_compare_rule_refuses_another_experiment_unless_allowed(demo_run, tm
     run_snakemake(demo_run, target, "--configfile", str(path))
     text = (demo_run / "results/compare/comparison.md").read_text().splitlines()
     assert text[2].startswith("WARNING: h100 and demo are not the same experiment")
+
+
+def _contents(path: Path) -> Iterator[bytes]:
+    """A file's bytes, and what a scan of the raw bytes would miss: a zip's members (deflated), a
+    gzip file's content, an SQLite database's rows (a text may span its pages)."""
+    data = path.read_bytes()
+    yield data
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            yield from (archive.read(name) for name in archive.namelist())
+    elif data[:2] == b"\x1f\x8b":
+        yield gzip.decompress(data)
+    elif data.startswith(b"SQLite format 3\x00"):
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as database:
+            yield "\n".join(database.iterdump()).encode()
+
+
+def secrets_found(roots: list[Path], consoles: list[str], canaries: list[str]) -> list[str]:
+    """`<where>: <canary>` for every canary in a file under `roots` or in a console output."""
+    found = [
+        f"console {index}: {canary}"
+        for index, text in enumerate(consoles)
+        for canary in canaries
+        if canary in text
+    ]
+    for path in sorted(p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        contents = list(_contents(path))
+        found += [
+            f"{path}: {canary}" for canary in canaries if any(canary.encode() in data for data in contents)
+        ]
+    return found
+
+
+def test_no_secret_reaches_any_file_of_the_study_or_its_console(demo_run):
+    """Issue 55, the canary scan. The demo ran with secrets in its environment (ENV_CANARIES); now a
+    config holding credentials in URLs, from a file and from --config, with the same environment,
+    is refused before planning. Then no canary is in any file under results/ (the crate and its zip,
+    the MLflow store, the logs, provenance) or .snakemake/ (metadata, logs), nor on any console.
+    Before the refusal, the crate's config.json and config file, its zip, Snakemake's metadata and
+    log and the console (the crate job's command line) held the URL's credentials."""
+    login = f"https://alice:{URL_CANARY}@mirror.example.org/cifar-10-python.tar.gz"
+    signed = f"https://b.s3.example.com/c.tar.gz?X-Amz-Credential=AKIA&X-Amz-Signature={URL_CANARY}"
+
+    def with_credentials(config):
+        config["data"]["mirrors"] = [login, signed]
+
+    configfile = write_config(demo_run, "canary.yaml", with_credentials)
+    routes = (["--configfile", configfile], ["--config", "data=" + json.dumps({"mirrors": [login]})])
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *route],
+            cwd=demo_run,
+            env={**snakemake_env(), **ENV_CANARIES},
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        for route in routes
+    ]
+    consoles = [(demo_run.parent / CONSOLE).read_text(), *(run.stdout + run.stderr for run in runs)]
+    roots = [demo_run / "results", demo_run / ".snakemake"]
+    assert not secrets_found(roots, consoles, [URL_CANARY, *ENV_CANARIES.values()])
+    for run in runs:
+        output = run.stdout + run.stderr
+        assert run.returncode == 2 and "invalid config: credentials in data.mirrors[0] (" in output, output[
+            -3000:
+        ]
+    assert len(list((demo_run / "results/runs").rglob("summary.json"))) >= 2  # the scan saw the study

@@ -17,7 +17,6 @@ from scalestudy.launch import launcher as _launch
 from scalestudy.launch import submit_retry as _submit_retry
 from scalestudy.plan import arrays, cluster, grid, paths, slurm_names, windowtime
 
-
 # An sbatch that Slurm refuses for a submit limit waits and tries again (prepare_workflow); the
 # wrapper's waits and refusals go to this log, which report_sbatch_refusals reads at exit.
 SBATCH_LOG = os.path.join(paths.LOGS_DIR, "slurm", "sbatch-retries.log")  # the wrapper's waits and refusals
@@ -172,7 +171,7 @@ def prepare_workflow():
     # An sbatch that Slurm refuses for a submit limit (the site's MaxSubmitJobs) waits and tries
     # again for cluster.submit_retry_minutes instead of failing the job: a wrapper `sbatch` first on
     # the PATH of the Snakemake that submits, wherever sbatch exists (only the Slurm executor calls
-    # it; a job's own Snakemake leaves PATH alone). docs/slurm.md, Queue limits.
+    # it; a job's own Snakemake leaves PATH alone). docs/guide/cluster.md, Queue limits.
     if workflow.is_main_process and shutil.which("sbatch"):
         wrapper = _submit_retry.install(
             os.path.join(".snakemake", "scalestudy-sbatch"),

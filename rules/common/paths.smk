@@ -7,7 +7,6 @@ import functools
 from scalestudy.plan import cluster, grid, paths, runfiles
 from scalestudy.preflight import site as sitecheck
 
-
 # The run folder of each stage's grid points, as a wildcard pattern: {point} is the point's name
 # (grid.point_by_name finds it); profile keeps {world}, which its other rules use too.
 STAGE_PATTERNS = {

@@ -6,7 +6,6 @@ from typing import NamedTuple
 
 from scalestudy.plan import paths
 
-
 TABLES_DIR = paths.TABLES_DIR
 
 

@@ -11,7 +11,7 @@ from scalestudy.launch import gpus as _gpus
 from scalestudy.plan import arrays, cluster, grid, groups
 
 
-# GPUs as a scheduled resource of the local executor (docs/gpus.md). Every job whose ranks use GPUs
+# GPUs as a scheduled resource of the local executor (docs/guide/gpu.md). Every job whose ranks use GPUs
 # declares `gpu` = its ranks (one GPU each), and the workflow limits the sum to the GPUs of this
 # machine: NVML's, within CUDA_VISIBLE_DEVICES, unless `--resources gpu=N` says otherwise. The
 # launcher then holds the job's own GPUs by a lock per GPU (scalestudy.launch.gpus), also against
@@ -37,7 +37,7 @@ def schedule_local_gpus():
     if count:
         logger.info(
             f"scalestudy: the local executor schedules {count} GPU(s) ({where}): each GPU job gets one "
-            "per rank, its own (docs/gpus.md); --resources gpu=N overrides"
+            "per rank, its own (docs/guide/gpu.md); --resources gpu=N overrides"
         )
         largest = grid.largest_world_size(config)
         if largest > count:

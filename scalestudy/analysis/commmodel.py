@@ -7,7 +7,7 @@ exposed by overlap. `fit` is least squares on the excess T - c b of the multi-GP
 (FSDP runs are counted, not modelled), with alpha fixed where the data cannot tell it apart;
 `predict` (scalestudy.analysis.commpredict) extends it to each configured interconnect, and the
 collective benchmark's measured alpha and bus bandwidth give one more curve. The model, the fit's
-cases and what it cannot say: docs/architecture.md, "The communication model".
+cases and what it cannot say: docs/reference/methods.md, "The communication model".
 
     python -m scalestudy.analysis.commmodel --runs results/tables/runs.csv \
         --fit-out results/tables/comm_model_fit.csv --residuals-out results/tables/comm_model_residuals.csv \

@@ -1,4 +1,4 @@
-"""A constructed study: run folders that follow docs/architecture.md, with known true answers.
+"""A constructed study: run folders that follow docs/reference/files.md, with known true answers.
 
 Used by the tests and to render the example figures before (or without) real runs. It constructs the
 ResNet-18 DDP study only (images, config.width; no FSDP or LM runs). Step times follow

@@ -7,7 +7,7 @@ The first form measures, in one run on this machine: the matmul rate (the MFU de
 pipeline (project TensorLoader vs DataLoader + PIL), training (project trainer vs the reference
 trainer) and the per-job fixed cost; the second times `snakemake --dry-run` of a large grid.
 Medians of --repeats samples after warm-up; a table with ratios on stdout, every sample's
-median/min/max in the CSV. docs/benchmarks.md has the numbers and the targets.
+median/min/max in the CSV. docs/guide/benchmarks.md has the numbers and the targets.
 """
 
 from __future__ import annotations

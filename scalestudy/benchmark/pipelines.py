@@ -35,7 +35,7 @@ def cpu_count() -> int:
 
 
 def write_packed(data_dir: str | Path, train_per_class: int, test_per_class: int, seed: int = 0) -> Path:
-    """Synthetic CIFAR-10 as the packed arrays the trainer memory-maps (docs/architecture.md)."""
+    """Synthetic CIFAR-10 as the packed arrays the trainer memory-maps (docs/reference/files.md)."""
     folder = Path(data_dir)
     folder.mkdir(parents=True, exist_ok=True)
     train_images, train_labels, test_images, test_labels = generate_arrays(

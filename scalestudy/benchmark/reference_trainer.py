@@ -60,7 +60,7 @@ class ReferenceTrainer:
 
 def reference_math(device: torch.device) -> str:
     """How the reference's fp32 runs: with torch's defaults, which on a GPU run cuDNN's convolutions
-    in TF32 (measured on an H100: 2x the project trainer's IEEE fp32, docs/benchmarks.md)."""
+    in TF32 (measured on an H100: 2x the project trainer's IEEE fp32, docs/guide/benchmarks.md)."""
     from scalestudy.train.process import fp32_math
 
     if torch.device(device).type != "cuda":

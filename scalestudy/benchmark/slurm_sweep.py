@@ -14,7 +14,7 @@ It prints one JSON line: points, sbatch calls for the sweep (Snakemake's "Submit
 "has been submitted" lines of rule sensitivity_run: each is one sbatch), the arrays' sizes, the
 summaries written and the wall time. `--via` puts a command before every Snakemake call (the test
 cluster's client namespace). The profile's `jobs:` must be at least N: the plugin (2.8.0) drops
-the jobs of an array rule that Snakemake hands over in a partial batch (docs/slurm.md, "Arrays").
+the jobs of an array rule that Snakemake hands over in a partial batch (docs/guide/cluster.md, "Job arrays").
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@
 - `ncu_convolutions`: Nsight Compute ran and its kernel table holds convolution kernels (cuDNN's
   fprop/dgrad/wgrad, implicit GEMMs, Winograd), which the loader's kernels crowded out before.
 
-Then one INFO line, a measurement to record rather than a verdict (docs/benchmarks.md, "Energy"): the
+Then one INFO line, a measurement to record rather than a verdict (docs/guide/benchmarks.md, "Energy"): the
 strong 1-GPU point's energy over its measurement window from NVML's total energy counter against
 the trapezoid of its power samples (scalestudy.analysis.energy.counter_vs_integral), and their
 ratio; where either is missing, why. Only a ratio beyond a factor of ABSURD_ENERGY_RATIO is a FAIL

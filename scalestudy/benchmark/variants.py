@@ -16,7 +16,8 @@ repeats' img/s, their standard deviation and coefficient of variation, min and m
 the means to the baseline variant at the same batch, and that ratio's noise (2 standard errors,
 from both cells' cv; with one repeat, from the runs' own window intervals): a change is told from
 noise where |ratio - 1| exceeds it. The CSV has one line per cell, plus one per sample
-(`kind=sample`). docs/benchmarks.md, "Step variants", keeps the table.
+(`kind=sample`). docs/guide/benchmarks.md, "Step variants", explains the table;
+docs/measurements/ keeps the numbers.
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def rows(todo: list[Cell], baseline: str, context: dict) -> list[dict]:
 
 
 def markdown(table: list[dict]) -> str:
-    """The cells as docs/benchmarks.md's "Step variants" table keeps them."""
+    """The cells as rows of a Markdown table, for a measurement record (docs/measurements/)."""
     lines = [
         "| variant | batch | img/s (mean +- sd) | repeats | ratio vs eager | noise | device |",
         "|---|---:|---:|---:|---:|---:|---|",

@@ -1,6 +1,6 @@
 """The study as a Provenance Run Crate (Workflow Run RO-Crate 0.5 family, RO-Crate 1.1), with rocrate.
 
-What the crate holds (docs/architecture.md, "The study as a crate"):
+What the crate holds (docs/guide/compare-and-crate.md, "The crate"):
 
 * the Snakefile as the main workflow (File, SoftwareSourceCode, ComputationalWorkflow, HowTo), the
   rule files, and the config: the files the run used and the effective config (config.json, its

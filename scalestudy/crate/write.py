@@ -207,7 +207,7 @@ A Workflow Run RO-Crate (Provenance Run Crate 0.5) of a scaling study made by sc
 
 Check it: `python -m scalestudy.crate check crate.zip` (every file and its checksum).
 Compare a study against it: `python -m scalestudy.compare crate.zip results/`, or set
-`compare.against` in a study's config (docs/architecture.md, "Handing a study over").
+`compare.against` in a study's config (docs/guide/compare-and-crate.md).
 """
 
 

@@ -8,7 +8,9 @@
         --text-bytes 600000 --seed 1234          (the offline demo corpus, scalestudy.data.synthetic_text)
 
 A source is a local path (a file, or a folder holding a file named like the output), a file:// URL
-or an http(s) URL. Local copies are copied (never linked: the output is this run's file, with the
+or an http(s) URL; a private one authenticates from ~/.netrc ($NETRC) or the environment variable
+`--credentials-env` names (scalestudy.data.auth), never from the URL, which is refused if it holds
+credentials. Local copies are copied (never linked: the output is this run's file, with the
 umask's mode and a fresh mtime, and the source stays exactly as it was) without the network. HTTP
 downloads stream into `<out>.part`, resume it with a Range request after an interruption, and retry
 with exponential backoff. Every result is checked against the expected size and md5/sha256 before
@@ -32,7 +34,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from scalestudy.atomic import atomic_path
-from scalestudy.data import file_digests
+from scalestudy.data import auth, file_digests
+from scalestudy.plan import credentials
 from scalestudy.progress import Progress, setup_logging
 
 log = logging.getLogger("scalestudy.data.fetch")
@@ -59,7 +62,8 @@ class AllSourcesFailed(FetchError):
     def __init__(self, out: Path, failures: list[tuple[str, Exception]]) -> None:
         self.failures = failures
         reasons = "; ".join(
-            f"[{number}] {source}: {error}" for number, (source, error) in enumerate(failures, 1)
+            f"[{number}] {credentials.redact(source)}: {error}"
+            for number, (source, error) in enumerate(failures, 1)
         )
         super().__init__(f"could not fetch {out.name} from any of {len(failures)} source(s): {reasons}")
 
@@ -117,11 +121,14 @@ def fetch(
     timeout_s: float = 60.0,
     retries: int = 5,
     backoff_s: float = 1.0,
+    credentials_env: str | None = None,
 ) -> Path:
     """Fetch `out` from the first source that delivers a verified file; return its path.
 
     An existing `out` that matches a given checksum is kept as it is. Raises AllSourcesFailed,
-    which lists every source tried and why it failed.
+    which lists every source tried and why it failed. HTTP(S) sources authenticate from the netrc
+    file or the environment variable `credentials_env` names (scalestudy.data.auth); a source that
+    carries credentials itself is refused (its URL would reach the logs and the rule's command line).
     """
     out = Path(out)
     if out.is_file() and expected.has_checksum and _verifies(out, expected):
@@ -130,10 +137,11 @@ def fetch(
     failures: list[tuple[str, Exception]] = []
     for source in sources:
         try:
-            _fetch_one(source, out, expected, timeout_s, retries, backoff_s)
+            _fetch_one(source, out, expected, timeout_s, retries, backoff_s, credentials_env)
             return out
-        except (FetchError, OSError) as error:  # OSError: e.g. the output folder is not writable
-            log.warning("source %s failed: %s", source, error)
+        # OSError: e.g. the output folder is not writable
+        except (FetchError, OSError, auth.AuthError) as error:
+            log.warning("source %s failed: %s", credentials.redact(source), error)
             failures.append((source, error))
     raise AllSourcesFailed(out, failures)
 
@@ -147,11 +155,19 @@ def _verifies(path: Path, expected: Expected) -> bool:
 
 
 def _fetch_one(
-    source: str, out: Path, expected: Expected, timeout_s: float, retries: int, backoff_s: float
+    source: str,
+    out: Path,
+    expected: Expected,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    credentials_env: str | None,
 ) -> None:
+    if found := credentials.url_credentials(source):
+        raise FetchError(f"the source holds credentials ({', '.join(found)}): {auth.HINT}")
     local = local_path(source)
     if local is None:
-        download(source, out, expected, timeout_s, retries, backoff_s)
+        download(source, out, expected, timeout_s, retries, backoff_s, credentials_env)
     else:
         copy_local(local.joinpath(out.name) if local.is_dir() else local, out, expected)
 
@@ -198,7 +214,13 @@ def part_path(out: Path) -> Path:
 
 
 def download(
-    url: str, out: Path, expected: Expected, timeout_s: float = 60.0, retries: int = 5, backoff_s: float = 1.0
+    url: str,
+    out: Path,
+    expected: Expected,
+    timeout_s: float = 60.0,
+    retries: int = 5,
+    backoff_s: float = 1.0,
+    credentials_env: str | None = None,
 ) -> None:
     """Download `url` to `out` via `<out>.part`, resuming and retrying; verify before the rename.
 
@@ -207,14 +229,15 @@ def download(
     """
     part = part_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    resumed = _download_with_retries(url, part, expected, timeout_s, retries, backoff_s)
+    login = auth.SourceAuth(url, credentials_env)
+    resumed = _download_with_retries(url, part, expected, timeout_s, retries, backoff_s, login)
     try:
         _verify_or_discard(part, expected, url)
     except ChecksumMismatch as error:
         if not resumed:
             raise
         log.warning("%s; downloading again from the start", error)
-        _download_with_retries(url, part, expected, timeout_s, retries, backoff_s)
+        _download_with_retries(url, part, expected, timeout_s, retries, backoff_s, login)
         _verify_or_discard(part, expected, url)
     os.replace(part, out)
 
@@ -228,13 +251,19 @@ def _verify_or_discard(part: Path, expected: Expected, url: str) -> None:
 
 
 def _download_with_retries(
-    url: str, part: Path, expected: Expected, timeout_s: float, retries: int, backoff_s: float
+    url: str,
+    part: Path,
+    expected: Expected,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    login: auth.SourceAuth,
 ) -> bool:
     """Run transfer attempts until one completes; return whether the last one resumed a .part file."""
     attempt = 0
     while True:
         try:
-            return _transfer(url, part, expected, timeout_s)
+            return _transfer(url, part, expected, timeout_s, login)
         except (_RetryableError, OSError, http.client.HTTPException) as error:
             attempt += 1
             if attempt > retries:
@@ -254,7 +283,7 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _transfer(url: str, part: Path, expected: Expected, timeout_s: float) -> bool:
+def _transfer(url: str, part: Path, expected: Expected, timeout_s: float, login: auth.SourceAuth) -> bool:
     """One attempt: request the rest of the file after what `part` holds; return whether it resumed."""
     have = part.stat().st_size if part.exists() else 0
     if expected.size is not None and have > expected.size:
@@ -262,11 +291,10 @@ def _transfer(url: str, part: Path, expected: Expected, timeout_s: float) -> boo
         have = 0
     if expected.size is not None and have == expected.size:
         return have > 0  # already complete; verification decides
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
-        response = urllib.request.build_opener().open(request, timeout=timeout_s)
+        response = _open(url, have, timeout_s, login)
     except urllib.error.HTTPError as error:
-        return _handle_http_error(error, part, have)
+        return _handle_http_error(error, part, have, login)
     with response:
         start = _resume_offset(response, have)
         length = response.headers.get("Content-Length")
@@ -275,8 +303,25 @@ def _transfer(url: str, part: Path, expected: Expected, timeout_s: float) -> boo
     return start > 0
 
 
-def _handle_http_error(error: urllib.error.HTTPError, part: Path, have: int) -> bool:
+def _open(url: str, have: int, timeout_s: float, login: auth.SourceAuth) -> http.client.HTTPResponse:
+    """The response to a GET of `url` from byte `have` on, with the source's credentials (once more
+    with the environment's after a 401 to a request without them: auth.SourceAuth)."""
+    while True:
+        request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+        if (credential := login.login()) is not None:
+            request.add_unredirected_header("Authorization", credential.header)  # not past a redirect
+        try:
+            return urllib.request.build_opener().open(request, timeout=timeout_s)
+        except urllib.error.HTTPError as error:
+            if error.code != 401 or not login.answer_challenge():
+                raise
+            error.close()
+
+
+def _handle_http_error(error: urllib.error.HTTPError, part: Path, have: int, login: auth.SourceAuth) -> bool:
     error.close()
+    if error.code in (401, 403):
+        raise FetchError(login.refused(error.code, error.reason))
     if error.code == 416 and have:
         # Nothing after `have`: complete if the server's size agrees, otherwise start over.
         if _content_range_total(error.headers.get("Content-Range")) == have:
@@ -376,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--text-bytes", type=int, default=600_000, help="synthetic-text: corpus size in bytes"
     )
+    parser.add_argument(
+        "--credentials-env",
+        metavar="NAME",
+        help="the environment variable holding user:password or a token for the http(s) sources that"
+        " ask (401); besides ~/.netrc or $NETRC, which are read for every http(s) source's host",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
@@ -409,7 +460,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.source == "synthetic-text":
             make_synthetic_text(args.out, args.text_bytes, args.seed, expected)
         else:
-            fetch(_sources(args), args.out, expected, args.timeout, args.retries)
+            sources = _sources(args)
+            fetch(
+                sources, args.out, expected, args.timeout, args.retries, credentials_env=args.credentials_env
+            )
     except (FetchError, ValueError, OSError) as error:
         print(f"fetch: error: {error}", file=sys.stderr)
         return 1

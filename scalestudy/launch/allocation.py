@@ -11,7 +11,7 @@ resources bound to what the allocation holds, read from the SLURM_* variables:
 Every training point then starts its ranks with srun (scalestudy.launch.launcher picks srun in an
 allocation's batch shell): one job step per point, packed side by side as the allocation allows,
 with no queue wait. Steps get exactly the CPUs they ask for (`srun --cpus-per-task` implies
-`--exact` since Slurm 22.05; SLURM_EXACT=1 is exported for older ones). docs/slurm.md, "One
+`--exact` since Slurm 22.05; SLURM_EXACT=1 is exported for older ones). docs/guide/cluster.md, "One
 allocation", has the driver script. Pure standard library.
 """
 
@@ -62,7 +62,7 @@ def allocation(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     if not job_id:
         raise AllocationError(
             "not inside a Slurm allocation (no SLURM_JOB_ID): run this in an `sbatch` driver script or "
-            "an `salloc` shell (docs/slurm.md, 'One allocation')"
+            "an `salloc` shell (docs/guide/cluster.md, 'One allocation')"
         )
     nodes_text = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or ""
     if not nodes_text.isdigit():

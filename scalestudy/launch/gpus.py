@@ -19,7 +19,7 @@ them held by a job until its last process ends.
 
 The lock folder is machine-wide (LOCK_DIR_ENV, default DEFAULT_LOCK_DIR), world-writable and
 sticky like /tmp, so that two Snakemake invocations, of one user or two, never share a GPU. It must
-be on a local file system. docs/gpus.md tells the story for users. Standard library only (the
+be on a local file system. docs/guide/gpu.md tells the story for users. Standard library only (the
 Snakefile imports this module); pynvml is imported when NVML is asked.
 """
 
@@ -42,7 +42,7 @@ from typing import Any
 
 LOCK_DIR_ENV = "SCALESTUDY_GPU_LOCK_DIR"
 DEFAULT_LOCK_DIR = "/tmp/scalestudy-gpu-locks"
-# What a GPU job's ranks get (docs/architecture.md, "GPUs of a job"; read by the monitor and provenance).
+# What a GPU job's ranks get (docs/reference/cli.md, the launch spec; read by the monitor and provenance).
 UUIDS_ENV = "SCALESTUDY_GPU_UUIDS"
 SOURCE_ENV = "SCALESTUDY_GPU_SOURCE"
 LOCAL_LOCK, SLURM, NONE = "local-lock", "slurm", "none"
@@ -356,7 +356,7 @@ def assign(
             f"this job's {spec['world_size']} rank(s) need {needed} GPU(s), one each, but this machine "
             f"offers {len(offer.gpus)} ({offer.note}). Use world sizes of at most {len(offer.gpus)} "
             "here (scaling.world_sizes, sensitivity.world_size, profiling.world_sizes), or run the "
-            "study under Slurm (docs/gpus.md)"
+            "study under Slurm (docs/guide/gpu.md)"
         )
     folder = lock_folder(environ)
     held = acquire(offer.gpus, needed, folder, label, say=say)

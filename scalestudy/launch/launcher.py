@@ -2,7 +2,7 @@
 
     python -m scalestudy.launch --launch-json JSON [--rank-prefix-json JSON] -- <trainer arguments>
 
-The launch spec comes from `scalestudy.plan.cluster.launch_spec` (keys in docs/architecture.md). The
+The launch spec comes from `scalestudy.plan.cluster.launch_spec` (keys in docs/reference/cli.md). The
 launcher is chosen by `spec["launcher"]`:
 
 - "srun" (what "auto" picks in a Slurm job's batch step): one task per rank,

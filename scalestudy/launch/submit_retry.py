@@ -1,4 +1,5 @@
-"""An `sbatch` that waits out a site's submit limit instead of failing the job (docs/slurm.md, Queue limits).
+"""An `sbatch` that waits out a site's submit limit instead of failing the job (docs/guide/cluster.md,
+Queue limits).
 
 Sites cap the jobs a user may have queued (MaxSubmitJobs of the association or QOS). Slurm refuses a
 submission over the cap (sbatch exits 1, "QOSMaxSubmitJobPerUserLimit" and "Job violates
@@ -112,7 +113,7 @@ def submit(command: list[str], stdin: bytes | None, retry: Retry) -> subprocess.
                 f"still refused by the submit limit {reason} after {refusals} tries in "
                 f"{retry.clock() - started:.0f} s (cluster.submit_retry_minutes = {minutes:g}): the site "
                 "caps the jobs you may have queued (MaxSubmitJobs); set the profile's `jobs:` below it "
-                "(docs/slurm.md, 'Queue limits')"
+                "(docs/guide/cluster.md, 'Queue limits')"
             )
             retry.log(note)
             return subprocess.CompletedProcess(

@@ -2,11 +2,11 @@
 
 Every site-specific setting is in ONE place, the `cluster:` section of the config (with
 `container:` for the image and `nccl:` for the ranks' network environment); the schema
-(scalestudy/plan/schema.yaml) documents each key and gives its default, docs/slurm.md how they fit
+(scalestudy/plan/schema.yaml) documents each key and gives its default, docs/guide/cluster.md how they fit
 together. This module turns them into:
 
 - `train_resources(config, world_size, attempt)`: the Snakemake resources of a training job, which
-  the Slurm executor plugin (>= 2.7.1) turns into sbatch options (see docs/slurm.md for the map);
+  the Slurm executor plugin (>= 2.7.1) turns into sbatch options (see docs/guide/cluster.md for the map);
 - `light_resources(config, attempt)`: the resources of a cheap CPU job;
 - `launch_spec(config, world_size)`: what `python -m scalestudy.launch` needs to start the ranks;
 - `submit_host_rules(config, rules)` (Snakemake's localrules), `container_image(config)`,
@@ -371,7 +371,7 @@ def uses_gpus(config: dict) -> bool:
 
 
 def launch_spec(config: dict, world_size: int, containerized: bool = False) -> dict[str, Any]:
-    """The launch spec of scalestudy.launch.launcher for one grid point (docs/architecture.md).
+    """The launch spec of scalestudy.launch.launcher for one grid point (docs/reference/cli.md).
 
     `gpus_per_node`: the GPUs the ranks of one node use, one per rank; 0 for CPU ranks (CPU nodes or
     train.device cpu). With GPUs, `device` says whether they are required (cuda) or used where the

@@ -19,7 +19,8 @@ is covered without a change here, and refuses, in one line naming every offendin
   global batch that a world size does not divide, a train.micro_batch that does not divide a grid
   point's per-GPU batch, or any other grid point the grid
   (scalestudy.plan.grid) refuses to make;
-- a schema whose workload.name enum and the workload packages disagree (scalestudy.plan.workloads).
+- a schema whose workload.name enum and the workload packages disagree (scalestudy.plan.workloads);
+- first and alone, a credential in any value (scalestudy.plan.credentials).
 
 Pure standard library at import (PyYAML is imported only when a schema is read).
 """
@@ -31,7 +32,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from scalestudy.plan import grid, runconfig, schema, workloads
+from scalestudy.plan import credentials, grid, runconfig, schema, workloads
 from scalestudy.plan.patterns import MEANINGS
 
 
@@ -42,6 +43,8 @@ class ConfigError(ValueError):
 def check(config: Mapping[str, Any], given: Mapping[str, Any] | str | os.PathLike | None = None) -> None:
     """Raise ConfigError naming every key whose value the schema's types or patterns refuse (the
     package's schema unless another is given, as a mapping or a path)."""
+    if refused := credentials.refusal(config):  # alone: the other messages quote values
+        raise ConfigError(refused)
     if given is None:
         given = schema.node()
     elif not isinstance(given, Mapping):

@@ -1,6 +1,6 @@
 """The study's grid points, and the run config of each.
 
-A grid point is named by its run folder under results/runs/ (see docs/architecture.md). Its run
+A grid point is named by its run folder under results/runs/ (see docs/reference/files.md). Its run
 config holds only what changes the run: one sensitivity value's change touches only the points that
 carry it, so Snakemake re-runs only those (and what depends on them).
 
@@ -259,7 +259,7 @@ def point_by_name(config: dict, stage: str, name: str, points: dict[str, Point] 
 
 
 def run_config(config: dict, point: Point) -> dict[str, Any]:
-    """The trainer's run config for one grid point (see docs/architecture.md)."""
+    """The trainer's run config for one grid point (see docs/reference/files.md)."""
     workload = workloads.of_config(config)
     run: dict[str, Any] = {key: config["train"][key] for key in runconfig.TRAIN_KEYS}
     run.update({key: _model_value(config, key, workload) for key in workload.model_keys})

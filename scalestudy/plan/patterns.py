@@ -19,6 +19,8 @@ SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|!*\[\]():,-]+$"
 ENV_VALUE = r"^[A-Za-z0-9_.,:=^/%@+-]*$"
 # A rule name or a glob pattern of rule names (cluster.submit_host_rules).
 RULE_GLOB = r"^[A-Za-z0-9_*?!\[\]-]+$"
+# The name of an environment variable (data.credentials_env: the variable, never its value).
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # A unit of throughput (workload.command.sample_unit): it appears in figures, tables and LaTeX.
 UNIT_NAME = r"^[A-Za-z][A-Za-z0-9-]*$"
 
@@ -30,5 +32,7 @@ MEANINGS = {
     ENV_VALUE: "an environment value of letters, digits and _ . , : = ^ / % @ + - (no whitespace, "
     "quotes or shell syntax)",
     RULE_GLOB: "a rule name or glob pattern of letters, digits and _ * ? ! [ ] -",
+    ENV_NAME: "the name of an environment variable: a letter or _, then letters, digits and _ (the"
+    " variable holds the login, the config only its name)",
     UNIT_NAME: "a unit name: a letter, then letters, digits and - (samples, tokens, images)",
 }

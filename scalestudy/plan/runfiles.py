@@ -1,4 +1,4 @@
-"""The files of a run folder and the columns of its CSV files (docs/architecture.md, "Run folder").
+"""The files of a run folder and the columns of its CSV files (docs/reference/files.md, "Run folder").
 
 One home for them: the trainer and the GPU monitor write them, the rules declare them as outputs,
 the analysis and the constructed study of scalestudy.analysis.constructed_study follow them.

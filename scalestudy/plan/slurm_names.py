@@ -1,7 +1,7 @@
 """The config's partition, account and QOS, checked against the cluster before anything is submitted.
 
 A name the cluster does not know makes sbatch refuse the job, but only when Snakemake submits it, and
-Snakemake reports a refusal inside a group job as "message: None" (docs/slurm.md, "When sbatch
+Snakemake reports a refusal inside a group job as "message: None" (docs/guide/cluster.md, "When sbatch
 refuses a job"). So the workflow asks the cluster itself first (an onstart hook under the Slurm
 executor; `python -m scalestudy.plan.slurm_requests` does the same):
 

@@ -2,7 +2,7 @@
 
 `python -m scalestudy.plan.slurm_requests --configfile config/config.yaml` prints, for each grid
 point, its layout and resources (scalestudy.plan.cluster) and the sbatch options the plugin makes of
-them: check a site's settings before a long run (docs/slurm.md); then the partition, account and QOS
+them: check a site's settings before a long run (docs/guide/cluster.md); then the partition, account and QOS
 against the cluster's own sinfo/sacctmgr (scalestudy.plan.slurm_names; exit 1 for a name it does
 not know). Not imported by the Snakefile: it
 uses the executor plugin.

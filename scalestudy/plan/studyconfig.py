@@ -14,7 +14,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from scalestudy.plan import configcheck, schema
+from scalestudy.plan import configcheck, credentials, schema
 
 
 def _default_filling_validator():
@@ -47,6 +47,9 @@ def load(path: str | Path) -> dict[str, Any]:
     """The study config file at `path`, validated, every default filled in, checked."""
     import yaml
 
-    config = fill_defaults(yaml.safe_load(Path(path).read_text()) or {}, schema.node(), str(path))
+    given = yaml.safe_load(Path(path).read_text()) or {}
+    if refused := credentials.refusal(given, [path]):  # before the schema's messages, which quote values
+        raise configcheck.ConfigError(refused)
+    config = fill_defaults(given, schema.node(), str(path))
     configcheck.check(config)
     return config

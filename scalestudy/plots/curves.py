@@ -19,7 +19,7 @@ from scalestudy.analysis.series import DDP
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plots import style
 
-# results/runs/scaling/{mode}/[fsdp-]w{world}_r{repeat}/metrics.csv (docs/architecture.md)
+# results/runs/scaling/{mode}/[fsdp-]w{world}_r{repeat}/metrics.csv (docs/reference/files.md)
 RUN_PATH = re.compile(
     r"scaling/(?P<mode>strong|weak)/(?:(?P<parallelism>[a-z]+)-)?w(?P<world>\d+)_r(?P<repeat>\d+)/[^/]+$"
 )

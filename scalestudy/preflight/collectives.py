@@ -8,7 +8,7 @@ slowest rank's mean time, and rank 0 writes the rows with nccl-tests' algbw and 
 the backend lacks is a row with a note, never a number. `fit` combines the world sizes and fits
 time = alpha + beta * bytes per collective, world size and placement by least squares on the
 relative error, with the ring model's link alpha and bus bandwidth. The commands, formulas and the
-fit's choices: docs/architecture.md, "The collective benchmark".
+fit's choices: docs/reference/methods.md, "The collective benchmark".
 """
 
 from __future__ import annotations

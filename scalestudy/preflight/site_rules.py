@@ -184,7 +184,7 @@ def collective_failure(error: BaseException) -> str:
         f"site check: the ranks could not initialise or use their process group: "
         f"{type(error).__name__}: {error}. If the ranks span nodes, set nccl: NCCL_SOCKET_IFNAME and "
         "GLOO_SOCKET_IFNAME in the config to the interface the nodes reach each other on (see "
-        "docs/slurm.md, 'Site check'), check that no firewall blocks ports 20000-29999 between "
+        "docs/guide/cluster.md, 'Site check'), check that no firewall blocks ports 20000-29999 between "
         "nodes, and run once with nccl: NCCL_DEBUG: INFO to see what NCCL chose."
     )
 

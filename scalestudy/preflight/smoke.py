@@ -7,7 +7,7 @@
 - `table`: every smoke result as rows of results/tables/smoke.csv.
 
 A failed test exits 1 and writes no result; every training job waits for the results
-(rules/smoke.smk). The commands and what each test measures: docs/architecture.md, "Smoke tests".
+(rules/smoke.smk). The commands and what each test measures: docs/reference/methods.md, "Smoke tests".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ itself once per node (`srun --ntasks-per-node=1`, inside the image when the spec
 elsewhere it describes this machine. Each node records its CPU, memory, network, OS and
 filesystems (preflight.machine), its GPUs, driver and topology (preflight.nvidia), the Slurm
 version, torch, CUDA, cuDNN and NCCL versions, and the image and its sha256; `table` makes one row
-of results/tables/system.csv per host (docs/architecture.md, "Pre-flight checks").
+of results/tables/system.csv per host (docs/reference/methods.md, "Pre-flight checks").
 """
 
 from __future__ import annotations

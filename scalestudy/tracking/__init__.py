@@ -1,4 +1,4 @@
-"""Experiment tracking in MLflow (docs/tracking.md): one MLflow run per grid point, grouped under
+"""Experiment tracking in MLflow (docs/guide/tracking.md): one MLflow run per grid point, grouped under
 one run for the study.
 
 The run folder stays the source of truth. The study's settings (config `tracking:`) reach a

@@ -10,7 +10,7 @@ wall time of each, with the medians and their ratio; and, since on a shared 2-co
 throughput of two runs of the SAME job differs by more than the 1 % asked of tracking, the CPU time
 the follower spent while the job trained (first to last logged step) as a share of the job's own
 CPU time in that time (/proc): the most tracking can take from the job's steady state.
-docs/benchmarks.md holds the numbers.
+docs/guide/benchmarks.md holds the numbers.
 """
 
 from __future__ import annotations

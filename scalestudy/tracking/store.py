@@ -81,7 +81,7 @@ def runs_page(uri: str, experiment: str) -> str:
 
 def ui_command(uri: str) -> str | None:
     """The command that serves an embedded store's UI on 127.0.0.1:5000 (None for a server's store):
-    one worker and no GenAI job runner, 5 processes instead of 18 (docs/tracking.md)."""
+    one worker and no GenAI job runner, 5 processes instead of 18 (docs/guide/tracking.md)."""
     if not uri.startswith(SQLITE_PREFIX):
         return None
     import shlex

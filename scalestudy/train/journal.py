@@ -11,7 +11,7 @@ retry: the retry continues the same MLflow run) or FAILED (with the reason). Eac
 and starts no thread: the study's follower (scalestudy.tracking.follow, one process on the submit
 host, at nice 19) sends the journals to MLflow while they grow, and rule `track` replays what it
 has not. On two busy cores, a thread importing mlflow and writing SQLite in every job cost 2 - 12 %
-of the steady-state throughput and 2 s per job (docs/benchmarks.md). Without ENV (tracking off)
+of the steady-state throughput and 2 s per job (docs/guide/benchmarks.md). Without ENV (tracking off)
 `follow` gives NULL_RUN, which does nothing.
 """
 

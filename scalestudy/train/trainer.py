@@ -13,7 +13,7 @@ train_epoch puts around it the profiler window, the epoch's totals, the steady-s
 run folder once, at the end (gpu_monitor.*, metrics.csv, steps.csv, then summary.json), every file
 atomically. SIGTERM/SIGUSR1 end the run with a checkpoint and EXIT_RESUMABLE (75): the retry
 resumes. The choices it makes (scaling, precision, timing windows, BatchNorm under DDP, signals)
-are in docs/architecture.md, "The trainer's choices".
+are in docs/reference/methods.md, "The trainer's choices".
 """
 
 from __future__ import annotations

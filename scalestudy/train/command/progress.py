@@ -11,7 +11,7 @@ window if it filled, else the last filled one of an earlier attempt, else the la
 The file is read line by line and the steps are kept as columns of machine numbers (array.array:
 step, samples, seconds, time; 32 bytes a step), not as one dict per line: a long run of a fast
 model reports millions of steps, and the runner parses them in bounded memory (1e6 step lines:
-scalestudy.benchmark.progress_parser, docs/benchmarks.md).
+scalestudy.benchmark.progress_parser, docs/guide/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every rank runs `python -m scalestudy.train` as for any workload; scalestudy.tra
 checks the run config (scalestudy.plan.runconfig) and hands a command workload's to `run()`, which
 runs the run config's `command.script` with `command.args` as a child process (`python SCRIPT
 ARGS...`, the script relative to the current directory, the workflow's) under the contract of
-scalestudy.contract (docs/workloads.md, "Your own script"): the environment
+scalestudy.contract (docs/guide/workloads.md, "Your own script"): the environment
 tells the script its run config, run folder, checkpoint folder and progress file; the script
 reports its steps, epochs and peak memory as JSON lines. The runner forwards SIGTERM/SIGUSR1 to the
 script and exits with its exit code (75: saved, retry to resume); a script still running a grace

@@ -20,7 +20,7 @@ pinned memory on CUDA. Every step then only slices that device tensor: no host-t
 host-to-device transfer of this module goes through `to_device` (a test counts them: per epoch, not
 per step). On the CPU the memory map stays put and each batch reads only its own images.
 
-How to confirm it on a GPU: docs/architecture.md, "The GPU step path".
+How to confirm it on a GPU: docs/reference/methods.md, "The GPU step path".
 
 `--loader dataloader` is the classic baseline: torchvision transforms on PIL images in a DataLoader
 with DistributedSampler and worker processes (pinned batches on CUDA), copied to the device every
