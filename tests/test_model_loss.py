@@ -85,6 +85,7 @@ def _train(step_module, model, steps: int = 4) -> list[float]:
     """`steps` AdamW steps of the trainer's OptimizerStep (fused, as on the GPU); their losses."""
     adamw = optim.OptimizerSettings("adamw", "auto", 0.1, 0.9, False)
     optimizer = optim.build_optimizer(model, adamw, 3e-3, sharded=False)
+    assert optimizer.defaults["fused"]  # the trainer's AdamW stays fused beside the compiled step
     scheduler = optim.build_scheduler(optimizer, warmup_steps=1, total_steps=steps)
     precision = MixedPrecision(None, False, torch.amp.GradScaler("cpu", enabled=False), "cpu")
     settings = StepSettings(micro_batch=None, grad_clip=1.0)
