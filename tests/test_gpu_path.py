@@ -1,5 +1,6 @@
 """The GPU step path's mechanisms that a CPU can show (issue 24): the one-rank FSDP2 group serves the
-stop agreement's CPU tensors, fp32 is IEEE fp32, FSDP2's root keeps its parameters, an FSDP2 fp16
+stop agreement's CPU tensors, fp32 is IEEE fp32, FSDP2's root (and at one rank every block) keeps
+its parameters and only the root casts the inputs, an FSDP2 fp16
 step issues no host sync, blocks are compiled before they are sharded, `deterministic` is refused
 up front where CUDA has no deterministic kernel, and FSDP2 runs get expandable segments. What only a
 GPU can confirm is listed in docs/reference/verification.md ("What only a GPU can confirm")."""
@@ -160,20 +161,28 @@ def _recorded_fully_shard(monkeypatch) -> list[tuple[torch.nn.Module, dict, bool
     return calls
 
 
-def test_the_root_keeps_fsdp2s_default_and_the_blocks_reshard_as_configured(group, monkeypatch):
+def test_at_one_rank_no_module_reshards_and_only_the_root_casts_inputs(group, monkeypatch):
+    """train.reshard_after_forward true (the schema's default) asks the blocks to reshard; at one rank
+    they keep their parameters (nothing is gathered; resharding would cast and copy them twice a
+    step), and the root never reshards. The forward inputs are cast once, by the root."""
     parallel.init_single_rank_group("gloo")
     calls = _recorded_fully_shard(monkeypatch)
     net = tiny_gpt()
-    wrapped = parallel.wrap(
-        net, ParallelSettings.from_config(run_config()), torch.device("cpu"), 1, list(net.blocks)
-    )
+    settings = ParallelSettings.from_config(run_config(precision="bf16"))
+    assert settings.reshard_after_forward is True
+    wrapped = parallel.wrap(net, settings, torch.device("cpu"), 1, list(net.blocks))
     assert [module for module, _, _ in calls] == [*net.blocks, net]
-    assert [kwargs.get("reshard_after_forward") for _, kwargs, _ in calls] == [True, True, None]
-    assert "reshard_after_forward" not in calls[-1][1]  # None: False for the root after lazy init
-    net(torch.randint(0, 64, (2, 16))).sum().backward()  # lazy init decides the root
-    state = net._get_fsdp_state()._fsdp_param_group
-    assert state.post_forward_mesh_info is None  # the root does not reshard after forward
-    assert net.blocks[0]._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+    assert [kwargs["reshard_after_forward"] for _, kwargs, _ in calls] == [False, False, False]
+    x = torch.randint(0, 64, (2, 16))
+    logits, loss = wrapped.step(x, x)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32  # the loss upcasts
+    loss.backward()  # lazy init decided the root
+    for module in (net, *net.blocks):
+        assert module._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is None  # no reshard
+    assert net._get_fsdp_state()._mp_policy.cast_forward_inputs
+    assert not any(block._get_fsdp_state()._mp_policy.cast_forward_inputs for block in net.blocks)
+    assert wrapped.module is net and wrapped.step.model is net  # evaluation calls the root itself
+    assert wrapped.options["reshard_after_forward"] is False
     assert wrapped.options["root_reshard_after_forward"] is False and not wrapped.compiled
 
 
@@ -184,8 +193,12 @@ def eager_compile(monkeypatch):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    real = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: real(self, backend="eager"))
+    real = torch.compile  # nn.Module.compile calls it too
+
+    def eager(model=None, **options):
+        return real(model, fullgraph=options.get("fullgraph", False), backend="eager")
+
+    monkeypatch.setattr(torch, "compile", eager)
     monkeypatch.setenv("TORCH_LOGS", "")  # log_graph_breaks may switch the logs on; not in tests
     monkeypatch.setattr(torchopts, "log_graph_breaks", lambda: None)
     torch._dynamo.reset()
@@ -210,11 +223,14 @@ def test_blocks_are_compiled_before_they_are_sharded_and_nothing_graph_breaks(
         (net, False),  # the root (embeddings, head) is not compiled
     ]
     assert wrapped.compiled and wrapped.options["compiled_units"] == 2
+    assert wrapped.step.loss_compiled and wrapped.options["compiled_loss"]  # the loss on its own
     assert set(net.state_dict()) == set(tiny_gpt().state_dict())  # in place: the checkpoints' keys
     for _ in range(2):
-        wrapped.module(torch.randint(0, 64, (2, 16))).sum().backward()
+        x = torch.randint(0, 64, (2, 16))
+        wrapped.step(x, x)[1].backward()
     assert torchopts.graph_breaks() == 0
-    assert eager_compile["stats"]["unique_graphs"] == 1  # one graph for every block, no recompiles
+    # one graph for every block and one for the loss, no recompiles
+    assert eager_compile["stats"]["unique_graphs"] == 2
 
 
 def test_compiling_the_whole_model_after_fully_shard_graph_breaks(group, eager_compile):

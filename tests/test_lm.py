@@ -21,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize
+from scalestudy.plan import runconfig
 from scalestudy.train import program
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
@@ -233,6 +234,23 @@ def test_fsdp2_and_ddp_train_the_same_weights(two_rank_runs, reference):
     # FSDP2 holds half of the model state on each of 2 ranks (up to the shards' padding)
     assert fsdp_results["model_state_bytes_per_rank"] < 0.55 * ddp_results["model_state_bytes_per_rank"]
     assert len(fsdp_results["peak_memory_bytes_per_rank"]) == 2
+
+
+def test_fsdp2_at_one_rank_trains_like_one_rank_without_resharding_and_at_two_ranks_reshards(
+    runs, reference, two_rank_runs
+):
+    """One rank: the blocks keep their parameters after the forward (train.reshard_after_forward is
+    true, but there it only costs); two ranks: the blocks reshard, the root never does. What took
+    effect is read from the modules' FSDP2 state (summary.json's fsdp_options)."""
+    out, ckpt, config = runs("one_fsdp", parallelism="fsdp")
+    assert _main(out, config) == 0
+    start = _initial_weights()
+    assert _relative_difference(_weights(ckpt), _weights(reference[1]), start) < 1e-4
+    pd.testing.assert_frame_equal(_metrics(out), _metrics(reference[0]), rtol=1e-4)
+    assert "reshard_after_forward" not in config and runconfig.DEFAULTS["reshard_after_forward"] is True
+    one, two = _results(out)["fsdp_options"], _results(two_rank_runs["fsdp"][0])["fsdp_options"]
+    assert one["reshard_after_forward"] is False and one["resharded_after_forward"] == []
+    assert two["reshard_after_forward"] is True and two["resharded_after_forward"] == ["blocks.0", "blocks.1"]
 
 
 def test_a_checkpoint_reshards_from_two_ranks_to_one_and_back(runs, two_rank_runs):

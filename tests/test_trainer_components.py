@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from scalestudy.train import optim
 from scalestudy.train.build import MixedPrecision
 from scalestudy.train.epoch_data import EpochData
+from scalestudy.train.model_loss import ModelAndLoss
 from scalestudy.train.optimizer_step import OptimizerStep, StepSettings
 from scalestudy.train.reporting import ReportSettings, RunReport
 from scalestudy.train.state import EpochProgress, Position, RunState, StepTimer
@@ -58,8 +59,9 @@ def _step(model: torch.nn.Module, micro_batch: int | None, grad_clip: float | No
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = optim.build_scheduler(optimizer, warmup_steps=0, total_steps=10)
     precision = MixedPrecision(None, False, torch.amp.GradScaler("cpu", enabled=False), "cpu")
-    settings = StepSettings(micro_batch, label_smoothing=0.1, grad_clip=grad_clip)
-    return OptimizerStep(settings, model, model, model, optimizer, scheduler, precision)
+    settings = StepSettings(micro_batch, grad_clip=grad_clip)
+    step = ModelAndLoss(model, label_smoothing=0.1)
+    return OptimizerStep(settings, model, step, step, optimizer, scheduler, precision)
 
 
 def _batch(scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """python -m scalestudy.benchmark [--device auto|cpu|cuda] [--width W] [--batch B] [--repeats R] [--out CSV]
 python -m scalestudy.benchmark dag [--configfile config/bench-grid.yaml] [--repeats R] [--profile] [--out CSV]
 python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] ...: the GPT's tokens/s and MFU, DDP vs FSDP2
+(also as `python -m scalestudy.benchmark lm ...`)
 
 The first form measures, in one run on this machine: the matmul rate (the MFU denominator), the data
 pipeline (project TensorLoader vs DataLoader + PIL), training (project trainer vs the reference
@@ -304,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dag"]:
         return main_dag(argv[1:])
+    if argv[:1] == ["lm"]:
+        from scalestudy.benchmark import lm
+
+        return lm.main(argv[1:])
     return main_run(argv)
 
 

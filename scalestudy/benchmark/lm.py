@@ -1,7 +1,7 @@
 """python -m scalestudy.benchmark.lm [--preset demo|gpt2-small] [--device auto|cpu|cuda]
     [--precision fp32|bf16] [--per-gpu-batch B] [--micro-batch M] [--steps N] [--warmup W]
-    [--parallelism ddp fsdp] [--repeats R] [--world-size R] [--compile [--compile-mode MODE]]
-    [--out CSV] [--runs-dir DIR]
+    [--parallelism ddp fsdp] [--repeats R] [--world-size R] [--compile | --no-compile]
+    [--compile-mode MODE] [--out CSV] [--runs-dir DIR]
 
 The GPT workload's training throughput (tokens/s per rank) and MFU, DDP against FSDP2: the project
 trainer runs each parallelism --repeats times, interleaved, each run in a process of its own (under
@@ -14,12 +14,20 @@ throughput does not depend on what the tokens say, and the model keeps its prese
 first 256 ids. MFU = tokens/s per rank x training FLOPs per token / the device's peak FLOP/s at
 the run's precision (analysis.peak_tflops of config/schema.yaml; on a CPU its `cpu` entry, a
 placeholder of 0.1 TFLOP/s, so a CPU's MFU is not comparable with a GPU's); the CSV names the
-peak's entry and source (`peak_tflops_source`). `--compile` compiles the model as the study's
-`model.compile` does (the DDP module whole; under FSDP2 each block before sharding), in
-`--compile-mode`. The attention is F.scaled_dot_product_attention (flash on a GPU in bf16) and
-AdamW's step is fused (scalestudy.train.optim) in every run. `--micro-batch` runs each rank's
-batch in chunks of M sequences (train.micro_batch, gradient accumulation: scalestudy.train.accumulation)
-with the same global batch: a GPT-2 small batch that does not fit the GPU in one pass.
+peak's entry and source (`peak_tflops_source`).
+
+The step is compiled by default where a GPU runs it (`--no-compile`: eager; on the CPU eager unless
+`--compile`: Inductor's C++ build takes minutes there), as the study's `model.compile` does, in
+`--compile-mode`: at one rank and under DDP the model and its loss as one region (no fp32 copy of
+the logits outside it), under FSDP2 each block before sharding and the loss on its own
+(scalestudy.train.model_loss, scalestudy.train.parallel). The attention is
+F.scaled_dot_product_attention (flash on a GPU in bf16) and AdamW's step is fused
+(scalestudy.train.optim) in every run. `--micro-batch` runs each rank's batch in chunks of M
+sequences (train.micro_batch, gradient accumulation: scalestudy.train.accumulation) with the same
+global batch: a GPT-2 small batch that does not fit the GPU in one pass.
+
+On a GPU at issue 51's settings (gpt2-small, bf16, one rank of 16 x 1024 tokens) the run ends with
+its targets: DDP at least 42 % MFU, FSDP2 at least 0.95x DDP (TARGETS).
 """
 
 from __future__ import annotations
@@ -40,9 +48,8 @@ import numpy as np
 from scalestudy import contract, provenance
 from scalestudy.analysis.metrics import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
-from scalestudy.benchmark import project
+from scalestudy.benchmark import project, report
 from scalestudy.benchmark.measure import median
-from scalestudy.benchmark.report import Row, format_table, records, write_csv
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
 from scalestudy.plan import runfiles
@@ -61,8 +68,16 @@ TABLE_COLUMNS = (
     "vs",
     "mfu_pct",
     "step_time_s",
+    "compile_s",
+    "kernel_active_pct",
     "model_state_mib_per_rank",
     "peak_memory_mib",
+)
+ACTIVITY_COLUMNS = ("kernel_active_pct", "sm_active_pct")  # gpu_activity's, the CSV's
+TARGET_STEPS, TARGET_REPEATS = 100, 3  # what issue 51's targets are judged on, at least
+TARGETS = (  # issue 51, at its settings only (targets_apply)
+    report.Target("GPT-2 small DDP at one rank, MFU %", "lm", "ddp", on="mfu_pct", minimum=42),
+    report.Target("GPT-2 small FSDP2 vs DDP at one rank", "lm", "fsdp", minimum=0.95),
 )
 MIB = 2**20
 PEAK_SOURCE = (
@@ -96,7 +111,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats", type=int, default=3, help="runs of each parallelism, interleaved; the median (3)"
     )
     parser.add_argument("--world-size", type=int, default=1, help="ranks (>1: torchrun on this node)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (model.compile)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the step (model.compile; default: on with a GPU, off on the CPU)",
+    )
     parser.add_argument(
         "--compile-mode",
         default="default",
@@ -120,6 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--device cuda, but torch sees no CUDA device")
     args.device = "cuda" if cuda else "cpu"
     args.precision = args.precision or ("bf16" if cuda else "fp32")
+    args.compile = cuda if args.compile is None else args.compile
     args.steps = args.steps or (100 if cuda else 20)
     args.warmup = args.warmup or (10 if cuda else 3)
     return args
@@ -187,9 +207,9 @@ def run_config(args: argparse.Namespace, parallelism: str, data_dir: Path, check
 
 
 def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[str, Any]:
-    """One training run in a process of its own (under torchrun with several ranks); its summary.json's
-    results. Its own process: the peak memory (the CPU's peak RSS, CUDA's peak allocation) is the run's,
-    not that of the runs before it."""
+    """One training run in a process of its own (under torchrun with several ranks): its summary.json's
+    results, its graph breaks and its GPU's activity (gpu_activity). Its own process: the peak memory
+    (the CPU's peak RSS, CUDA's peak allocation) is the run's, not that of the runs before it."""
     argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", log_level]
     ranks = config["world_size"]
     launcher = [sys.executable]
@@ -199,12 +219,30 @@ def run_trainer(config: dict[str, Any], out_dir: Path, log_level: str) -> dict[s
     code = subprocess.run(command, cwd=REPO, env=single_node_environment(), check=False).returncode
     if code != 0:
         raise RuntimeError(f"the {config['parallelism']} run failed with exit code {code} (its log above)")
-    results = json.loads((out_dir / runfiles.SUMMARY).read_text())["results"]
+    summary = json.loads((out_dir / runfiles.SUMMARY).read_text())
+    results = {
+        **summary["results"],
+        "graph_breaks": summary["provenance"]["graph_breaks"],
+        **gpu_activity(out_dir),
+    }
     if not results["window_filled"]:
         raise RuntimeError(f"the {config['parallelism']} run did not fill its measurement window")
     if results.get("contended"):
         raise RuntimeError(f"the {config['parallelism']} run shared its GPUs: {results['contention']}")
     return results
+
+
+def gpu_activity(run_dir: Path) -> dict[str, float]:
+    """Rank 0's GPU over the run's measurement window (scalestudy.analysis.monitor_window): the share
+    of time any kernel ran (NVML) and of busy SMs (GPM), in %; NaN on the CPU. A step whose host
+    cannot queue its kernels as fast as the GPU runs them leaves the GPU idle between them: a
+    kernel-active share well under 100 % says the step is bound by the host, not the GPU."""
+    from scalestudy.analysis import monitor_window
+
+    samples, _ = monitor_window.load([run_dir / runfiles.GPU_MONITOR])
+    table = monitor_window.per_gpu(samples)
+    first = table.iloc[0] if len(table) else {}
+    return {column: float(first.get(column, math.nan)) for column in ACTIVITY_COLUMNS}
 
 
 def single_node_environment() -> dict[str, str]:
@@ -240,6 +278,10 @@ def result_row(args: argparse.Namespace, repeats: list[dict[str, Any]]) -> dict:
         "train_flops_per_token": first["train_flops_per_image"],
         "tokens_per_s": median([results["images_per_s"] for results in repeats]),
         "step_time_s": median([results["step_time_s"] for results in repeats]),
+        "compile_s": median([results["compile_s"] for results in repeats]) if args.compile else None,
+        "graph_breaks": max(results["graph_breaks"] for results in repeats) if args.compile else None,
+        "resharded_after_forward": (first["fsdp_options"] or {}).get("resharded_after_forward"),
+        **{column: median([results[column] for results in repeats]) for column in ACTIVITY_COLUMNS},
         "warmup_steps": first["warmup_steps"],
         "measured_steps": first["measured_steps"],
         "peak_memory_bytes": peak_memory,
@@ -262,7 +304,7 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
         " tokens a step"
     )
     rows = [
-        Row(
+        report.Row(
             "lm",
             parallelism,
             "tokens/s per rank",
@@ -287,7 +329,7 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> li
         "load_1m_start": args.load_1m_start,
         "load_1m_end": round(os.getloadavg()[0], 2),
     }
-    table_records = records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
+    table_records = report.records(rows, peak * 1e12 if math.isfinite(peak) else None, context)
     return [
         {**record, **result_row(args, repeats)}
         for record, repeats in zip(table_records, runs.values(), strict=True)
@@ -330,6 +372,27 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return table(args, runs)
 
 
+def targets_apply(args: argparse.Namespace, rows: list[dict]) -> bool:
+    """Issue 51's settings: GPT-2 small in bf16 on a GPU, one rank of 16 sequences in one pass."""
+    settings = (args.preset, args.precision, args.world_size, args.per_gpu_batch, args.micro_batch)
+    return rows[0]["device"] == "cuda" and settings == ("gpt2-small", "bf16", 1, 16, None)
+
+
+def target_lines(args: argparse.Namespace, rows: list[dict]) -> str | None:
+    """Issue 51's verdicts where its settings ran (targets_apply); not judged on fewer measured steps
+    or repeats than it asks for (TARGET_STEPS, TARGET_REPEATS, both parallelisms)."""
+    if not targets_apply(args, rows):
+        return None
+    short = args.steps < TARGET_STEPS or args.repeats < TARGET_REPEATS or len(rows) < len(PARALLELISMS)
+    if short:
+        return (
+            f"issue 51's targets not judged: they need {TARGET_STEPS} measured steps and {TARGET_REPEATS} "
+            f"interleaved repeats of ddp and fsdp (ran {args.steps} steps x {args.repeats} of "
+            f"{' '.join(args.parallelism)})"
+        )
+    return report.format_checks(report.check_targets(TARGETS, rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level))
@@ -343,10 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as error:
         log.error("%s", error)
         return 1
-    print(format_table(rows, TABLE_COLUMNS))
+    print(report.format_table(rows, TABLE_COLUMNS))
+    verdicts = target_lines(args, rows)
+    if verdicts:
+        print(verdicts)
     if rows[0]["device"] == "cpu":
         print("MFU on a CPU is against the placeholder peak analysis.peak_tflops.cpu (not a measured rate)")
-    write_csv(args.out, rows)
+    report.write_csv(args.out, rows)
     print(f"wrote {args.out}")
     return 0
 

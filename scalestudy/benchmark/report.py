@@ -51,7 +51,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Target:
-    """A bound on a row's ratio (on="ratio") or median (on="value"); None bounds are not checked."""
+    """A bound on a row's ratio (on="ratio"), median (on="value") or MFU in % (on="mfu_pct"); None
+    bounds are not checked."""
 
     label: str
     section: str
@@ -69,6 +70,9 @@ class Target:
         parts = [f">= {self.minimum:g}"] if self.minimum is not None else []
         parts += [f"<= {self.maximum:g}"] if self.maximum is not None else []
         return " and ".join(parts)
+
+
+TARGET_COLUMNS = {"ratio": "ratio", "value": "median", "mfu_pct": "mfu_pct"}  # Target.on -> column
 
 
 @dataclass
@@ -121,7 +125,7 @@ def check_targets(targets: Iterable[Target], table: Sequence[dict]) -> list[Chec
     checks = []
     for target in targets:
         record = by_key.get((target.section, target.name))
-        value = None if record is None else record["median" if target.on == "value" else "ratio"]
+        value = None if record is None else record[TARGET_COLUMNS[target.on]]
         checks.append(Check(target, value))
     return checks
 

@@ -81,10 +81,13 @@ def prepare_model(
     world_size: int,
     shard_units,
     inductor_cache_dir: str | None,
+    label_smoothing: float,
 ) -> tuple[Wrapped, torch.nn.Module]:
-    """(what parallel.wrap made, the module the step calls: compiled where `settings.compile`)."""
-    wrapped = parallel.wrap(model, settings, device, world_size, shard_units)
-    train_model = wrapped.module
+    """(what parallel.wrap made, the module the step calls: the model and its loss, (x, y) ->
+    (logits, loss), compiled where `settings.compile`: as one region with one rank or DDP; under
+    FSDP2 block by block and the loss on its own, by parallel.wrap)."""
+    wrapped = parallel.wrap(model, settings, device, world_size, shard_units, label_smoothing)
+    train_model = wrapped.step
     if settings.compile:
         torchopts.use_inductor_cache(inductor_cache_dir)
     if settings.compile and not wrapped.compiled:  # FSDP2's blocks were compiled before sharding

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from scalestudy.train import accumulation, bookkeeping
+from scalestudy.train import accumulation
 from scalestudy.train.build import MixedPrecision
 from scalestudy.train.ranges import named_range
 from scalestudy.train.state import StepTimer
@@ -22,19 +22,19 @@ class StepSettings:
     """What the step reads of its run config (from_config)."""
 
     micro_batch: int | None  # samples per chunk of the per-GPU batch; None: one pass
-    label_smoothing: float
     grad_clip: float | None  # the global gradient norm's limit; 0 or None: no clipping
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> StepSettings:
-        return cls(config["micro_batch"], config["label_smoothing"], config["grad_clip"])
+        return cls(config["micro_batch"], config["grad_clip"])
 
 
 @dataclass
 class OptimizerStep:
-    """The step over the model as setup built it: `train_model` (DDP or FSDP2, compiled or not) runs
-    the forward, `sync_module` (parallel.Wrapped.module) is told when gradients synchronise, `model`
-    (the bare one) is clipped."""
+    """The step over the model as setup built it: `train_model` (the model and its loss,
+    scalestudy.train.model_loss, under DDP or FSDP2, compiled or not) runs the forward and the loss,
+    `sync_module` (parallel.Wrapped.module) is told when gradients synchronise, `model` (the bare
+    one) is clipped."""
 
     settings: StepSettings
     model: torch.nn.Module
@@ -58,8 +58,7 @@ class OptimizerStep:
             last = index == len(chunks) - 1
             with accumulation.gradient_sync(self.sync_module, sync=last):
                 with named_range("forward"), self.precision.autocast():
-                    logits = self.train_model(x_chunk)
-                    loss = self.loss(logits, y_chunk)
+                    logits, loss = self.train_model(x_chunk, y_chunk)
                     loss = loss if weight == 1.0 else loss * weight
                 timer.mark("forward")
                 with named_range("backward"):
@@ -80,9 +79,6 @@ class OptimizerStep:
         self.precision.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return bookkeeping.cross_entropy(logits, targets, self.settings.label_smoothing, reduction="mean")
 
     def clip_gradients(self) -> None:
         if self.settings.grad_clip:

@@ -46,7 +46,7 @@ class RunResults:
     steady: SteadyWindow  # this attempt's window
     workload: Workload
     built: Built
-    wrapped_options: dict[str, Any] | None  # parallel.Wrapped.options
+    wrapped_options: dict[str, Any] | None  # parallel.Wrapped.recorded_options()
     world_size: int
     steps_per_epoch: int
     device: torch.device

@@ -80,7 +80,7 @@ class Trainer:
     live: Any = NULL_RUN
     model: torch.nn.Module  # the bare model: evaluation, checkpoints, gradient clipping
     wrapped: parallel.Wrapped
-    train_model: torch.nn.Module  # what the step calls: DDP or FSDP2, compiled or not
+    train_model: torch.nn.Module  # what the step calls: the model and its loss, wrapped, compiled or not
     peak_lr: float
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -173,6 +173,7 @@ class Trainer:
             self.world_size,
             built.shard_units,
             self.config["inductor_cache_dir"],
+            self.config["label_smoothing"],
         )
         where = self.parallel_settings.parallelism if self.world_size > 1 else "one rank"
         log.info("model: %s; %s", built.description, where)
@@ -327,7 +328,7 @@ class Trainer:
             steady=self.steady,
             workload=self.workload,
             built=self.built,
-            wrapped_options=self.wrapped.options,
+            wrapped_options=self.wrapped.recorded_options(),
             world_size=self.world_size,
             steps_per_epoch=self.steps_per_epoch,
             device=self.device,
