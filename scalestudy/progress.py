@@ -1,9 +1,12 @@
-"""Progress lines for long work: done/total, rate, ETA, at most every `interval_s` seconds."""
+"""Progress lines for long work: done/total, rate, ETA, at most every `interval_s` seconds; and the
+logging every command line shares (setup_logging, quiet)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 
 def format_seconds(seconds: float) -> str:
@@ -86,3 +89,18 @@ def setup_logging(level: int = logging.INFO) -> logging.Logger:
     # matplotlib's PDF backend subsets fonts through fontTools, which logs every table at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
     return logging.getLogger("scalestudy")
+
+
+@contextlib.contextmanager
+def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Inside: the loggers `names` (and theirs below) pass only `level` and above; restored after. For
+    a program that reuses another's steps whose warnings are that program's, not its own."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, before, strict=True):
+            logger.setLevel(old)
