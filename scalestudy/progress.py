@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 
@@ -88,7 +90,23 @@ def setup_logging(level: int = logging.INFO) -> logging.Logger:
     )
     # matplotlib's PDF backend subsets fonts through fontTools, which logs every table at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
+    _log_command()
     return logging.getLogger("scalestudy")
+
+
+_COMMAND_LOGGED: list[bool] = []
+
+
+def _log_command() -> None:
+    """A job's log opens with the command that wrote it (the workflow's console does not print the
+    commands): once per process, for `python -m scalestudy...` whose stderr is not a terminal."""
+    from scalestudy.commandline import program
+
+    name = program()
+    if _COMMAND_LOGGED or name is None or sys.stderr.isatty():
+        return
+    _COMMAND_LOGGED.append(True)
+    logging.getLogger("scalestudy").info("command: %s", shlex.join([*name.split(), *sys.argv[1:]]))
 
 
 @contextlib.contextmanager

@@ -66,7 +66,7 @@ def dry_run(tmp_path_factory) -> list[dict]:
     state = gpufake.write_state(workdir.parent / "nvml.json", 8)
     env = gpufake.machine_env(state, workdir.parent / "gpu-locks", snakemake_env())
     env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
-    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"]
+    command = [sys.executable, "-m", "snakemake", "-n", "--printshellcmds", "--profile", "profiles/slurm"]
     command += ["--configfile", "config/config.yaml"]
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"

@@ -25,13 +25,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from scalestudy import atomic, contract
+from scalestudy import atomic, commandline, contract
 from scalestudy.analysis import cli
 from scalestudy.compare import figure, points, pooled, report, study
 from scalestudy.crate.check import CrateError
 from scalestudy.progress import quiet
 
-PROG = "python -m scalestudy.compare"
 EXIT_GATE = 1  # a verdict named by --fail-on holds
 EXIT_NOT_THE_SAME = 3  # and contract.EXIT_BAD_CONFIG (2): a study that cannot be read
 ANALYSIS_LOGGER = "scalestudy.analysis"
@@ -40,7 +39,7 @@ GATES = ("slower", "faster", "different", "any-slower", "any-faster", "untested"
 
 def arguments(argv: Sequence[str] | None):
     parser = cli.parser(__doc__.splitlines()[0])
-    parser.prog = PROG
+    parser.prog = commandline.program(__spec__)  # also where main() is called in another program
     parser.add_argument("a", help="The reference study (A).")
     parser.add_argument("b", help="The study compared with it (B).")
     parser.add_argument(
