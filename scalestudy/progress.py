@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shlex
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -97,13 +99,21 @@ def setup_logging(level: int = logging.INFO) -> logging.Logger:
 _COMMAND_LOGGED: list[bool] = []
 
 
+def _stderr_is_a_file() -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(sys.stderr.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's captured stream)
+        return False
+
+
 def _log_command() -> None:
     """A job's log opens with the command that wrote it (the workflow's console does not print the
-    commands): once per process, for `python -m scalestudy...` whose stderr is not a terminal."""
+    commands): once per process, for `python -m scalestudy...` whose stderr is a file (a rule's log:,
+    not a terminal or a pipe)."""
     from scalestudy.commandline import program
 
     name = program()
-    if _COMMAND_LOGGED or name is None or sys.stderr.isatty():
+    if _COMMAND_LOGGED or name is None or not _stderr_is_a_file():
         return
     _COMMAND_LOGGED.append(True)
     logging.getLogger("scalestudy").info("command: %s", shlex.join([*name.split(), *sys.argv[1:]]))

@@ -119,7 +119,7 @@ def mlflow(root: Path) -> list[str]:
 def summary(root: Path, name: str = "demo", seconds: float | None = None) -> list[str]:
     took = f" in {int(seconds // 60)} min {int(seconds % 60)} s" if seconds is not None else ""
     return [
-        f"{name}: done{took}. The study, under {root / paths.RESULTS_DIR}:",
+        f"{name}: done{took}. The study, under {(root / paths.RESULTS_DIR).resolve()}:",
         *where(root),
         "Headline numbers (results/tables):",
         *headline(root),
