@@ -29,10 +29,10 @@ check_configfiles "$@" || exit 2
 
 source scripts/bootstrap.sh
 started=$SECONDS
-# The console a person can follow (scalestudy.console): no rule headers or host block (--quiet), one
-# line per finished job, the scheduler's and the report's chatter left out; warnings and errors as
-# Snakemake prints them. Snakemake's whole log: .snakemake/log/; each job's command: its own log.
-snakemake --profile profiles/local --quiet rules host "$@" 2>&1 | python -m scalestudy.console condense
+# The console a person can follow (scalestudy.console): one line per finished job, no job headers,
+# the scheduler's and the report's chatter left out; warnings and errors as Snakemake prints them.
+# Snakemake's whole log: .snakemake/log/; each job's command: the first line of its own log.
+snakemake --profile profiles/local "$@" 2>&1 | python -m scalestudy.console condense
 snakemake --profile profiles/local "$@" --report results/report.html 2>&1 | python -m scalestudy.console condense
 # the report into the study's crate, which rule crate wrote before the report could exist
 if [ -d results/crate ]; then
