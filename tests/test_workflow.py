@@ -236,11 +236,16 @@ def test_the_demo_crate_has_one_action_per_job_of_the_study(demo_run):
 
     readme = (demo_run / "results/crate/README.md").read_text()
     assert f"with {len(actions)} jobs." in readme, readme[:400]
-    unfinished = {a["@id"] for a in actions if "not finished when this crate was written" in a["description"]}
-    assert not [
-        a["@id"] for a in actions if "not recorded" in a["description"] and a["@id"] not in unfinished
-    ]
+    from scalestudy.crate.jobs import NOT_FINISHED, WRITING_THE_CRATE
+
+    unfinished = {a["@id"] for a in actions if NOT_FINISHED in a["description"]}
     assert unfinished <= {"#job-track", "#job-all"} and "#job-all" in unfinished
+    assert [a["@id"] for a in actions if WRITING_THE_CRATE in a["description"]] == ["#job-crate"]
+    assert (
+        not [  # attempts, nodes: recorded for every job that ended, and the crate's own
+            a["@id"] for a in actions if "not recorded" in a["description"] and a["@id"] not in unfinished
+        ]
+    )
     entities = {e["@id"]: e for e in graph}
     hours = pd.read_csv(demo_run / "results/tables/runs.csv").set_index("run_dir")["gpu_hours"]
     for action in by_rule["scaling_run"] + by_rule["sensitivity_run"]:
