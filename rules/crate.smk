@@ -33,7 +33,7 @@ CRATE_STUDY = {
 
 
 if CRATE["enabled"]:
-    on_start(lambda: _crate.record_run_jobs(workflow.dag.needrun_jobs()))
+    on_start(lambda: _crate.record_run_jobs(workflow.dag.needrun_jobs(), workflow.local_exec))
 
     rule crate:
         input:

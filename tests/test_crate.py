@@ -421,6 +421,7 @@ def test_every_job_of_the_run_is_in_the_crate_with_its_state(study):
     assert own["actionStatus"] == "http://schema.org/ActiveActionStatus" and own["result"] == {"@id": "./"}
     assert "startTime" in own and "endTime" not in own and jobs.WRITING_THE_CRATE in own["description"]
     assert "attempts not recorded" in own["description"]  # RULES has no crate rule: retries unknown
+    assert own["location"] == socket.gethostname()  # it runs here, now
     early = actions["#job-early"]
     assert early["actionStatus"] == "http://schema.org/CompletedActionStatus"
     assert early["endTime"] == jobs.iso_time(T0 + 3001)
@@ -450,9 +451,9 @@ def test_the_run_is_recorded_when_it_starts_and_read_by_the_crates_job(study, mo
         log=["results/logs/tracking/sync.log"],
         is_local=True,
     )
-    crate_package.record_run_jobs([job], "run-jobs.json")
+    crate_package.record_run_jobs([job], path="run-jobs.json")
     written = json.loads(Path("run-jobs.json").read_text())
-    assert written["jobs"][0]["rule"] == "track" and written["started"] > T0
+    assert written["jobs"][0]["rule"] == "track" and written["started"] > T0 and written["jobs"][0]["local"]
     assert os.environ[crate_package.RUN_JOBS_ENV] == "run-jobs.json"
     assert crate_cli._run_jobs(None) == written
     monkeypatch.delenv(crate_package.RUN_JOBS_ENV)

@@ -19,11 +19,11 @@ RUN_JOBS = ".snakemake/scalestudy/run-jobs.json"  # the jobs of the workflow's l
 RUN_JOBS_ENV = "SCALESTUDY_RUN_JOBS"
 
 
-def record_run_jobs(jobs: Iterable, path: str | os.PathLike = RUN_JOBS) -> None:
+def record_run_jobs(jobs: Iterable, local_executor: bool = False, path: str | os.PathLike = RUN_JOBS) -> None:
     """The jobs a run of the workflow is about to run (Snakemake's DAG, when the run starts: rule,
     wildcards, outputs, logs), for the crate to list those its outputs do not stand on (itself, the
-    jobs beside and after it); RUN_JOBS_ENV names the file to this run's jobs. Written atomically; not
-    a parameter of any job (it changes with every run)."""
+    jobs beside and after it; `local_executor`: every job runs on this host); RUN_JOBS_ENV names the
+    file to this run's jobs. Written atomically; not a parameter of any job (it changes every run)."""
     record = {
         "started": time.time(),
         "jobs": [
@@ -32,7 +32,7 @@ def record_run_jobs(jobs: Iterable, path: str | os.PathLike = RUN_JOBS) -> None:
                 "wildcards": {str(k): str(v) for k, v in dict(job.wildcards_dict).items()},
                 "outputs": sorted(str(path) for path in job.output),
                 "logs": sorted(str(path) for path in job.log),
-                "local": bool(job.is_local),
+                "local": bool(local_executor or job.is_local),  # it runs on this host
             }
             for job in jobs
         ],

@@ -217,6 +217,7 @@ def run_jobs(
         mine = bool(outputs) and {os.path.abspath(path) for path in outputs} <= own
         job.state = WRITING_THE_CRATE if mine else NOT_FINISHED
         job.start = time.time() if mine else None
+        job.local_host = local_host if mine else job.local_host  # it runs here, now
         found.append(job)
     return found
 
