@@ -413,14 +413,15 @@ def test_every_job_of_the_run_is_in_the_crate_with_its_state(study):
     """The crate's own job (running, its result the crate), one that ended in the run before it (its
     record), and those not yet finished (beside and after it: track, all) are actions too; the
     study's jobs are not listed twice."""
-    graph = entities(write(study, run_jobs=run_record(study, T0 + 2500)))
+    rules = RULES | {"crate": {"output": [r"results/crate$", r"results/crate\.zip$"], "retries": 0}}
+    graph = entities(write(study, run_jobs=run_record(study, T0 + 2500), rules=rules))
     actions = {key: e for key, e in graph.items() if key.startswith("#job-")}
     assert {"#job-crate", "#job-early", "#job-track", "#job-all", "#job-fetch"} <= set(actions)
     assert len(actions) == 4 + 4
     own = actions["#job-crate"]
     assert own["actionStatus"] == "http://schema.org/ActiveActionStatus" and own["result"] == {"@id": "./"}
     assert "startTime" in own and "endTime" not in own and jobs.WRITING_THE_CRATE in own["description"]
-    assert "attempts not recorded" in own["description"]  # RULES has no crate rule: retries unknown
+    assert "attempts 1" in own["description"]  # this one: a rule never retried
     assert own["location"] == socket.gethostname()  # it runs here, now
     early = actions["#job-early"]
     assert early["actionStatus"] == "http://schema.org/CompletedActionStatus"

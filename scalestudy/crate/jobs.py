@@ -218,6 +218,8 @@ def run_jobs(
         job.state = WRITING_THE_CRATE if mine else NOT_FINISHED
         job.start = time.time() if mine else None
         job.local_host = local_host if mine else job.local_host  # it runs here, now
+        if mine and (rule_patterns.get(job.rule) or {}).get("retries") == 0:
+            job.attempts = 1  # this one, of a rule Snakemake never retries
         found.append(job)
     return found
 
