@@ -36,6 +36,6 @@ snakemake --profile profiles/local "$@" 2>&1 | python -m scalestudy.console cond
 snakemake --profile profiles/local "$@" --report results/report.html 2>&1 | python -m scalestudy.console condense
 # the report into the study's crate, which rule crate wrote before the report could exist
 if [ -d results/crate ]; then
-    python -m scalestudy.crate add results/crate --zip results/crate.zip results/report.html >/dev/null
+    python -m scalestudy.crate --log-level WARNING add results/crate --zip results/crate.zip results/report.html >/dev/null
 fi
 python -m scalestudy.console summary --seconds $((SECONDS - started))
