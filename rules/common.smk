@@ -11,6 +11,7 @@ import os
 
 from snakemake.settings.types import DeploymentMethod
 
+from scalestudy import commandline as _commandline
 from scalestudy import compare as _compare
 from scalestudy.launch import container_image as imagedigest
 from scalestudy.plan import cluster, grid, workloads
@@ -95,16 +96,16 @@ def container_image():
 
 
 def analysis_json(*sections):
-    """The parts of the config's analysis: section a rule uses, as JSON (a params value, so changing
-    one setting re-runs only the rules that read it; the tools fill the rest with the schema's
-    defaults, so a rule must name every section it reads). Returned as a params function, because
-    Snakemake formats a params string for wildcards and a `{` in a setting (a name) is none."""
+    """The parts of the config's analysis: section a rule uses, as "@FILE" of JSON named by its
+    content (scalestudy.commandline.json_file: a params value, so changing one setting re-runs only
+    the rules that read it; the tools fill the rest with the schema's defaults, so a rule must name
+    every section it reads). Returned as a params function, because Snakemake formats a params
+    string for wildcards and a `{` in a setting (a name) is none."""
     chosen = {key: config["analysis"][key] for key in sections}
     if "comm_model" in chosen and chosen["comm_model"]["gpus_per_node"] is None:
         # null: the cluster's ranks per node (one place to say how many GPUs a node has)
         chosen["comm_model"] = {**chosen["comm_model"], "gpus_per_node": cluster.ranks_per_node(config)}
-    text = json.dumps(chosen, sort_keys=True)
-    return lambda wildcards: text
+    return lambda wildcards: _commandline.json_file(chosen, "analysis")
 
 
 def fetch_source():

@@ -1,10 +1,14 @@
 # crate: the study as a Workflow Run RO-Crate (Provenance Run Crate 0.5; scalestudy/crate): results/crate/
 # and results/crate.zip. Its inputs are every output of the study, so it is written again whenever the
 # study changes. It reads Snakemake's metadata (.snakemake/metadata) for every job that made them, on
-# the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: rocrate is the venv's.
+# the submit host (cluster.ALWAYS_ON_SUBMIT_HOST), outside the image: rocrate is the venv's. Its
+# JSON (the whole config, every rule's patterns) goes in files (scalestudy.commandline.json_file),
+# not on its command line. When a run starts, the run's jobs are recorded (record_run_jobs), so that
+# the crate also lists the jobs its outputs do not stand on: its own, and those beside and after it.
 
 import glob
 
+import scalestudy.commandline as _commandline
 import scalestudy.crate as _crate
 
 CRATE = config["crate"]
@@ -19,20 +23,17 @@ CRATE_SOURCES = sorted(
 )
 
 
-CRATE_STUDY = json.dumps(
-    {
-        "name": config["study"]["name"],
-        "title": config["study"]["title"],
-        "license": CRATE["license"],
-        "author": CRATE["author"],
-        "url": CRATE["url"],
-    },
-    sort_keys=True,
-)
-CRATE_CONFIG = json.dumps(config, sort_keys=True, default=str)
+CRATE_STUDY = {
+    "name": config["study"]["name"],
+    "title": config["study"]["title"],
+    "license": CRATE["license"],
+    "author": CRATE["author"],
+    "url": CRATE["url"],
+}
 
 
 if CRATE["enabled"]:
+    on_start(lambda: _crate.record_run_jobs(workflow.dag.needrun_jobs(), workflow.local_exec))
 
     rule crate:
         input:
@@ -49,10 +50,13 @@ if CRATE["enabled"]:
         resources:
             **light_resources(),
         params:
-            rules=lambda wildcards: _crate.rule_specs(workflow.rules, workflow.basedir),
-            # functions: never formatted for wildcards (a config value may hold braces)
-            config=lambda wildcards: CRATE_CONFIG,
-            study=lambda wildcards: CRATE_STUDY,
+            # "@FILE"s named by their content (a changed value: a changed parameter); functions,
+            # never formatted for wildcards (a config value may hold braces)
+            rules=lambda wildcards: _commandline.json_file(
+                _crate.rule_specs(workflow.rules, workflow.basedir), "crate-rules"
+            ),
+            config=lambda wildcards: _commandline.json_file(config, "config"),
+            study=lambda wildcards: _commandline.json_file(CRATE_STUDY, "crate-study"),
             config_files=lambda wildcards: [os.path.relpath(path) for path in workflow.configfiles],
             exclude=lambda wildcards: ["--exclude", *CRATE["exclude"]] if CRATE["exclude"] else [],
             metadata=lambda wildcards: os.path.join(os.path.relpath(workflow.persistence.path), "metadata"),

@@ -1,9 +1,16 @@
-"""Progress lines for long work: done/total, rate, ETA, at most every `interval_s` seconds."""
+"""Progress lines for long work: done/total, rate, ETA, at most every `interval_s` seconds; and the
+logging every command line shares (setup_logging, quiet)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shlex
+import stat
+import sys
 import time
+from collections.abc import Iterator
 
 
 def format_seconds(seconds: float) -> str:
@@ -85,4 +92,43 @@ def setup_logging(level: int = logging.INFO) -> logging.Logger:
     )
     # matplotlib's PDF backend subsets fonts through fontTools, which logs every table at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
+    _log_command()
     return logging.getLogger("scalestudy")
+
+
+_COMMAND_LOGGED: list[bool] = []
+
+
+def _stderr_is_a_file() -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(sys.stderr.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's captured stream)
+        return False
+
+
+def _log_command() -> None:
+    """A job's log opens with the command that wrote it (the workflow's console does not print the
+    commands): once per process, for `python -m scalestudy...` whose stderr is a file (a rule's log:,
+    not a terminal or a pipe)."""
+    from scalestudy.commandline import program
+
+    name = program()
+    if _COMMAND_LOGGED or name is None or not _stderr_is_a_file():
+        return
+    _COMMAND_LOGGED.append(True)
+    logging.getLogger("scalestudy").info("command: %s", shlex.join([*name.split(), *sys.argv[1:]]))
+
+
+@contextlib.contextmanager
+def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Inside: the loggers `names` (and theirs below) pass only `level` and above; restored after. For
+    a program that reuses another's steps whose warnings are that program's, not its own."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, before, strict=True):
+            logger.setLevel(old)

@@ -28,10 +28,14 @@ check_configfiles() {
 check_configfiles "$@" || exit 2
 
 source scripts/bootstrap.sh
-snakemake --profile profiles/local "$@"
-snakemake --profile profiles/local "$@" --report results/report.html
+started=$SECONDS
+# The console a person can follow (scalestudy.console): one line per finished job, no job headers,
+# the scheduler's and the report's chatter left out; warnings and errors as Snakemake prints them.
+# Snakemake's whole log: .snakemake/log/; each job's command: the first line of its own log.
+snakemake --profile profiles/local "$@" 2>&1 | python -m scalestudy.console condense
+snakemake --profile profiles/local "$@" --report results/report.html 2>&1 | python -m scalestudy.console condense
 # the report into the study's crate, which rule crate wrote before the report could exist
 if [ -d results/crate ]; then
-    python -m scalestudy.crate add results/crate --zip results/crate.zip results/report.html
+    python -m scalestudy.crate --log-level WARNING add results/crate --zip results/crate.zip results/report.html >/dev/null
 fi
-echo "demo: report at $(pwd)/results/report.html"
+python -m scalestudy.console summary --seconds $((SECONDS - started))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
 import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,7 +19,7 @@ from scalestudy import compare
 from scalestudy.analysis import aggregate, stats
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.compare import __main__ as compare_cli
-from scalestudy.compare import points, spread
+from scalestudy.compare import points, pooled, spread
 from scalestudy.plan import studyconfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +229,7 @@ def test_one_repeat_per_side_is_judged_on_each_runs_window_spread(once, tmp_path
     assert row["throughput_ratio_ci_low"] == pytest.approx(0.8 * math.exp(-half))
     assert row["throughput_ratio_ci_high"] == pytest.approx(0.8 * math.exp(half))
     text = markdown.read_text()
-    first = text.split("\n")[2]
+    first = text.split("\n")[3]
     assert (
         first.startswith("Points: 15")
         and "Slower in B: 2 (scaling/strong/w2 0.800, scaling/weak/w1 0.800)" in first
@@ -414,3 +418,153 @@ def test_the_papers_comparison_macros(reference, tmp_path):
     assert absent["ComparisonSlower"] == "not measured" and absent["ComparisonNotSame"] == ""
     assert values["ComparisonApart"] == absent["ComparisonApart"] == ""
     assert set(absent) == set(values)
+
+
+def every_point_times(runs: pd.DataFrame, factor: float, noise: float = 0.0, seed: int = 5) -> pd.DataFrame:
+    """Every run's throughput times `factor`, each run also by its own lognormal noise of `noise`."""
+    rng = np.random.default_rng(seed)
+    for index in runs.index:
+        own = factor * math.exp(rng.normal(0.0, noise)) if noise else factor
+        runs = scale_throughput(runs, runs.index == index, own)
+    return runs
+
+
+def compare_study(a: Path, b: Path, tmp_path: Path, *args: str) -> tuple[int, dict, str, str]:
+    """(exit status, summary, stdout, stderr) of `compare A B --summary ... ARGS` in this process."""
+    summary = tmp_path / "summary.json"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = compare_cli.main([str(a), str(b), "--summary", str(summary), *args])
+    return status, json.loads(summary.read_text()), out.getvalue(), err.getvalue()
+
+
+def test_a_copy_slower_everywhere_by_one_repeat_is_slower_at_the_study_level_and_fails_the_gate(
+    once, tmp_path
+):
+    """Issue 54: one repeat a point, noisy windows (no point alone can tell 0.8 from 1), every run 0.8x
+    with 3 % run-to-run noise: the study-level verdict is slower, its interval below 1 and around 0.8,
+    the sign test agrees, and `--fail-on slower` exits 1 naming it in one line."""
+    noisy = edited_copy(once, tmp_path / "a", lambda r: with_window(r, 0.2))
+    slow = edited_copy(noisy, tmp_path / "b", lambda r: every_point_times(r, 0.8, noise=0.03))
+    status, info, out, err = compare_study(noisy, slow, tmp_path, "--fail-on", "slower")
+    study = info["study"]
+    assert info["slower"] <= 2 and info["same"] >= 11  # point by point it mostly passes
+    assert (
+        study["verdict"] == points.SLOWER
+        and study["ci_high"] < 1.0
+        and study["ci_low"] < 0.8 < study["ci_high"]
+    )
+    assert study["points"] == 15 and study["slower_points"] == 15 and study["sign_p_value"] == 2 / 2**15
+    assert out.splitlines()[2].startswith("Study-level verdict: slower: B / A 0.")
+    assert status == compare_cli.EXIT_GATE and len(err.splitlines()) == 1
+    assert err.startswith("compare: --fail-on slower: Study-level verdict: slower")
+    assert compare_study(noisy, slow, tmp_path, "--fail-on", "faster", "untested")[0] == 0
+
+
+def test_the_demo_against_itself_says_no_difference_and_passes_every_gate(once, tmp_path):
+    status, info, out, err = compare_study(once, once, tmp_path, "--fail-on", *compare_cli.GATES[:-1])
+    assert status == 0 and not err
+    assert info["study"]["verdict"] == "no difference" and info["study"]["ratio"] == 1.0
+    assert out.splitlines()[2].startswith("Study-level verdict: no difference: B / A 1.000")
+
+
+def test_the_study_level_interval_is_a_t_interval_across_the_points_and_the_sign_test_is_exact(
+    once, tmp_path
+):
+    """The pooled ratio: exp of the mean of the points' log-ratios, a Student-t interval with n - 1 df
+    on their standard error; a point whose window was not filled stays out (its rate has one-off
+    costs), as does one whose run config differs (allowed); the sign test counts the rest."""
+
+    def unfilled_and_changed(runs):
+        runs = every_point_times(runs, 0.9, noise=0.05, seed=11)
+        runs["window_filled"] = ~runs["point"].eq("strong/w2_r0")
+        runs["whole_run_images_per_s"] = runs["images_per_s"]
+        runs.loc[runs["point"].eq("weak/w2_r0"), "config.lr"] = 0.123
+        return runs
+
+    other = edited_copy(once, tmp_path / "b", unfilled_and_changed)
+    table = run_compare(once, other, "--allow-different")
+    pooled_rows = table[table["pooled"]]
+    assert set(table.loc[~table["pooled"], "point"]) == {"strong/w2", "weak/w2"}
+    logs = [math.log(r) for r in pooled_rows["throughput_ratio"]]
+    n, mean = len(logs), statistics.fmean(logs)
+    half = stats.t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    study = pooled.verdict(table, 0.95)
+    assert study["points"] == n == 13 and study["left_out"] == 2
+    assert study["ratio"] == pytest.approx(math.exp(mean))
+    assert (study["ci_low"], study["ci_high"]) == (
+        pytest.approx(math.exp(mean - half)),
+        pytest.approx(math.exp(mean + half)),
+    )
+    slower = sum(d < 0 for d in logs)
+    tail = sum(math.comb(n, k) for k in range(min(slower, n - slower) + 1)) / 2**n
+    assert study["slower_points"] == slower and study["sign_p_value"] == pytest.approx(min(1.0, 2 * tail))
+    assert pooled.sign_test(0, 0) == 1.0 and pooled.sign_test(3, 3) == 1.0
+
+
+def test_each_point_says_the_smallest_slowdown_it_could_have_detected(once, tmp_path):
+    """A point judged on its windows: exp(-(t_0.975 + t_0.8) se) with its se and Welch df; a noisier
+    window can only detect a larger slowdown; a point without an interval has none."""
+    quiet_a = edited_copy(once, tmp_path / "a", lambda r: with_window(r, 0.02))
+    noisy_b = edited_copy(once, tmp_path / "b", lambda r: with_window(r, 0.2))
+    for study, cv in ((quiet_a, 0.02), (noisy_b, 0.2)):
+        row = run_compare(study, study).set_index("point").loc["strong/w2"]
+        variance = 2 * statistics.variance([math.log(1 + cv * f) for f in SPREAD])  # df 3 + 3
+        expected = math.exp(
+            -(stats.t_quantile(0.975, 6.0) + stats.t_quantile(0.8, 6.0)) * math.sqrt(variance)
+        )
+        assert row["detectable_ratio"] == pytest.approx(expected), cv
+    assert spread.detectable_ratio(math.nan, 3.0, 0.95) != spread.detectable_ratio(math.nan, 3.0, 0.95)
+    plain = run_compare(once, once)
+    assert plain["detectable_ratio"].isna().all()  # one repeat, no window rates: no test
+
+
+def test_compare_says_nothing_that_does_not_concern_the_comparison(once, tmp_path, capsys, caplog):
+    """No analysis.comm_model.gpus_per_node assumption, no "window not filled" per point (the point's
+    verdict says "not tested"): the comparison's own lines only; contended points are named in it."""
+
+    def unfilled_and_contended(runs):
+        runs = with_window(runs, 0.02)
+        runs["window_filled"] = ~runs["stage"].eq("profile")
+        runs["whole_run_images_per_s"] = runs["images_per_s"]
+        runs["contended"] = runs["point"].eq("weak/w1_r0")
+        runs["contention"] = runs["contended"].map({True: "pid 4242 (python) on GPU 0", False: ""})
+        return runs
+
+    study = edited_copy(once, tmp_path / "a", unfilled_and_contended)
+    with caplog.at_level(logging.INFO):
+        assert compare_cli.main([str(study), str(study)]) == 0
+    captured = capsys.readouterr()
+    assert not captured.err and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "Contended (a foreign process on the GPUs while measuring" in captured.out
+    assert "scaling/weak/w1." in captured.out and "profile/w1 | 1/1 | 1.000 | not tested" in captured.out
+    assert logging.getLogger(compare_cli.ANALYSIS_LOGGER).level == logging.NOTSET  # restored
+
+
+def test_two_studies_of_one_name_are_told_apart_by_commit_or_folder(once, tmp_path):
+    first = edited_copy(once, tmp_path / "x" / "demo", lambda r: r)
+    second = edited_copy(once, tmp_path / "y" / "demo", lambda r: r)
+    heading = compare_study(first, second, tmp_path)[2].splitlines()[0]
+    assert heading == f"# demo [folder {second.parent}] (B) against demo [folder {first.parent}] (A)"
+
+    def other_commit(runs):
+        runs["provenance.git_commit"] = "5d6e7f8a9b0c1d2e3f40"
+        return runs
+
+    later = edited_copy(once, tmp_path / "z" / "demo", other_commit)
+    commit = str(pd.read_csv(once / "tables/runs.csv")["provenance.git_commit"].iloc[0])[:7]
+    heading = compare_study(first, later, tmp_path)[2].splitlines()[0]
+    assert heading == f"# demo [commit 5d6e7f8] (B) against demo [commit {commit}] (A)"
+    assert compare_study(first, first, tmp_path)[2].startswith("# demo (B) against demo (A)")
+
+
+def test_the_gate_on_any_point_fails_where_one_point_is_slower(reference, tmp_path):
+    """--fail-on any-slower: one point slower (its repeats say so) fails, though the study-level
+    verdict over all points is not slower; --fail-on slower passes it."""
+    slower = edited_copy(
+        reference, tmp_path / "b", lambda r: scale_throughput(r, r["point"].str.startswith("weak/w1_r"), 0.8)
+    )
+    status, info, _, err = compare_study(reference, slower, tmp_path, "--fail-on", "any-slower")
+    assert info["slower"] == 1 and info["study"]["verdict"] != points.SLOWER
+    assert status == compare_cli.EXIT_GATE and "scaling/weak/w1" in err
+    assert compare_study(reference, slower, tmp_path, "--fail-on", "slower")[0] == 0

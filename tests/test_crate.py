@@ -389,3 +389,169 @@ def test_the_report_is_added_to_a_written_crate_and_its_zip(study, capsys):
     assert crate_cli.main(["check", str(zipped)]) == 0
     assert crate_cli.main(["add", str(crate), "--zip", str(zipped), "results/nowhere.html"]) == 2
     assert "nowhere.html" in capsys.readouterr().err
+
+
+def run_record(study: Path, started: float) -> dict:
+    """The run's jobs as scalestudy.crate.record_run_jobs writes them: two of the study's, the crate's
+    own, a job that ended in the run before the crate (its record), one beside it and `all`."""
+    (study / "results/tables").mkdir(parents=True)
+    (study / "results/tables/early.csv").write_text("a\n1\n")
+    record(study / ".snakemake/metadata", "results/tables/early.csv", "early", [], [], 3000, 3001)
+    entries = [
+        ("fetch", ["results/data/archive.bin"], []),
+        ("figure_throughput", ["results/figures/throughput.png"], []),
+        ("crate", ["results/crate", "results/crate.zip"], ["results/logs/crate.log"]),
+        ("early", ["results/tables/early.csv"], []),
+        ("track", ["results/logs/tracking/sync.json"], ["results/logs/tracking/sync.log"]),
+        ("all", [], []),
+    ]
+    jobs_ = [{"rule": r, "wildcards": {}, "outputs": o, "logs": lg, "local": True} for r, o, lg in entries]
+    return {"started": started, "jobs": jobs_}
+
+
+def test_every_job_of_the_run_is_in_the_crate_with_its_state(study):
+    """The crate's own job (running, its result the crate), one that ended in the run before it (its
+    record), and those not yet finished (beside and after it: track, all) are actions too; the
+    study's jobs are not listed twice."""
+    rules = RULES | {"crate": {"output": [r"results/crate$", r"results/crate\.zip$"], "retries": 0}}
+    graph = entities(write(study, run_jobs=run_record(study, T0 + 2500), rules=rules))
+    actions = {key: e for key, e in graph.items() if key.startswith("#job-")}
+    assert {"#job-crate", "#job-early", "#job-track", "#job-all", "#job-fetch"} <= set(actions)
+    assert len(actions) == 4 + 4
+    own = actions["#job-crate"]
+    assert own["actionStatus"] == "http://schema.org/ActiveActionStatus" and own["result"] == {"@id": "./"}
+    assert "startTime" in own and "endTime" not in own and jobs.WRITING_THE_CRATE in own["description"]
+    assert "attempts 1" in own["description"]  # this one: a rule never retried
+    assert own["location"] == socket.gethostname()  # it runs here, now
+    early = actions["#job-early"]
+    assert early["actionStatus"] == "http://schema.org/CompletedActionStatus"
+    assert early["endTime"] == jobs.iso_time(T0 + 3001)
+    for later in ("#job-track", "#job-all"):
+        assert actions[later]["actionStatus"] == "http://schema.org/PotentialActionStatus"
+        assert jobs.NOT_FINISHED in actions[later]["description"] and "startTime" not in actions[later]
+    assert f"with {len(actions)} jobs." in (study / "results/crate/README.md").read_text()
+    assert graph["#study-run"]["actionStatus"] == "http://schema.org/ActiveActionStatus"
+    assert not (study / "results/crate/results/tables/early.csv").exists()  # not the study's output
+    # a record of an earlier run is no job of this one: before the run started, it is "not finished"
+    graph = entities(write(study, run_jobs=run_record(study.parent / "other", T0 + 5000) | {"jobs": []}))
+    assert "#job-early" not in graph and "#job-crate" not in graph
+
+
+def test_the_run_is_recorded_when_it_starts_and_read_by_the_crates_job(study, monkeypatch):
+    """rules/crate.smk's onstart hook: the run's jobs from Snakemake's DAG into RUN_JOBS, named in
+    the environment its jobs inherit; `crate write` reads it from there (and never outside a run)."""
+    from types import SimpleNamespace
+
+    import scalestudy.crate as crate_package
+
+    monkeypatch.setenv(crate_package.RUN_JOBS_ENV, "")  # restored (absent) after the test
+    job = SimpleNamespace(
+        rule=SimpleNamespace(name="track"),
+        wildcards_dict={},
+        output=["results/logs/tracking/sync.json"],
+        log=["results/logs/tracking/sync.log"],
+        is_local=True,
+    )
+    crate_package.record_run_jobs([job], path="run-jobs.json")
+    written = json.loads(Path("run-jobs.json").read_text())
+    assert written["jobs"][0]["rule"] == "track" and written["started"] > T0 and written["jobs"][0]["local"]
+    assert os.environ[crate_package.RUN_JOBS_ENV] == "run-jobs.json"
+    assert crate_cli._run_jobs(None) == written
+    monkeypatch.delenv(crate_package.RUN_JOBS_ENV)
+    assert crate_cli._run_jobs(None) is None
+
+
+def tampered_copy(zipped: Path, dest: Path, name: str) -> Path:
+    """A copy of a crate's zip with the file `name` changed inside."""
+    with zipfile.ZipFile(zipped) as original, zipfile.ZipFile(dest, "w") as copy:
+        for item in original.infolist():
+            data = original.read(item)
+            copy.writestr(item, data + b"9,0.1\n" if item.filename == name else data)
+    return dest
+
+
+def test_validate_checks_every_files_bytes_naming_a_changed_one(study, tmp_path, monkeypatch, capsys):
+    """Issue 54: a zip with one file changed inside fails `validate` (exit 1) naming the file, though
+    its metadata passes every profile; --metadata-only passes it and its line says the bytes were not
+    checked; the untouched crate passes and says how many files were checked."""
+    write(study)
+    monkeypatch.setattr(validation, "network_problem", lambda: "offline for the test")
+    changed = "results/runs/scaling/strong/w1_r0/metrics.csv"
+    tampered = tampered_copy(study / "results/crate.zip", tmp_path / "tampered.zip", changed)
+    capsys.readouterr()
+    assert crate_cli.main(["validate", str(tampered)]) == 1
+    out, err = capsys.readouterr()
+    assert (
+        err.splitlines()
+        == [
+            line
+            for line in err.splitlines()
+            if line.startswith(f"crate validate: {tampered}: {changed}: sha256")
+        ]
+        and len(err.splitlines()) == 1
+    )
+    verdict = [line for line in out.splitlines() if line.startswith("provenance-run-crate-0.5")]
+    assert verdict and ": passed; files: FAILED: 1 file(s) missing or changed" in verdict[0]
+    assert crate_cli.main(["validate", str(tampered), "--metadata-only"]) == 0
+    assert "files: the files' bytes not checked (--metadata-only)" in capsys.readouterr().out
+    assert crate_cli.main(["validate", str(study / "results/crate.zip")]) == 0
+    files = len(check.listed_files(study / "results/crate"))
+    assert f"files: {files} files, each with its recorded sha256" in capsys.readouterr().out
+
+
+def test_snakemakes_folder_markers_are_not_in_the_crate_or_its_zip(study):
+    """A directory() output holds Snakemake's empty .snakemake_timestamp; so does the crate folder
+    once its job ended (before `crate add` zips it again): neither is carried, listed or zipped."""
+    folder = study / "results/profile/w1/nsys_stats"
+    folder.mkdir(parents=True)
+    (folder / "kernels.csv").write_text("kernel,ms\nk,1\n")
+    (folder / ".snakemake_timestamp").write_text("")
+    crate = write(study, targets=["results/figures/throughput.png", "results/profile/w1/nsys_stats"])
+    (crate / ".snakemake_timestamp").write_text("")  # what Snakemake leaves once rule crate ended
+    (study / "results/report.html").write_text("<html></html>\n")
+    assert (
+        crate_cli.main(["add", str(crate), "--zip", str(study / "results/crate.zip"), "results/report.html"])
+        == 0
+    )
+    with zipfile.ZipFile(study / "results/crate.zip") as archive:
+        names = archive.namelist()
+    assert "results/profile/w1/nsys_stats/kernels.csv" in names
+    assert not [name for name in names if name.endswith(".snakemake_timestamp")], names
+    assert not [key for key in entities(crate) if key.endswith(".snakemake_timestamp")]
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
+def test_the_json_options_take_a_file_and_the_help_names_the_module(study, tmp_path, capsys):
+    """rules/crate.smk passes its JSON as @FILE (scalestudy.commandline.json_file: named by content);
+    a bad file is one line naming it. --help: "python -m scalestudy.crate", as run."""
+    import runpy
+    import sys
+
+    from scalestudy import commandline
+
+    first = commandline.json_file({"study": {"name": "tiny"}}, "config", tmp_path / "json")
+    assert first == commandline.json_file({"study": {"name": "tiny"}}, "config", tmp_path / "json")
+    assert first != commandline.json_file({"study": {"name": "other"}}, "config", tmp_path / "json")
+    assert commandline.json_argument(first, "--config-json") == {"study": {"name": "tiny"}}
+    with pytest.raises(ValueError, match="--config-json: .*nowhere.json"):
+        commandline.json_argument("@" + str(tmp_path / "nowhere.json"), "--config-json")
+    argv = ["write", "--out-dir", "results/crate", "--zip", "results/crate.zip", "--metadata-dir"]
+    argv += [".snakemake/metadata", "--targets", "results/figures/throughput.png", "--sources", "Snakefile"]
+    argv += ["--rules-json"]
+    argv += [commandline.json_file(RULES, "rules", tmp_path / "json"), "--config-json", first]
+    argv += [
+        "--study-json",
+        commandline.json_file({"name": "tiny", "license": "MIT"}, "s", tmp_path / "json"),
+    ]
+    assert crate_cli.main(argv) == 0
+    assert json.loads((study / "results/crate/config.json").read_text()) == {"study": {"name": "tiny"}}
+    capsys.readouterr()
+    for module in ("scalestudy.crate", "scalestudy.analysis.metrics", "scalestudy.paper.numbers"):
+        sys_argv = sys.argv
+        sys.argv = [module, "--help"]
+        try:
+            with pytest.raises(SystemExit):
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+        finally:
+            sys.argv = sys_argv
+        assert capsys.readouterr().out.startswith(f"usage: python -m {module} "), module

@@ -88,7 +88,7 @@ COVERED: dict[str, tuple[str, str]] = {
     # rules' python without the venv on PATH, is tests/test_faults.py's
     ".venv/bin/snakemake --profile profiles/local": (
         "scripts/demo.sh",
-        'snakemake --profile profiles/local "$@"\n',
+        'snakemake --profile profiles/local "$@" 2>&1 | python -m scalestudy.console condense\n',
     ),
     # the one-point commands of docs/guide/reruns.md, from a fresh copy: the preflight again and a
     # point (94 s of CI);

@@ -201,7 +201,7 @@ def test_accepted_values_reach_their_commands_as_one_argument(workdir, archive, 
     marker = tmp_path / "marker"
     value = hostile(payload, marker)
     config = accepting_config(payload, marker, archive)
-    result = run_workflow(workdir, config, "-n", profile=profile)
+    result = run_workflow(workdir, config, "-n", "--printshellcmds", profile=profile)  # the profiles don't
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert not marker.exists()

@@ -66,7 +66,7 @@ def dry_run(tmp_path_factory) -> list[dict]:
     state = gpufake.write_state(workdir.parent / "nvml.json", 8)
     env = gpufake.machine_env(state, workdir.parent / "gpu-locks", snakemake_env())
     env["PATH"] = f"{stub_apptainer(workdir / '.stub-bin')}{os.pathsep}{env['PATH']}"
-    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"]
+    command = [sys.executable, "-m", "snakemake", "-n", "--printshellcmds", "--profile", "profiles/slurm"]
     command += ["--configfile", "config/config.yaml"]
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
@@ -149,7 +149,15 @@ def test_the_container_less_profile_plans_the_study_without_apptainer(tmp_path):
     env["PATH"] = os.pathsep.join(
         folder for folder in env["PATH"].split(os.pathsep) if not (Path(folder) / "apptainer").exists()
     )
-    command = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm-noapptainer"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "--printshellcmds",
+        "--profile",
+        "profiles/slurm-noapptainer",
+    ]
     command += ["--configfile", "config/config.yaml"]
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"

@@ -58,7 +58,50 @@ def demo_run(tmp_path_factory) -> Path:
     )
     (workdir.parent / CONSOLE).write_text(result.stdout + result.stderr)
     assert result.returncode == 0, f"demo failed:\n{result.stdout[-6000:]}\n{result.stderr[-8000:]}"
+    (workdir.parent / CONSOLE).write_text(result.stdout + result.stderr)  # what a person saw
     return workdir
+
+
+CONSOLE = "demo-console.txt"  # beside the demo's folder: the demo's console, stdout then stderr
+
+
+def test_the_demos_console_is_short_and_ends_in_its_summary(demo_run):
+    """Issue 54: at most ~150 lines, none over 300 characters, no shell command, one line per
+    finished job ("N of M steps"), and the closing summary: where the report, paper, crate and tables
+    are, the headline numbers as results/tables has them, and MLflow's command and link. The commands
+    are in the jobs' own logs."""
+    import pandas as pd
+
+    lines = (demo_run.parent / CONSOLE).read_text().splitlines()
+    assert len(lines) <= 150, "\n".join(lines)
+    assert not [line for line in lines if len(line) > 300], [line[:200] for line in lines if len(line) > 300]
+    assert not [line for line in lines if line.startswith(("Shell command", "Adding ", "localrule "))]
+    total = dag.planned_jobs(next(iter(sorted((demo_run / ".snakemake/log").glob("*.log")))).read_text())
+    steps = [line for line in lines if re.match(rf"^\[\d\d:\d\d:\d\d\] \d+ of {total} steps", line)]
+    assert len(steps) == total and steps[-1].endswith(f"{total} of {total} steps (100%) done: all"), steps
+    start = next(i for i, line in enumerate(lines) if line.startswith("demo: done in "))
+    closing = lines[start:]
+    assert closing[1] == "  report: results/report.html" and closing[2].startswith(
+        "  paper:  results/paper/paper."
+    )
+    assert (
+        closing[3].startswith("  crate:  results/crate.zip (")
+        and "python -m scalestudy.crate validate" in closing[3]
+    )
+    assert closing[4] == "  tables: results/tables/ (12 CSV files; runs.csv: 15 runs)", closing
+    scaling = pd.read_csv(demo_run / "results/tables/scaling.csv").set_index(["mode", "world_size"])
+    strong = f"{scaling.loc[('strong', 2), 'images_per_s_mean']:,.0f} at N=2"
+    efficiency = f"efficiency {100 * scaling.loc[('strong', 2), 'efficiency_mean']:.1f} %"
+    assert any(
+        line.startswith("  strong scaling (ddp): ") and strong in line and efficiency in line
+        for line in closing
+    )
+    assert closing[-2].startswith("MLflow: MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1")
+    assert closing[-1].startswith("  then open http://127.0.0.1:5000/#/experiments/")
+    assert (
+        "command: python -m scalestudy.data.fetch --source synthetic"
+        in ((demo_run / "results/logs/fetch.log").read_text().splitlines()[0])
+    )
 
 
 def declared_outputs(workdir: Path) -> list[tuple[str, str]]:
@@ -213,8 +256,10 @@ def test_the_demo_crate_has_one_action_per_job_of_the_study(demo_run):
     by_rule = {}
     for action in actions:
         by_rule.setdefault(action["instrument"]["@id"].removeprefix("#rule-"), []).append(action)
-    made = {rule for _, rule in declared_outputs(demo_run)} - {"crate", "track", "-"}
-    assert made <= set(by_rule), f"rules without an action: {made - set(by_rule)}"
+    # every job of the run (Snakemake's job-stats table), the crate's own and those after it included
+    first_log = next(iter(sorted((demo_run / ".snakemake/log").glob("*.log")))).read_text()
+    assert {rule: len(found) for rule, found in by_rule.items()} == dag.job_counts(first_log)
+    assert by_rule["crate"][0]["actionStatus"] == "http://schema.org/ActiveActionStatus"
     assert len(by_rule["scaling_run"]) == 4 and len(by_rule["sensitivity_run"]) == 8
     run = by_rule["scaling_run"][0]
     assert run["startTime"] < run["endTime"] and "energy not measured" in run["description"]
@@ -223,7 +268,16 @@ def test_the_demo_crate_has_one_action_per_job_of_the_study(demo_run):
 
     readme = (demo_run / "results/crate/README.md").read_text()
     assert f"with {len(actions)} jobs." in readme, readme[:400]
-    assert not [a["@id"] for a in actions if "not recorded" in a["description"]]
+    from scalestudy.crate.jobs import NOT_FINISHED, WRITING_THE_CRATE
+
+    unfinished = {a["@id"] for a in actions if NOT_FINISHED in a["description"]}
+    assert unfinished <= {"#job-track", "#job-all"} and "#job-all" in unfinished
+    assert [a["@id"] for a in actions if WRITING_THE_CRATE in a["description"]] == ["#job-crate"]
+    assert (
+        not [  # attempts, nodes: recorded for every job that ended, and the crate's own
+            a["@id"] for a in actions if "not recorded" in a["description"] and a["@id"] not in unfinished
+        ]
+    )
     entities = {e["@id"]: e for e in graph}
     hours = pd.read_csv(demo_run / "results/tables/runs.csv").set_index("run_dir")["gpu_hours"]
     for action in by_rule["scaling_run"] + by_rule["sensitivity_run"]:
@@ -262,6 +316,28 @@ def test_an_edited_demo_crate_fails_validation_or_comparison_naming_the_file(dem
     assert compare_cli.main([str(demo_run / "results"), str(changed)]) == 2
     error = capsys.readouterr().err
     assert "results/tables/runs.csv" in error and "sha256" in error
+
+    # Issue 54: a copy of crate.zip with runs.csv changed inside fails `crate validate`, naming it
+    import zipfile
+
+    from scalestudy.crate import __main__ as crate_cli
+
+    tampered = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(demo_run / "results/crate.zip") as original, zipfile.ZipFile(tampered, "w") as copy:
+        names = original.namelist()
+        for item in original.infolist():
+            data = original.read(item)
+            copy.writestr(
+                item, data.replace(b",", b";", 1) if item.filename == "results/tables/runs.csv" else data
+            )
+    assert not [name for name in names if name.endswith(".snakemake_timestamp")], "Snakemake's markers"
+    assert crate_cli.main(["validate", str(tampered), "--offline"]) == 1
+    out, err = capsys.readouterr()
+    assert (
+        err.startswith(f"crate validate: {tampered}: results/tables/runs.csv: sha256 ")
+        and err.count("\n") == 1
+    )
+    assert "files: FAILED: 1 file(s) missing or changed" in out
 
 
 def test_the_demo_compared_with_its_own_crate_differs_nowhere(demo_run, tmp_path):
@@ -480,6 +556,35 @@ def test_a_slowed_copy_of_the_demo_is_judged_on_its_windows_and_named(demo_run, 
     untouched = table.drop(index=[points.point_name(run) for _, run in runs[two].iterrows()])
     assert not untouched["verdict"].isin([points.SLOWER, points.FASTER]).any()
     assert "within-run spread, one repeat" in headline
+
+
+def test_a_copy_of_the_demo_slower_everywhere_fails_the_gate_and_the_demo_itself_passes(
+    demo_run, tmp_path, capsys
+):
+    """Issue 54: every run of a copy of the demo's catalog at 0.8x (one repeat a point): the
+    study-level verdict is slower with its interval below 1 and `--fail-on slower` exits 1 naming it;
+    the demo against itself exits 0 with "no difference"; no line that is not the comparison's."""
+    import pandas as pd
+
+    from scalestudy.compare import __main__ as compare_cli
+    from tests.test_compare import catalog_copy, scale_throughput
+
+    results = demo_run / "results"
+    slow = catalog_copy(
+        results, tmp_path / "demo-slow", lambda r: scale_throughput(r, pd.Series(True, index=r.index), 0.8)
+    )
+    summary = tmp_path / "summary.json"
+    assert compare_cli.main([str(results), str(slow), "--fail-on", "slower", "--summary", str(summary)]) == 1
+    out, err = capsys.readouterr()
+    study = json.loads(summary.read_text())["study"]
+    assert study["verdict"] == "slower" and study["ci_high"] < 1.0 and study["ratio"] == pytest.approx(0.8)
+    assert out.splitlines()[2].startswith(
+        "Study-level verdict: slower: B / A 0.800, 95% interval [0.800, 0.800]"
+    )
+    assert err.startswith("compare: --fail-on slower: Study-level verdict: slower") and err.count("\n") == 1
+    assert compare_cli.main([str(results), str(results), "--fail-on", "slower", "faster"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[2].startswith("Study-level verdict: no difference: B / A 1.000") and not err
 
 
 def test_a_gpu_study_against_the_demo_is_refused_in_one_line_or_warned_once(demo_run, tmp_path, capsys):

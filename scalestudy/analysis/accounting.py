@@ -17,7 +17,6 @@ the same quantity. A site without an energy plugin reports 0 (or nothing): None 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -27,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scalestudy import atomic
+from scalestudy import atomic, commandline
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.analysis.accounting")
@@ -144,7 +143,7 @@ def job_ids(summary_paths: Iterable[str | Path]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--summaries", nargs="+", required=True, help="summary.json of every run.")
     parser.add_argument("--out", required=True, help="The accounting JSON to write.")
     parser.add_argument("--log-level", default="INFO")

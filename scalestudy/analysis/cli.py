@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
+from scalestudy import commandline
 from scalestudy.analysis import settings
 from scalestudy.progress import setup_logging
 
 
 def parser(description: str, with_settings: bool = True) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = commandline.parser(description)
     p.add_argument("--log-level", default="INFO", help="Logging level (default INFO).")
     if with_settings:
         group = p.add_mutually_exclusive_group()

@@ -21,7 +21,6 @@ of which `Truth.overlap_fraction` is hidden.
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalestudy import atomic
+from scalestudy import atomic, commandline
 from scalestudy.analysis import commmodel, contention, energy, modelsize
 from scalestudy.plan import grid, runfiles, studyconfig
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
@@ -364,7 +363,7 @@ def make_study(root: str | Path, config: dict, truth: Truth = Truth()) -> list[P
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--config", required=True, help="Study config (YAML) whose grid is constructed.")
     parser.add_argument("--out-dir", required=True, help="Root under which results/runs/... is written.")
     parser.add_argument("--no-gpu", action="store_true", help="Construct a CPU study (no monitor samples).")

@@ -32,7 +32,6 @@ runs.csv for a summary written before them), summed over the run's GPUs:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from scalestudy import commandline
 from scalestudy.analysis import monitor_window
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, read_json
@@ -340,7 +340,7 @@ def measured(frame: pd.DataFrame) -> pd.Series:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("run_dir", type=Path, help="A run folder (summary.json, gpu_monitor.csv/.json).")
     args = parser.parse_args(argv)
     results = read_json(args.run_dir / runfiles.SUMMARY).get("results") or {}

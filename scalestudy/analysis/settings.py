@@ -8,12 +8,12 @@ same way, so running a tool by hand with `--analysis-json '{}'` behaves like the
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from scalestudy import commandline
 from scalestudy.plan import schema as study_schema
 from scalestudy.plan.studyconfig import fill_defaults
 
@@ -53,12 +53,12 @@ def resolved(analysis: dict[str, Any] | None, ranks_per_node: int | None = None)
 
 
 def load(analysis_json: str | None = None, config_path: str | Path | None = None) -> dict[str, Any]:
-    """The analysis settings from a JSON string (what rules pass: gpus_per_node already resolved) or
-    a study config file (then the cluster section gives gpus_per_node when it is null)."""
+    """The analysis settings from JSON, inline or "@FILE" (what rules pass: gpus_per_node already
+    resolved), or a study config file (then the cluster section gives gpus_per_node when it is null)."""
     if analysis_json is not None and config_path is not None:
         raise ValueError("give either --analysis-json or --config, not both")
     if config_path is None:
-        return resolved(json.loads(analysis_json) if analysis_json else {})
+        return resolved(commandline.json_argument(analysis_json, "--analysis-json") if analysis_json else {})
     import yaml
 
     from scalestudy.plan import cluster

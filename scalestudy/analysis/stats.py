@@ -85,14 +85,15 @@ def repeat_stats(values: Iterable[float], confidence: float = 0.95) -> dict[str,
 
 
 def ratio_interval(a: Iterable[float], b: Iterable[float], confidence: float = 0.95) -> dict[str, float]:
-    """B relative to A: the ratio of geometric means, its Welch-t interval and the two-sided p-value.
+    """B relative to A: the ratio of geometric means, its Welch-t interval and the two-sided p-value
+    (with `se`, the standard error of the log-ratio, and `df`).
 
-    Welch's t-test on the logarithms (the spreads of A and B need not be equal; the
-    Welch-Satterthwaite degrees of freedom), so a ratio and its interval are symmetric in log space:
-    a copy of A scaled by 0.8 gives exactly 0.8, inside its interval. Non-positive or non-finite
-    values are left out. Fewer than two values on a side: the ratio alone, the interval and p NaN
-    (one run has no spread to test against). Both spreads zero: an interval of the ratio itself, p 1
-    for equal means and 0 otherwise.
+        Welch's t-test on the logarithms (the spreads of A and B need not be equal; the
+        Welch-Satterthwaite degrees of freedom), so a ratio and its interval are symmetric in log space:
+        a copy of A scaled by 0.8 gives exactly 0.8, inside its interval. Non-positive or non-finite
+        values are left out. Fewer than two values on a side: the ratio alone, the interval and p NaN
+        (one run has no spread to test against). Both spreads zero: an interval of the ratio itself, p 1
+        for equal means and 0 otherwise.
     """
     logs = [
         [math.log(float(v)) for v in side if v is not None and math.isfinite(float(v)) and float(v) > 0]
@@ -101,7 +102,16 @@ def ratio_interval(a: Iterable[float], b: Iterable[float], confidence: float = 0
     nan = float("nan")
     (na, nb) = (len(logs[0]), len(logs[1]))
     if not na or not nb:
-        return {"n_a": na, "n_b": nb, "ratio": nan, "ci_low": nan, "ci_high": nan, "p_value": nan, "df": nan}
+        return {
+            "n_a": na,
+            "n_b": nb,
+            "ratio": nan,
+            "ci_low": nan,
+            "ci_high": nan,
+            "p_value": nan,
+            "df": nan,
+            "se": nan,
+        }
     stats = [repeat_stats(side) for side in logs]
     diff = stats[1]["mean"] - stats[0]["mean"]
     out = {
@@ -112,13 +122,19 @@ def ratio_interval(a: Iterable[float], b: Iterable[float], confidence: float = 0
         "ci_high": nan,
         "p_value": nan,
         "df": nan,
+        "se": nan,
     }
     if na < 2 or nb < 2:
         return out
     var = [s["std"] ** 2 / s["n"] for s in stats]
     se = math.sqrt(var[0] + var[1])
     if se == 0.0:
-        return out | {"ci_low": out["ratio"], "ci_high": out["ratio"], "p_value": 1.0 if diff == 0 else 0.0}
+        return out | {
+            "ci_low": out["ratio"],
+            "ci_high": out["ratio"],
+            "p_value": 1.0 if diff == 0 else 0.0,
+            "se": 0.0,
+        }
     df = se**4 / sum(v**2 / (s["n"] - 1) for v, s in zip(var, stats, strict=True))
     half = t_quantile(0.5 + confidence / 2.0, df) * se
     p_value = 2.0 * (1.0 - t_cdf(abs(diff) / se, df))
@@ -127,4 +143,5 @@ def ratio_interval(a: Iterable[float], b: Iterable[float], confidence: float = 0
         "ci_high": math.exp(diff + half),
         "p_value": p_value,
         "df": df,
+        "se": se,
     }

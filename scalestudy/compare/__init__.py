@@ -12,13 +12,18 @@ from pathlib import Path
 RESULTS_FOLDER_NAMES = ("results", "crate")
 
 
-def default_label(path: str | Path) -> str:
-    """A study's name from where it lies: its folder's, or the folder holding its results/ or crate."""
+def study_folder(path: str | Path) -> Path:
+    """Where a study lies: its folder, or the folder holding its results/ or crate (absolute)."""
     path = Path(path).resolve()
     path = path.with_suffix("") if path.suffix == ".zip" else path
     while path.name in RESULTS_FOLDER_NAMES and path.parent.name:
         path = path.parent
-    return path.name
+    return path
+
+
+def default_label(path: str | Path) -> str:
+    """A study's name from where it lies: its folder's, or the folder holding its results/ or crate."""
+    return study_folder(path).name
 
 
 def study_file(path: str | Path) -> list[str]:

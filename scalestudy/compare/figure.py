@@ -1,7 +1,8 @@
 """The comparison's figure: throughput B / A per point in both studies, with its interval.
 
 Colour: the verdict (faster, slower, no significant difference; hollow: not tested). Marker: what the
-interval rests on (circle: repeats; square: one run's within-run spread). A legend names both; a
+interval rests on (circle: repeats; square: one run's within-run spread); the study-level verdict
+(all points pooled, scalestudy.compare.pooled) is the last row, a diamond. A legend names both; a
 red line over the axes says when the studies are not the same experiment. The ratio axis is
 logarithmic (0.5 and 2 lie equally far from 1) and labelled in plain numbers.
 """
@@ -75,9 +76,19 @@ def figure(table: pd.DataFrame, info: dict[str, Any], png: str, pdf: str | None 
             ratio, y, xerr=xerr, fmt=marker, color=colour, mfc=face, capsize=2, markersize=style.MARKER_SIZE
         )
         seen.setdefault(label, handle)
+    labels = [f"{r.stage}/{r.point}" for r in matched.itertuples()]
+    study = info["study"]
+    if study["points"] > 1 and math.isfinite(study["ci_low"]):
+        ratio, low, high = study["ratio"], study["ci_low"], study["ci_high"]
+        colour = COLOURS.get(study["verdict"], "0.35")
+        handle = ax.errorbar(
+            ratio, len(labels), xerr=[[ratio - low], [high - ratio]], fmt="D", color=colour, capsize=3
+        )
+        seen.setdefault(f"study-level: {study['verdict']} (all points pooled)", handle)
+        labels.append(f"STUDY ({study['points']} points pooled)")
     if not matched.empty:
         ax.axvline(1.0, color="0.5", lw=0.8, ls="--")
-        ax.set_yticks(range(len(matched)), [f"{r.stage}/{r.point}" for r in matched.itertuples()])
+        ax.set_yticks(range(len(labels)), labels)
         ax.invert_yaxis()
         _ratio_axis(ax, matched)
         title = f"verdict ({info['confidence']:.0%} interval)"

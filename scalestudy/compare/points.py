@@ -169,6 +169,12 @@ def compare(a: Study, b: Study, confidence: float = 0.95, axis: Sequence[str] = 
                 row["p_value"] = stats["p_value"]
                 row["verdict"] = verdict(stats) if point_a and point_b else how
                 row["verdict_basis"] = stats["basis"] if point_a and point_b else ""
+                row["detectable_ratio"] = spread.detectable_ratio(stats["se"], stats["df"], confidence)
+        row["contended"] = _contended(a, point_a) or _contended(b, point_b)
+        row["pooled"] = how == SAME_CONFIG and _filled(a, point_a) and _filled(b, point_b)
+        row["pooled"] = (
+            row["pooled"] and math.isfinite(row["throughput_ratio"]) and row["throughput_ratio"] > 0
+        )
         row["energy_measured"] = bool(energy_a and energy_b)
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -190,6 +196,20 @@ def _intervals(study: Study, point: dict | None) -> list[float]:
         return []
     row = study.runs.loc[point["rows"][0]]
     return spread.interval_rates(row[INTERVALS], row[FILLED] if FILLED in row.index else True)
+
+
+def _filled(study: Study, point: dict | None) -> bool:
+    """Every run of the point filled its measurement window (a whole-run rate has one-off costs)."""
+    if point is None:
+        return False
+    return "window_filled" not in study.runs or bool(study.runs.loc[point["rows"], "window_filled"].all())
+
+
+def _contended(study: Study, point: dict | None) -> bool:
+    """A run of the point shared its GPUs with a foreign process while it measured."""
+    if point is None or "contended" not in study.runs:
+        return False
+    return bool(study.runs.loc[point["rows"], "contended"].astype(bool).any())
 
 
 def _mean(values: list[float]) -> float:

@@ -3,9 +3,11 @@ report (Markdown: stdout and the report). The figure: scalestudy.compare.figure.
 
 The text opens with what a reader must know first: a warning line where the two studies are not the
 same experiment (run configs that differ beyond the compared axes, allowed with --allow-different),
-then the headline that names the slower and the faster points, the points 10 % or more apart without
-a verdict, and what the verdicts rest on (repeats, or one run's within-run spread). Table cells are
-short; the run-config differences are footnotes.
+then the study-level verdict (scalestudy.compare.pooled: all points together, with its interval and a
+sign test), the headline that names the slower and the faster points, the points 10 % or more apart
+without a verdict, what the verdicts rest on (repeats, or one run's within-run spread) and the
+smallest slowdown each point could have detected. Table cells are short; the run-config differences
+are footnotes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy.compare import points, spread
+from scalestudy.compare import points, pooled, spread
 from scalestudy.compare.study import PROVENANCE_AXES, Study
 from scalestudy.plan.runfiles import NOT_MEASURED
 
@@ -66,6 +68,8 @@ def summary(table: pd.DataFrame, a: Study, b: Study, allowed_different: bool = F
     verdicts = Counter(table["verdict"])
     matched = table[table["repeats_a"].gt(0) & table["repeats_b"].gt(0)]
     ratios = matched["throughput_ratio"].dropna()
+    confidence = float(table["confidence"].iloc[0]) if len(table) else math.nan
+    detectable = matched["detectable_ratio"].dropna() if len(matched) else pd.Series(dtype=float)
     return {
         "a": {"label": a.label, "source": a.source, "runs": len(a.runs)},
         "b": {"label": b.label, "source": b.source, "runs": len(b.runs)},
@@ -74,7 +78,8 @@ def summary(table: pd.DataFrame, a: Study, b: Study, allowed_different: bool = F
         "config_differences": {k: list(v) for k, v in points.differing_keys(table).items()},
         "allowed_different": allowed_different,
         "test": points.TEST,
-        "confidence": float(table["confidence"].iloc[0]) if len(table) else math.nan,
+        "confidence": confidence,
+        "study": pooled.verdict(table, confidence),
         "points": int(len(table)),
         "matched": int(len(matched)),
         "faster": int(verdicts.get(points.FASTER, 0)),
@@ -86,12 +91,16 @@ def summary(table: pd.DataFrame, a: Study, b: Study, allowed_different: bool = F
         "slower_points": _named(matched[matched["verdict"].eq(points.SLOWER)]),
         "faster_points": _named(matched[matched["verdict"].eq(points.FASTER)]),
         "apart_without_verdict": _named(apart(matched)),
+        "contended_points": [f"{r.stage}/{r.point}" for r in matched[matched["contended"]].itertuples()],
         "only_a": int(verdicts.get(points.ONLY_A, 0)),
         "only_b": int(verdicts.get(points.ONLY_B, 0)),
         "configs_differ": int(matched["match"].eq(points.CONFIGS_DIFFER).sum()),
         "throughput_ratio_median": float(ratios.median()) if len(ratios) else math.nan,
         "throughput_ratio_min": float(ratios.min()) if len(ratios) else math.nan,
         "throughput_ratio_max": float(ratios.max()) if len(ratios) else math.nan,
+        "detectable_ratio_median": float(detectable.median()) if len(detectable) else math.nan,
+        "detectable_ratio_worst": float(detectable.min()) if len(detectable) else math.nan,
+        "without_detectable": int(len(matched) - len(detectable)),
         "energy_measured": bool(table["energy_measured"].any()) if len(table) else False,
     }
 
@@ -107,6 +116,7 @@ def _list(named: list[dict[str, Any]]) -> str:
 def headline(info: dict[str, Any]) -> list[str]:
     """The lines a reader needs first: the slower and faster points named, what the verdicts rest on."""
     lines = [
+        pooled.sentence(info["study"], info["confidence"]),
         f"Points: {info['points']} ({info['matched']} in both studies). "
         f"Slower in B: {info['slower']} ({_list(info['slower_points'])}). "
         f"Faster in B: {info['faster']} ({_list(info['faster_points'])}). "
@@ -128,6 +138,18 @@ def headline(info: dict[str, Any]) -> list[str]:
         )
     if info["on_repeats"]:
         lines.append(f"{info['on_repeats']} verdict(s) rest on the repeats (two or more on each side).")
+    if info["contended_points"]:
+        lines.append(
+            "Contended (a foreign process on the GPUs while measuring, in A or B; their throughput may "
+            "be lower for it): " + ", ".join(info["contended_points"]) + "."
+        )
+    if math.isfinite(info["detectable_ratio_median"]):
+        lines.append(
+            "Smallest slowdown a point could detect (80 % power): median "
+            f"{info['detectable_ratio_median']:.3f}, least sensitive point "
+            f"{info['detectable_ratio_worst']:.3f} (the table's 'detects' column; "
+            f"none at {info['without_detectable']} point(s) without an interval)."
+        )
     return lines
 
 
@@ -137,6 +159,12 @@ def _ratio(row: pd.Series, metric: str, interval: bool = False) -> str:
         return NOT_MEASURED if metric == "energy" else "-"
     low, high = row[f"{metric}_ratio_ci_low"], row[f"{metric}_ratio_ci_high"]
     return f"{ratio:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval and math.isfinite(low) else "")
+
+
+def _detects(row: pd.Series) -> str:
+    """The smallest slowdown the point's test could detect (80 % power), "-" without an interval."""
+    value = row.get("detectable_ratio", math.nan)
+    return f"<= {value:.3f}" if math.isfinite(value) else "-"
 
 
 def _verdict_cell(row: pd.Series) -> str:
@@ -160,9 +188,9 @@ def markdown(table: pd.DataFrame, info: dict[str, Any]) -> str:
         f"Ratios are B / A; throughput with its {info['confidence']:.0%} interval. Test: {info['test']}.",
         f"Energy: {'measured on both sides' if info['energy_measured'] else NOT_MEASURED}.",
         "",
-        f"| point | repeats A/B | throughput [{info['confidence']:.0%}] | verdict | efficiency | step time "
-        "| accuracy | energy | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| point | repeats A/B | throughput [{info['confidence']:.0%}] | verdict | detects | efficiency "
+        "| step time | accuracy | energy | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes: dict[str, int] = {}
     for _, row in table.iterrows():
@@ -173,7 +201,7 @@ def markdown(table: pd.DataFrame, info: dict[str, Any]) -> str:
         cells = [_ratio(row, m) for m in ("efficiency", "step_time", "accuracy", "energy")]
         lines.append(
             f"| {row['stage']}/{row['point']} | {row['repeats_a']}/{row['repeats_b']} | "
-            f"{_ratio(row, 'throughput', interval=True)} | {_verdict_cell(row)} | "
+            f"{_ratio(row, 'throughput', interval=True)} | {_verdict_cell(row)} | {_detects(row)} | "
             + " | ".join(cells)
             + f" | {note} |"
         )

@@ -14,6 +14,12 @@ one another. It is conservative against the standard error (by sqrt(k), 2 with t
 sub-intervals) and can still miss a slower machine, a different host or a noisy neighbour that
 only a repeat shows. Degrees of freedom: k - 1 for such a side, n - 1 for a side with repeats,
 combined by Welch-Satterthwaite.
+
+The smallest change a point could have detected (`detectable_ratio`, the minimum detectable effect):
+the ratio B / A below 1 that its test, with its standard error se of the log-ratio and its df, calls
+slower with 80 % power at the comparison's confidence c: exp(-(t_{(1+c)/2, df} + t_{0.8, df}) se).
+A faster B is detected at the reciprocal. Where the point's interval holds 1, a slowdown to this
+ratio would most likely have been seen; a smaller one could pass.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 
 from scalestudy.analysis.stats import ratio_interval, t_cdf, t_quantile
 
+POWER = 0.8  # of the smallest detectable change
 REPEATS = "repeats"
 WITHIN = "within-run spread, one repeat"
 
@@ -75,7 +82,12 @@ def throughput_interval(
     diff, variance = b[0] - a[0], a[1] + b[1]
     out = plain | {"ratio": math.exp(diff), "basis": WITHIN}
     if variance == 0.0:
-        return out | {"ci_low": out["ratio"], "ci_high": out["ratio"], "p_value": float(diff == 0.0)}
+        return out | {
+            "ci_low": out["ratio"],
+            "ci_high": out["ratio"],
+            "p_value": float(diff == 0.0),
+            "se": 0.0,
+        }
     df = variance**2 / (a[1] ** 2 / a[2] + b[1] ** 2 / b[2])
     se = math.sqrt(variance)
     half = t_quantile(0.5 + confidence / 2.0, df) * se
@@ -84,4 +96,17 @@ def throughput_interval(
         "ci_high": math.exp(diff + half),
         "p_value": 2.0 * (1.0 - t_cdf(abs(diff) / se, df)),
         "df": df,
+        "se": se,
     }
+
+
+def detectable_ratio(se: float, df: float, confidence: float, power: float = POWER) -> float:
+    """The ratio below 1 a test with this standard error of the log-ratio and df detects as slower
+    with `power`; 1.0 for a test without spread; NaN where there is no test."""
+    if not (math.isfinite(se) and se >= 0.0):
+        return math.nan
+    if se == 0.0:
+        return 1.0
+    if not (math.isfinite(df) and df > 0):
+        return math.nan
+    return math.exp(-(t_quantile(0.5 + confidence / 2.0, df) + t_quantile(power, df)) * se)

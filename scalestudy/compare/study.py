@@ -4,7 +4,9 @@ A study is found as (first match): `<path>/tables/runs.csv` (a results/ folder),
 `<path>/results/tables/runs.csv` (a workflow folder, or an unpacked crate), or a crate zip. A crate is
 checked first (scalestudy.crate.check): a file missing or changed since the crate was written stops
 the comparison, naming the file. A study's name (its label, unless one is given) is config study.name
-as its crate records it (the crate, or the crate/ beside its results), else its folder's.
+as its crate records it (the crate, or the crate/ beside its results), else its folder's. Two studies
+of the same name are told apart (`distinguish`) by the first of their commit, the dates their runs
+started and their folder that differs.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import pandas as pd
 
 from scalestudy.analysis import metrics
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.compare import default_label
+from scalestudy.compare import default_label, study_folder
 from scalestudy.crate import check
 from scalestudy.plan import paths
 
 RUNS_CSV = "tables/runs.csv"
+TIMESTAMP = "provenance.timestamp"  # when a run started (ISO 8601)
 # Provenance columns of runs.csv that tell two studies apart: the comparison's axis is among them.
 PROVENANCE_AXES = {
     "commit": "provenance.git_commit",
@@ -51,6 +54,33 @@ class Study:
             return []
         values = self.runs[column].dropna().astype(str)
         return sorted(set(values) - {"", "nan", "None"})
+
+    def traits(self) -> dict[str, str]:
+        """What tells this study from another of its name: commit(s), the days its runs started, folder."""
+        days = sorted({value[:10] for value in self.distinct(TIMESTAMP)})
+        return {
+            "commit": ",".join(commit[:7] for commit in self.distinct(PROVENANCE_AXES["commit"])),
+            "run": " to ".join(dict.fromkeys([days[0], days[-1]])) if days else "",
+            "folder": str(study_folder(self.source)),
+        }
+
+
+def distinguish(a: Study, b: Study) -> tuple[str, str]:
+    """The two labels, each with the first trait (commit, run dates, folder) that differs where the
+    names are the same: "demo [commit 1a2b3c4]" against "demo [commit 5d6e7f8]"."""
+    if a.label != b.label:
+        return a.label, b.label
+    traits_a, traits_b = a.traits(), b.traits()
+    for trait in ("commit", "run"):
+        if traits_a[trait] and traits_b[trait] and traits_a[trait] != traits_b[trait]:
+            return f"{a.label} [{trait} {traits_a[trait]}]", f"{b.label} [{trait} {traits_b[trait]}]"
+    folder_a, folder_b = Path(traits_a["folder"]), Path(traits_b["folder"])
+    if folder_a == folder_b:
+        return a.label, b.label
+    short_a, short_b = (
+        (folder_a.name, folder_b.name) if folder_a.name != folder_b.name else (folder_a, folder_b)
+    )
+    return f"{a.label} [folder {short_a}]", f"{b.label} [folder {short_b}]"
 
 
 def runs_csv(folder: Path) -> Path:

@@ -1,15 +1,20 @@
 """`python -m scalestudy.crate write|add|check|validate`: the study as a Workflow Run RO-Crate.
 
     python -m scalestudy.crate write --out-dir results/crate --zip results/crate.zip \\
-        --metadata-dir .snakemake/metadata --targets FILE... --rules-json JSON --sources FILE... \\
-        --config-files FILE... --config-json JSON --study-json JSON [--exclude GLOB...]
+        --metadata-dir .snakemake/metadata --targets FILE... --rules-json @FILE --sources FILE... \\
+        --config-files FILE... --config-json @FILE --study-json @FILE [--run-jobs JSON] [--exclude GLOB...]
     python -m scalestudy.crate add CRATE_DIR --zip ZIP FILE...   (results/report.html, once it exists)
     python -m scalestudy.crate check CRATE          (a folder or a zip: every file and its sha256)
-    python -m scalestudy.crate validate CRATE [--offline|--online] [--severity REQUIRED|RECOMMENDED]
+    python -m scalestudy.crate validate CRATE [--metadata-only] [--offline|--online]
+        [--severity REQUIRED|RECOMMENDED]
 
-`write` is what rule crate (rules/crate.smk) runs; `add` puts files made after the workflow (the
-report: scripts/demo.sh runs it after `snakemake --report`) into the written crate and its zip.
-`check` exits 1 naming each file that is missing or changed. `validate` runs roc-validator
+`write` is what rule crate (rules/crate.smk) runs; its JSON options take the JSON itself or "@FILE"
+(the rule's: scalestudy.commandline.json_file); --run-jobs names the jobs of the workflow's run
+(written when it started) so that the crate also lists those not behind its outputs (itself, the
+jobs beside and after it). `add` puts files made after the workflow (the report: scripts/demo.sh runs
+it after `snakemake --report`) into the written crate and its zip. `check` exits 1 naming each file
+that is missing or changed. `validate` does what `check` does (each such file named, exit 1; with
+--metadata-only its verdict line says the bytes were not checked), then runs roc-validator
 (envs/requirements-dev.txt) against every profile the crate declares and exits 1 if one fails at the
 severity asked for. The crate's JSON-LD contexts come from the network where it answers, else (or
 with --offline) from the package; --online insists on the network. Any problem is one line on
@@ -19,14 +24,14 @@ stderr: exit 1 for a crate that fails, 2 for one not validated.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalestudy import contract
+from scalestudy import commandline, contract
 from scalestudy.crate import check
 from scalestudy.progress import setup_logging
 
@@ -35,9 +40,17 @@ log = logging.getLogger("scalestudy.crate")
 
 def _json(text: str, option: str):
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SystemExit(f"{option}: not JSON ({error})") from None
+        return commandline.json_argument(text, option)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def _run_jobs(path: str | None) -> dict | None:
+    """The run's jobs (--run-jobs, else the file the running workflow named); None outside a run."""
+    from scalestudy.crate import RUN_JOBS_ENV
+
+    path = path or os.environ.get(RUN_JOBS_ENV)
+    return _json(f"@{path}", "--run-jobs") if path else None
 
 
 def write(args: argparse.Namespace) -> int:
@@ -55,6 +68,7 @@ def write(args: argparse.Namespace) -> int:
             config=_json(args.config_json, "--config-json"),
             study=_json(args.study_json, "--study-json"),
             exclude=args.exclude,
+            run_jobs=_run_jobs(args.run_jobs),
         )
     except ValueError as error:
         print(f"crate: {error}", file=sys.stderr)
@@ -116,20 +130,30 @@ def validate_command(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace, validation, offline: bool) -> int:
     with check.opened(args.crate) as crate_dir, tempfile.TemporaryDirectory() as tmp:
+        if args.metadata_only:
+            integrity, found = "the files' bytes not checked (--metadata-only)", []
+        else:
+            found = check.problems(crate_dir)
+            count = len(check.listed_files(crate_dir))
+            integrity = f"{count} files, each with its recorded sha256" if not found else ""
+        for problem in found:  # named by the crate as given (a zip, not the folder it was extracted to)
+            print(f"crate validate: {args.crate}: {problem}", file=sys.stderr)
+        if found:
+            integrity = f"FAILED: {len(found)} file(s) missing or changed (named above)"
         cache = validation.seed_cache(Path(tmp) / "contexts") if offline else None
-        failed = False
+        failed = bool(found)
         for profile, covered in validation.profiles_to_run(validation.declared_profiles(crate_dir)).items():
             report = validation.validate(crate_dir, profile, args.severity, offline, cache)
             failed |= not report.passed
             verdict = "passed" if report.passed else "FAILED"
-            print(f"{profile} at {args.severity} (with {', '.join(covered)}): {verdict}")
+            print(f"{profile} at {args.severity} (with {', '.join(covered)}): {verdict}; files: {integrity}")
             for issue in report.issues:
                 print(f"  {issue}")
     return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
     w = commands.add_parser("write", help="Write the crate folder and zip.")
@@ -137,11 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--zip", required=True)
     w.add_argument("--metadata-dir", required=True, help="Snakemake's .snakemake/metadata.")
     w.add_argument("--targets", nargs="+", required=True, help="The study's outputs the crate covers.")
-    w.add_argument("--rules-json", required=True, help="{rule: {output, benchmark, snakefile}}.")
+    w.add_argument("--rules-json", required=True, help="{rule: {output, benchmark, snakefile}}, or @FILE.")
     w.add_argument("--sources", nargs="*", default=[], help="The workflow's own files (Snakefile, rules).")
     w.add_argument("--config-files", nargs="*", default=[], help="The config files the run used.")
-    w.add_argument("--config-json", required=True, help="The effective config.")
-    w.add_argument("--study-json", required=True, help="{title, name, license, author, url}.")
+    w.add_argument("--config-json", required=True, help="The effective config, or @FILE.")
+    w.add_argument("--study-json", required=True, help="{title, name, license, author, url}, or @FILE.")
+    w.add_argument(
+        "--run-jobs",
+        help="The jobs of the workflow's run (JSON: scalestudy.crate.record_run_jobs; default: the file the "
+        "running workflow names in $SCALESTUDY_RUN_JOBS; none outside a run).",
+    )
     w.add_argument("--exclude", nargs="*", default=[], help="Globs of outputs described but not carried.")
     w.set_defaults(run=write)
     a = commands.add_parser("add", help="Add files made after the workflow (the report) to a crate.")
@@ -152,8 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = commands.add_parser("check", help="Every file of a crate present, with its recorded sha256.")
     c.add_argument("crate")
     c.set_defaults(run=check_command)
-    v = commands.add_parser("validate", help="roc-validator against every profile the crate declares.")
+    v = commands.add_parser(
+        "validate",
+        help="Every file's sha256 (as `check`), then roc-validator against every declared profile.",
+    )
     v.add_argument("crate")
+    v.add_argument(
+        "--metadata-only",
+        action="store_true",
+        help="Skip the files' checksums (`check`); the verdict says so.",
+    )
     v.add_argument("--severity", default="REQUIRED", choices=("REQUIRED", "RECOMMENDED"))
     network = v.add_mutually_exclusive_group()
     network.add_argument(

@@ -40,6 +40,7 @@ PROFILES = {
     "https://w3id.org/workflowhub/workflow-ro-crate/1.0": "Workflow RO-Crate",
 }
 COMPLETED, FAILED = "http://schema.org/CompletedActionStatus", "http://schema.org/FailedActionStatus"
+ACTIVE, POTENTIAL = "http://schema.org/ActiveActionStatus", "http://schema.org/PotentialActionStatus"
 UNITS = {  # QUDT units of the resource usage
     "s": "https://qudt.org/vocab/unit/SEC",
     "h": "https://qudt.org/vocab/unit/HR",
@@ -175,7 +176,7 @@ class CrateBuilder:
             "instrument": ref(engine),
             "result": ref(run),
             "object": [ref(c) for c in controls],
-            "actionStatus": COMPLETED,
+            "actionStatus": ACTIVE if any(job.state for job in study_jobs) else COMPLETED,
         }
         if run.get("startTime"):
             organize["startTime"] = run["startTime"]
@@ -275,10 +276,12 @@ class CrateBuilder:
             "instrument": ref(tool),
             "object": self.file_refs(job.inputs),
             "result": self.file_refs([*job.outputs, *job.logs, *jobinfo.kept_attempt_logs(job.logs)]),
-            "actionStatus": FAILED if job.incomplete else COMPLETED,
+            "actionStatus": _status(job),
             "resourceUsage": [ref(v) for v in self._usage(job)],
             "identifier": [ref(v) for v in self._slurm_ids(job)],
         }
+        if job.state == jobinfo.WRITING_THE_CRATE:
+            properties["result"] = [ref("./")]  # this crate: its folder and zip, hashed by nothing in it
         if job.start:
             properties["startTime"] = jobinfo.iso_time(job.start)
         if job.end:
@@ -359,7 +362,7 @@ class CrateBuilder:
                     "name": f"orchestrate {job.key}",
                     "instrument": ref(step),
                     "object": ref(action),
-                    "actionStatus": FAILED if job.incomplete else COMPLETED,
+                    "actionStatus": _status(job),
                 },
             )
         )
@@ -388,6 +391,8 @@ class CrateBuilder:
             "result": self.file_refs(targets),
             "actionStatus": FAILED if any(job.incomplete for job in study_jobs) else COMPLETED,
         }
+        if any(job.state for job in study_jobs):
+            properties["actionStatus"] = ACTIVE  # the crate's own job, and those after it, still to end
         if starts:
             properties["startTime"] = jobinfo.iso_time(min(starts))
         if ends:
@@ -397,6 +402,15 @@ class CrateBuilder:
         run = self.crate.add(ContextEntity(self.crate, "#study-run", properties))
         self.crate.root_dataset.append_to("mentions", run)
         return run
+
+
+def _status(job: jobinfo.Job) -> str:
+    """A job's actionStatus: its record's (failed where left incomplete), or its state in the run."""
+    if job.state == jobinfo.WRITING_THE_CRATE:
+        return ACTIVE
+    if job.state:
+        return POTENTIAL
+    return FAILED if job.incomplete else COMPLETED
 
 
 def software_url(name: str, version: str) -> str:
@@ -419,4 +433,6 @@ def job_description(job: jobinfo.Job) -> str:
     ]
     if job.incomplete:
         parts.append("left incomplete by Snakemake")
+    if job.state:
+        parts.append(job.state)
     return "; ".join(parts)

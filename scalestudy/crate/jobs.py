@@ -16,6 +16,10 @@ Sources, per job:
 
 The study's jobs are those that made the crate rule's inputs, and transitively their inputs; a
 record of a file no job of the study needs (a grid point since removed from the config) is left out.
+The other jobs of the workflow's run (`run_jobs`: the run's DAG, scalestudy.crate.record_run_jobs)
+are added: the crate's own job (running: it cannot record its end or hash its own outputs), one
+that finished in this run before the crate (its record), and one still to finish (beside or after
+the crate: `rule track`, `rule all`), each with its state.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +45,9 @@ log = logging.getLogger("scalestudy.crate.jobs")
 # A result key the energy measurement writes (another issue adds it): picked up where present.
 ENERGY_KEY = "energy_j"
 NOT_RECORDED = "not recorded"
+# A job of the run that had not finished when the crate was written: the crate's own, or another.
+WRITING_THE_CRATE = "running: writing this crate (its end and outputs' checksums cannot be in it)"
+NOT_FINISHED = "not finished when this crate was written (it runs beside or after the crate's job)"
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Job:
     summary: dict[str, Any] | None = None
     attempts: int | None = None
     local_host: str | None = None  # the host of the local executor, for a job it ran
+    state: str = ""  # WRITING_THE_CRATE or NOT_FINISHED; "" for a job that ended (its record)
 
     @property
     def key(self) -> str:
@@ -170,6 +179,49 @@ def study_jobs(
     for job in jobs:
         job.local_host = None if job.external_jobid else local_host
     return sorted(jobs, key=lambda job: (job.start or 0.0, job.key))
+
+
+def run_jobs(
+    run: Mapping[str, Any] | None,
+    study: list[Job],
+    records: Mapping[str, dict],
+    rule_patterns: Mapping[str, Mapping[str, Any]],
+    crate_outputs: Iterable[str],
+    local_host: str | None = None,
+) -> list[Job]:
+    """The jobs of the workflow's run (`run`: scalestudy.crate.record_run_jobs) not among `study`: one
+    that finished in the run before now with its record; the crate's own (its outputs are
+    `crate_outputs`) started now; any other not finished."""
+    known = {job.key for job in study} | {output for job in study for output in job.outputs}
+    own = {os.path.abspath(path) for path in crate_outputs}
+    found = []
+    for entry in (run or {}).get("jobs", []):
+        outputs = [str(path) for path in entry.get("outputs", [])]
+        job = Job(
+            rule=str(entry.get("rule")),
+            outputs=outputs,
+            inputs=[],
+            logs=[str(path) for path in entry.get("logs", [])],
+            start=None,
+            end=None,
+            wildcards={str(k): str(v) for k, v in (entry.get("wildcards") or {}).items()},
+            local_host=local_host if entry.get("local", True) else None,
+        )
+        if job.key in known or any(output in known for output in outputs):
+            continue
+        ended = [path for path in outputs if (records.get(path) or {}).get("starttime", 0) >= run["started"]]
+        if ended:
+            found.append(_job(sorted(ended), records, rule_patterns))
+            found[-1].local_host = None if found[-1].external_jobid else local_host
+            continue
+        mine = bool(outputs) and {os.path.abspath(path) for path in outputs} <= own
+        job.state = WRITING_THE_CRATE if mine else NOT_FINISHED
+        job.start = time.time() if mine else None
+        job.local_host = local_host if mine else job.local_host  # it runs here, now
+        if mine and (rule_patterns.get(job.rule) or {}).get("retries") == 0:
+            job.attempts = 1  # this one, of a rule Snakemake never retries
+        found.append(job)
+    return found
 
 
 def _job_key(record: dict) -> tuple:

@@ -43,14 +43,23 @@ class Payload:
         return MEDIA_TYPES.get(suffix) or mimetypes.guess_type(self.path)[0] or "application/octet-stream"
 
 
+# The empty file Snakemake leaves in a directory() output to date it: not the study's.
+SNAKEMAKE_MARKER = ".snakemake_timestamp"
+
+
+def _carried(path: Path) -> bool:
+    return path.is_file() and path.name != SNAKEMAKE_MARKER
+
+
 def expand(paths: Iterable[str], root: Path = Path()) -> list[str]:
-    """Paths as files: a folder (a directory() output) gives the files under it, sorted."""
+    """Paths as files: a folder (a directory() output) gives the files under it, sorted (without
+    Snakemake's marker)."""
     files = []
     for path in paths:
         full = root / path
         if full.is_dir():
-            files += sorted(str(p.relative_to(root)) for p in full.rglob("*") if p.is_file())
-        elif full.is_file():
+            files += sorted(str(p.relative_to(root)) for p in full.rglob("*") if _carried(p))
+        elif _carried(full):
             files.append(str(path))
     return sorted(set(files))
 
@@ -81,9 +90,10 @@ def place(files: Iterable[Payload], crate_dir: Path, root: Path = Path()) -> Non
 
 
 def write_zip(crate_dir: Path, zip_path: str | os.PathLike) -> None:
-    """The crate folder as one zip (the folder's files at its root), written atomically."""
+    """The crate folder as one zip (the folder's files at its root, without the marker Snakemake
+    leaves in the folder, a directory() output), written atomically."""
     with atomic.atomic_path(zip_path) as tmp, zipfile.ZipFile(tmp, "w") as archive:
-        for path in sorted(p for p in crate_dir.rglob("*") if p.is_file()):
+        for path in sorted(p for p in crate_dir.rglob("*") if _carried(p)):
             name = path.relative_to(crate_dir).as_posix()
             compress = zipfile.ZIP_DEFLATED if path.suffix in TEXT_SUFFIXES else zipfile.ZIP_STORED
             archive.write(path, name, compress_type=compress)

@@ -60,17 +60,22 @@ def write_crate(
     config: Mapping[str, Any],
     study: Mapping[str, Any],
     exclude: Sequence[str] = (),
+    run_jobs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build and write the crate; returns counts and the seconds it took."""
+    """Build and write the crate; returns counts and the seconds it took. `run_jobs`: the jobs of the
+    workflow's run (scalestudy.crate.record_run_jobs), listed too where the study's outputs do not
+    stand on them (their files are not carried: they are not the study's)."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     records = jobinfo.read_records(metadata_dir)
-    study_jobs = jobinfo.study_jobs(records, targets, rules, local_host=socket.gethostname())
+    host = socket.gethostname()
+    study_jobs = jobinfo.study_jobs(records, targets, rules, local_host=host)
     outputs = [
         path
         for job in study_jobs
         for path in (*job.outputs, *job.logs, *jobinfo.kept_attempt_logs(job.logs), *_benchmarks(job, rules))
     ]
+    study_jobs += jobinfo.run_jobs(run_jobs, study_jobs, records, rules, [str(out_dir), str(zip_path)], host)
     inside, outside = _split_config_files(config_files)
     files = payload.describe([*sources, *inside, *targets, *outputs], exclude)
     missing = sorted(target for target in targets if not Path(target).exists())

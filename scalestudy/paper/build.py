@@ -10,7 +10,6 @@ install (the workflow only asks for the PDF where latexmk exists: rules/paper.sm
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import shutil
@@ -19,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalestudy import atomic, contract
+from scalestudy import atomic, commandline, contract
 from scalestudy.progress import setup_logging
 
 log = logging.getLogger("scalestudy.paper.build")
@@ -79,7 +78,7 @@ def build(tex: Path, pdf: Path, latexmk: str = LATEXMK, timeout_s: float = 300) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--tex", required=True, help="paper.tex (its \\input files beside it).")
     parser.add_argument("--pdf", required=True, help="The PDF to write.")
     parser.add_argument("--latexmk", default=LATEXMK, help="The latexmk command.")

@@ -16,14 +16,13 @@ The bibliography is copied beside paper.tex, so that results/paper/ compiles on 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalestudy import atomic
+from scalestudy import atomic, commandline
 from scalestudy.paper.macros import defined_names
 from scalestudy.progress import setup_logging
 
@@ -153,7 +152,7 @@ def render(template: str, template_name: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--template", required=True, help="The paper's template (report/paper/template.tex).")
     parser.add_argument("--bib", required=True, help="The BibTeX file (copied beside the paper).")
     parser.add_argument("--numbers", required=True, help="numbers.tex (scalestudy.paper.numbers).")

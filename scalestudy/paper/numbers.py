@@ -15,7 +15,6 @@ those the workflow makes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy import atomic
+from scalestudy import atomic, commandline
 from scalestudy.analysis.metrics import DEFAULT_AXES, SERIES_DEFAULTS
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.paper import comparison, discussion, energy, results, sections, waterfall
@@ -102,7 +101,7 @@ def parse_table_args(pairs: Sequence[str]) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument(
         "--table",
         action="extend",

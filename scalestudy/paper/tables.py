@@ -12,7 +12,6 @@ print as "n/a" (e.g. the confidence interval of a single repeat), never as a mad
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import re
@@ -23,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from scalestudy import atomic
+from scalestudy import atomic, commandline
 from scalestudy.analysis import above_ideal
 from scalestudy.analysis.acceptance import format_measured
 from scalestudy.analysis.metrics import DEFAULT_AXES, PRECISION_ORDER
@@ -363,7 +362,7 @@ TABLES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--log-level", default="INFO")
     for name in TABLES:
         parser.add_argument(f"--{name.replace('_', '-')}", help=f"{name} CSV (from scalestudy.analysis).")

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if command := store.ui_command(tracking["uri"]):
         log.info("MLflow's UI for this store: %s", command)
     log.info("the runs in MLflow's UI: %s", record["ui"])
+    record |= {"uri": tracking["uri"], "ui_command": command}  # for scripts/demo.sh's closing summary
     if args.out:
         atomic.write_json(args.out, record)
     return 0

@@ -15,7 +15,6 @@ docs/guide/benchmarks.md holds the numbers.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scalestudy import tracking
+from scalestudy import commandline, tracking
 from scalestudy.plan import runfiles
 
 
@@ -99,7 +98,7 @@ def follower_ready(settings: dict, logs: Path, runs: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = commandline.parser(__doc__)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1, help="the demo's window (21 steps) fits in one")
     parser.add_argument("--config", type=Path, default=Path("config/demo.yaml"))
