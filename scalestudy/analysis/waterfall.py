@@ -107,6 +107,9 @@ NUMERIC = (
     "loss_points",
     *(f"{part}_{unit}" for part in PARTS for unit in ("s", "points")),
 )
+# What a run paid once, before its first step ended (outside the measurement window, so never a term
+# of the per-step loss): its start-up (summary.json startup_s) and, of it, torch.compile's seconds.
+FIXED = {"fixed_cost_s": "startup_s", "compile_s": "compile_s"}
 COLUMNS = (
     "mode",
     "parallelism",
@@ -115,6 +118,7 @@ COLUMNS = (
     "per_gpu_batch",
     "global_batch",
     *NUMERIC,
+    *FIXED,
     "remainder_s",
     "remainder_points",
     "remainder_share",
@@ -309,10 +313,16 @@ def _one_rank_row(run: pd.Series, mode: str, parallelism: str) -> dict:
         "run": f"{run['stage']}/{run['point']}",
         "reference_runs": "",
         "note": run["note"],
+        **fixed_costs(run),
     }
     for part in PARTS:
         row |= {f"{part}_s": math.nan, f"{part}_points": math.nan, f"{part}_how": NOT_SCALED}
     return row
+
+
+def fixed_costs(run: pd.Series) -> dict:
+    """The run's one-off seconds (FIXED; NaN where its summary has none: eager, or older)."""
+    return {column: pd.to_numeric(run.get(source), errors="coerce") for column, source in FIXED.items()}
 
 
 def run_ids(runs: pd.DataFrame) -> str:
@@ -342,6 +352,7 @@ def _run_row(run: pd.Series, mode: str, parallelism: str, base: dict, exposed: t
         "run": f"{run['stage']}/{run['point']}",
         "reference_runs": base["runs"],
         "note": run["note"],
+        **fixed_costs(run),
     }
     for part in ("data_wait", "host_overhead"):
         row[f"{part}_s"] = run[f"{part}_s"] - scale * base[part]
@@ -363,6 +374,7 @@ def waterfall_table(terms: pd.DataFrame, share_max: float) -> pd.DataFrame:
         row = {"mode": mode, "parallelism": parallelism, "world_size": int(world), "repeats": len(group)}
         row |= {column: group[column].iloc[0] for column in ("per_gpu_batch", "global_batch", "sample_unit")}
         row |= {column: group[column].mean(skipna=False) for column in NUMERIC}
+        row |= {column: group[column].mean() for column in FIXED}
         row |= {f"{part}_how": "; ".join(dict.fromkeys(group[f"{part}_how"])) for part in PARTS}
         notes = [*dict.fromkeys(note for note in group["note"].fillna("").astype(str) if note)]
         reference = group["reference_runs"].iloc[0]

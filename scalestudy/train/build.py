@@ -80,13 +80,11 @@ def prepare_model(
     device: torch.device,
     world_size: int,
     shard_units,
-    inductor_cache_dir: str | None,
 ) -> tuple[Wrapped, torch.nn.Module]:
-    """(what parallel.wrap made, the module the step calls: compiled where `settings.compile`)."""
+    """(what parallel.wrap made, the module the step calls: compiled where `settings.compile`, in
+    settings.compile_mode, resolved: scalestudy.train.compiled, which has prepared its cache)."""
     wrapped = parallel.wrap(model, settings, device, world_size, shard_units)
     train_model = wrapped.module
-    if settings.compile:
-        torchopts.use_inductor_cache(inductor_cache_dir)
     if settings.compile and not wrapped.compiled:  # FSDP2's blocks were compiled before sharding
         # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
         torchopts.log_graph_breaks()
