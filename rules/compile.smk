@@ -2,16 +2,12 @@
 # issue 51): a short training run that compiles the key's step and saves the artifacts
 # (torch.compiler.save_cache_artifacts) that each of those points loads into its own cache folder
 # before it compiles. A study without model.compile plans none. The training rules wait for their
-# key's artifacts through compile_input (rules/common/paths.smk, with COMPILE_JOBS).
+# key's artifacts through compile_input (rules/common/paths.smk, with COMPILE_JOBS and compile_world).
 
 COMPILE_FILES = {
     "artifacts": f"{paths.COMPILE_DIR}/{{key}}/{compilejobs.compilekeys.ARTIFACTS}",
     "record": f"{paths.COMPILE_DIR}/{{key}}/compile.json",
 }
-
-
-def compile_world(wc):
-    return COMPILE_JOBS[wc.key].world_size
 
 
 if COMPILE_JOBS:

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from scalestudy.train import trainer as train
-from tests.inprocess import launch_free_environ, one_process_one_thread  # noqa: F401 (autouse)
-from tests.trainer_runs import REPO, final, main, run_maker, signal_at_step, start_trainer
+from tests.inprocess import one_process_one_thread  # noqa: F401 (autouse)
+from tests.trainer_runs import final, main, run_maker, signal_at_step, start_trainer, torchrun_to_the_end
 
 pytestmark = pytest.mark.slow  # compiles: minutes of CPU on a shared host
 
@@ -149,14 +147,6 @@ def _flat_state(state, prefix: str = "") -> dict:
     return {prefix: state} if isinstance(state, torch.Tensor) else {}
 
 
-def _torchrun(out, config) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stderr[-5000:]
-
-
 def test_a_compiled_run_at_two_ranks_trains_the_eager_two_rank_weights(runs, tmp_path_factory):
     """DDP over gloo: the DDP module compiled (DDPOptimizer splits the graph at the buckets), each
     rank compiling into its own cache, against the same two ranks eager."""
@@ -165,7 +155,7 @@ def test_a_compiled_run_at_two_ranks_trains_the_eager_two_rank_weights(runs, tmp
     compiled[2]["inductor_cache_dir"] = str(tmp_path_factory.mktemp("ddp-cache"))
     eager = runs("ddp-eager", **two, compile=False)
     for out, _, config in (compiled, eager):
-        _torchrun(out, config)
+        torchrun_to_the_end(out, config, timeout=1800)
     summary = _summary(compiled[0])
     assert summary["world_size"] == 2 and summary["ddp_options"]["static_graph"] is False
     assert summary["compile"]["cache"]["fxgraph_misses"] >= 2

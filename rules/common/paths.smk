@@ -81,3 +81,8 @@ def compile_input(stage):
     """An input function of a stage's training rule: the artifacts of its point's compile key, where
     that key has a compile job (rules/compile.smk); else nothing (no compile, or a key of one point)."""
     return lambda wc: compilejobs.artifacts_of(config, point_of(stage, wc), COMPILE_JOBS)
+
+
+def compile_world(wildcards):
+    """The world size of the compile job named by the `key` wildcard."""
+    return COMPILE_JOBS[wildcards.key].world_size
