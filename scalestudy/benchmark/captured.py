@@ -119,6 +119,8 @@ def measure(
             step.optimizer.zero_grad(set_to_none=True)
             position += 1
 
+    if capture:
+        side.wait_stream(torch.cuda.current_stream())  # the model and the first batch made there
     with torch.cuda.stream(side) if capture else contextlib.nullcontext():
         eager(warmup)  # side stream: what the capture must not see allocated on the main one
     if capture:

@@ -11,7 +11,8 @@ Written to targets.txt in the folder too (gpu_check.sh's last part).
   loaded artifacts; median fixed cost <= 7 s: startup_s over the study's training runs; no CUDA
   graph skipped: cuda_graphs.skipped;
 - every verdict PASS, study wall <= 300 s: study-check.txt;
-- project vs reference >= 3x: study/benchmark.csv, the project trainer's bf16 row over the reference's;
+- project vs reference >= 3x: study/benchmark.csv, the project trainer's row at the strong point's
+  precision over the reference's;
 - GPT-2 >= 42 % MFU, FSDP2 / DDP >= 0.95 over 3 repeats: lm.csv, the ddp row's mfu_pct, the fsdp
   row's ratio and repeats.
 """
@@ -151,7 +152,10 @@ def check_targets(check: Path) -> list[Target]:
     ]
 
 
-def benchmark_target(benchmark: Path, precision: str = "bf16") -> Target:
+def benchmark_target(benchmark: Path, runs: list[dict]) -> Target:
+    """The benchmark's project trainer row at the strong 1-GPU point's precision over the reference's."""
+    strong = [r for r in runs if (r["stage"], r["point"]) == ("scaling", "strong/w1_r0")]
+    precision = (strong[0].get("config.precision") if strong else None) or "bf16"
     found = {r["name"]: number(r.get("median")) for r in rows(benchmark)}
     ours, theirs = found.get(f"project trainer {precision}"), found.get("reference trainer")
     value = ours / theirs if ours and theirs else None
@@ -207,7 +211,7 @@ def report(folder: Path, runs_csv: Path | None = None) -> list[str]:
     found = [
         *study_targets(runs),
         *check_targets(folder / "study-check.txt"),
-        benchmark_target(folder / "study" / "benchmark.csv"),
+        benchmark_target(folder / "study" / "benchmark.csv", runs),
         *lm_targets(folder / "lm.csv"),
     ]
     return [target.line() for target in found] + [graphs_decision(folder / "variants.csv")]

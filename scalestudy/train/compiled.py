@@ -191,9 +191,9 @@ class CompiledStep:
         log.info("compile cache: %d bytes of artifacts saved to %s", len(data), path)
 
     def result(self, compile_s: float | None) -> dict[str, Any]:
-        """summary.json's `compile` (None without compile) and `cuda_graphs` (CUDA graphs' use)."""
+        """summary.json's `compile` and `cuda_graphs` (CUDA graphs' use); nothing without compile."""
         if not self.settings.compile:
-            return {"compile": None, "cuda_graphs": None}
+            return {}
         counts = self.counts()
         cache = {name: counts[name] for name in CACHE_COUNTERS}
         skips = counts["cudagraph_skips"]
