@@ -24,6 +24,8 @@ MUTATED = "skipping cudagraphs due to mutated inputs (2 instances). Found from :
 def test_auto_is_cuda_graphs_on_a_gpu_and_the_default_mode_on_the_cpu():
     assert compiled.resolve_mode("auto", CUDA) == "reduce-overhead"
     assert compiled.resolve_mode("auto", CPU) == "default"
+    assert compiled.resolve_mode("auto", CUDA, "fsdp") == "default"  # FSDP2 re-gathers its parameters
+    assert not compiled.graphs_expected(True, "auto", CUDA, "fsdp")
     assert compiled.resolve_mode("max-autotune-no-cudagraphs", CUDA) == "max-autotune-no-cudagraphs"
     assert compiled.graphs_expected(True, "auto", CUDA) and compiled.graphs_expected(
         True, "max-autotune", CUDA

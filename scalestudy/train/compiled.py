@@ -2,7 +2,7 @@
 
 - Mode: train.compile_mode `auto` is `reduce-overhead` on a GPU (Inductor records the compiled
   forward and backward as CUDA graphs and replays them: one launch instead of hundreds) and
-  `default` on the CPU, which has no graphs.
+  `default` on the CPU, which has no graphs, and under FSDP2.
 - CUDA graphs: where the mode asks for them on a GPU, Inductor may still skip a graph and run it
   without one (pytorch issue 139207: DDP with BatchNorm, "skipping cudagraphs due to mutated
   inputs"), silently, at a fraction of the speed. The run counts the skips (Inductor's
@@ -55,16 +55,18 @@ SKIPS = ("inductor", "cudagraph_skips")
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def resolve_mode(mode: str, device: torch.device) -> str:
-    """torch.compile's mode for `mode` on `device`: `auto` is reduce-overhead on a GPU, else default."""
+def resolve_mode(mode: str, device: torch.device, parallelism: str = "ddp") -> str:
+    """torch.compile's mode for `mode` on `device`: `auto` is reduce-overhead on a GPU, else default;
+    under FSDP2 default too (it gathers each block's parameters into new memory every step, which a
+    recorded graph cannot replay)."""
     if mode != AUTO:
         return mode
-    return "reduce-overhead" if device.type == "cuda" else "default"
+    return "reduce-overhead" if device.type == "cuda" and parallelism != "fsdp" else "default"
 
 
-def graphs_expected(compile: bool, mode: str, device: torch.device) -> bool:
+def graphs_expected(compile: bool, mode: str, device: torch.device, parallelism: str = "ddp") -> bool:
     """The compiled step should run as CUDA graphs: compiled, in a graph mode, on a GPU."""
-    return bool(compile) and device.type == "cuda" and resolve_mode(mode, device) in GRAPH_MODES
+    return bool(compile) and device.type == "cuda" and resolve_mode(mode, device, parallelism) in GRAPH_MODES
 
 
 def software() -> dict[str, Any]:
@@ -107,11 +109,11 @@ class CompileSettings:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], device: torch.device) -> CompileSettings:
-        compiled = bool(config["compile"])
+        compiled, parallelism = bool(config["compile"]), config["parallelism"]
         return cls(
             compile=compiled,
-            mode=resolve_mode(config["compile_mode"], device),
-            graphs_expected=graphs_expected(compiled, config["compile_mode"], device),
+            mode=resolve_mode(config["compile_mode"], device, parallelism),
+            graphs_expected=graphs_expected(compiled, config["compile_mode"], device, parallelism),
             graphs_required=bool(config["cuda_graphs_required"]),
             cache_dir=config["inductor_cache_dir"],
             cache_load=config["compile_cache_load"],

@@ -59,15 +59,17 @@ class BasicBlock(nn.Module):
 
 
 class CifarResNet(nn.Module):
-    """ResNet-18 with stage widths w, 2w, 4w, 8w, the CIFAR stem (3x3, stride 1, no max-pool) and
-    torchvision's initialisation (Kaiming-normal convolutions, BatchNorm weight 1 and bias 0)."""
+    """ResNet-18 with stage widths w, 2w, 4w, 8w and the CIFAR stem (3x3, stride 1, no max-pool),
+    built as torchvision's ResNet-18 is and then given the CIFAR stem and head, as the package built
+    it from torchvision: the same random draws in the same order, so a seed gives the same initial
+    weights (Kaiming-normal convolutions, BatchNorm weight 1 and bias 0; tests/test_model.py)."""
 
     def __init__(self, width: int = 64, num_classes: int = 10, norm_layer: type[nn.Module] = nn.BatchNorm2d):
         if not isinstance(width, int) or width < 1:
             raise ValueError(f"model width must be a positive integer, got width={width!r}")
         super().__init__()
         self.width = width
-        self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)  # ImageNet's, replaced
         self.bn1 = norm_layer(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.Identity()
@@ -77,13 +79,16 @@ class CifarResNet(nn.Module):
         self.layer3 = self._make_layer(4 * width, 2, norm_layer)
         self.layer4 = self._make_layer(8 * width, 2, norm_layer)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(8 * width * BasicBlock.expansion, num_classes)
+        self.fc = nn.Linear(512 * BasicBlock.expansion, num_classes)  # ImageNet's, replaced
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
             elif isinstance(module, nn.BatchNorm2d | nn.GroupNorm):
                 nn.init.constant_(module.weight, 1)
                 nn.init.constant_(module.bias, 0)
+        self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+        nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
+        self.fc = nn.Linear(8 * width * BasicBlock.expansion, num_classes)
 
     def _make_layer(self, planes: int, stride: int, norm_layer) -> nn.Sequential:
         """Two BasicBlocks; the first takes the stride, with a 1x1 shortcut where the shape changes."""
