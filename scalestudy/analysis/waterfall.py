@@ -35,7 +35,10 @@ phi the overlap the profile measured (overlapped over communication time of its 
 else the communication model's (comm_model_fit.csv's overlap_fraction, derived or assumed as its
 note says). The model is DDP's: an FSDP point's c is not measured.
 
-A part that was not measured is empty, with the reason in its `_how` column (host overhead on the
+What a run paid once before its first step ended, its start-up and torch.compile's seconds of
+it (outside the measurement window: a compiled point's compile, or its artifacts' load), sits
+beside the per-step terms as `fixed_cost_s` and `compile_s` (means over the repeats), never in the
+loss. A part that was not measured is empty, with the reason in its `_how` column (host overhead on the
 CPU: no device timeline; a run without step_parts), never a zero: the remainder holds it. So a
 run's parts and remainder add up to its loss exactly (up to floating point); a row is the mean over
 the point's repeats of each run's loss and parts (a part some repeat lacks is not measured at the
