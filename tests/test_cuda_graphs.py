@@ -65,7 +65,8 @@ def step():
 
 
 def graphs_compiled(count: int) -> None:
-    """What Inductor counts as it compiles (or loads) the forward and backward graphs."""
+    """What Dynamo and Inductor count as they capture and compile (or load) the step's graphs."""
+    counters["stats"]["unique_graphs"] += 1
     counters["inductor"]["fxgraph_cache_miss"] += count
 
 

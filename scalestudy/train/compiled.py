@@ -52,6 +52,7 @@ CACHE_COUNTERS = {
     "aot_autograd_misses": ("aot_autograd", "autograd_cache_miss"),
 }
 SKIPS = ("inductor", "cudagraph_skips")
+GRAPHS = ("stats", "unique_graphs")  # the graphs Dynamo captured (and handed to Inductor)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
@@ -125,7 +126,7 @@ def counter_values() -> dict[str, int]:
     """Inductor's and AOTAutograd's cache counters and the CUDA graph skips, now (process-wide)."""
     from torch._dynamo.utils import counters
 
-    pairs = {**CACHE_COUNTERS, "cudagraph_skips": SKIPS}
+    pairs = {**CACHE_COUNTERS, "cudagraph_skips": SKIPS, "graphs": GRAPHS}
     return {name: int(counters[group][counter]) for name, (group, counter) in pairs.items()}
 
 
@@ -198,8 +199,7 @@ class CompiledStep:
             return {}
         counts = self.counts()
         cache = {name: counts[name] for name in CACHE_COUNTERS}
-        skips = counts["cudagraph_skips"]
-        compiled_graphs = cache["fxgraph_hits"] + cache["fxgraph_misses"]
+        skips, compiled_graphs = counts["cudagraph_skips"], counts["graphs"]
         expected = self.settings.graphs_expected
         graphs = {
             "expected": expected,
@@ -217,7 +217,12 @@ class CompiledStep:
                 f"{skips} skipped" if skips else "none compiled",
                 graphs["skip_reasons"] or "no reason logged",
             )
-        compiled = {"mode": self.settings.mode, "seconds": compile_s, "cache": cache}
+        compiled = {
+            "mode": self.settings.mode,
+            "seconds": compile_s,
+            "graphs": compiled_graphs,
+            "cache": cache,
+        }
         return {"compile": {**compiled, "artifacts": self.artifacts}, "cuda_graphs": graphs}
 
     def close(self) -> None:
