@@ -1,5 +1,6 @@
 # baseline: the one-GPU reference run (classic DataLoader, fp32) the optimisations are judged by.
-# The scaling, sensitivity and profile stages reuse this rule's inputs and command (use rule).
+# The scaling and sensitivity stages reuse this rule's inputs and command (use rule), each with its
+# own compiled input (the artifacts of its points' compile keys, rules/compile.smk).
 
 
 rule baseline_run:
@@ -8,6 +9,7 @@ rule baseline_run:
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,
+        compiled=compile_input("baseline"),
     output:
         **run_outputs("baseline"),
     log:

@@ -56,6 +56,7 @@ rule profile_run:
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,
+        compiled=compile_input("profile"),
     output:
         **run_outputs("profile"),
         record=f"{PROFILE_RUN_DIR}/profile_tool.json",
@@ -158,6 +159,7 @@ rule profile_ncu:
         manifest=PACKED_MANIFEST,
         image=image_input(),
         gate=after_training_gate,
+        compiled=compile_input("profile"),
         profile_record=NCU_PROFILE_RECORD,
         nsys_stats=NCU_NSYS_STATS,
     output:

@@ -2,6 +2,12 @@
 
 
 use rule baseline_run as scaling_run with:
+    input:
+        TRAIN_INPUTS,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+        gate=after_training_gate,
+        compiled=compile_input("scaling"),
     output:
         **run_outputs("scaling"),
     log:

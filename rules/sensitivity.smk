@@ -2,6 +2,12 @@
 
 
 use rule baseline_run as sensitivity_run with:
+    input:
+        TRAIN_INPUTS,
+        manifest=PACKED_MANIFEST,
+        image=image_input(),
+        gate=after_training_gate,
+        compiled=compile_input("sensitivity"),
     output:
         **run_outputs("sensitivity"),
     log:

@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# The one prepared command for a GPU node (issue 41): at most 9 minutes (GPU_CHECK_BUDGET_S=540), every
-# part time-limited, everything written into OUT_DIR (default docs/measurements/<device>-<date>, the
-# device from nvidia-smi, e.g. h100, else `cpu`; the date in UTC):
+# The one prepared command for a GPU node (issues 41, 51): at most 9 minutes (GPU_CHECK_BUDGET_S=540),
+# every part time-limited, everything written into OUT_DIR (default docs/measurements/<device>-<date>,
+# the device from nvidia-smi, e.g. h100, else `cpu`; the date in UTC):
 #   node      (always, ~10 s) nvidia-smi, torch, CUDA, cuDNN, NCCL -> node.txt;
-#   study     (limit 420 s) the one-GPU study (config/gpu-one.yaml) through Snakemake in its own copy
-#             of the workflow, only what the verdicts read (the run catalog and the ncu table: no
-#             figures, paper or crate; 360 s: ~345 s on an H200, 2026-11-28), the ResNet benchmark at
-#             its strong point: project trainer eager vs the reference trainer, 2 repeats (55 s), and
-#             the verdicts -> study-check.txt, its last line `study wall N s`; study/ keeps the logs,
-#             benchmark.csv and study-results.tar.gz (scripts/gpu_study.sh);
-#   lm        (limit  75 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 8 + 30 steps -> lm.csv;
-#   variants  (limit 100 s) the step variants, eager vs compiled (default mode, CUDA graphs) at
-#             batch 512, as many rounds as fit in 90 s -> variants.csv (scalestudy.benchmark.variants);
+#   study     (limit 435 s) the one-GPU study (config/gpu-one.yaml: compiled points with CUDA graphs)
+#             through Snakemake in its own copy of the workflow, only what the verdicts read (the run
+#             catalog and the ncu table: no figures, paper or crate; 330 s, target 300 s), the ResNet
+#             benchmark at its strong point: the study's compiled step vs the reference trainer, 2
+#             repeats (90 s), and the verdicts -> study-check.txt, its last line `study wall N s`;
+#             study/ keeps the logs, benchmark.csv and study-results.tar.gz (scripts/gpu_study.sh);
+#             runs.csv is the study's run catalog;
+#   lm        (limit 150 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 10 + 100 steps, 3 interleaved
+#             repeats -> lm.csv (GPU_CHECK_LM_ARGS replaces the arguments, GPU_CHECK_LM_LIMIT_S the limit);
+#   variants  (limit 150 s) eager vs Inductor's CUDA graphs (compiled-cudagraphs) vs the eager step
+#             captured whole (captured) at batch 512, 2 rounds -> variants.csv: the device run decides
+#             between the two graphs (scalestudy.benchmark.variants, .captured);
+#   targets   (always, seconds) issue 51's GPU numbers, met or not, and the variants' decision ->
+#             targets.txt (scalestudy.benchmark.targets);
 #   tests, benchmark: tests/test_gpu.py (270 s) and the full ResNet benchmark (190 s).
-# The last three only when named in GPU_CHECK_STEPS: they do not fit the same 9 minutes as the study
-# (a second call: GPU_CHECK_STEPS="variants tests").
+# By default the parts are "study lm variants": a part whose limit no longer fits in what is left of
+# the budget is not started, and said so (the variants, after a study and the LM, usually: then a
+# second call, GPU_CHECK_STEPS=variants). tests and benchmark only when named.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]
 #
-# GPU_CHECK_STEPS picks the parts (default "study lm"), GPU_CHECK_STUDY_LIMIT_S the study's limit; a
-# part whose limit no longer fits in the budget is not run, and said so. With GPU_CHECK_COPY_TO (the
-# device tool's $OUT) the folder is also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with
-# study-check.txt and the CSVs beside it (what comes back from a lent machine; docs/guide/gpu.md). The
-# script goes on after a failed part; the exit status says whether any failed. PYTHON picks the
-# interpreter (default .venv/bin/python, else python3); STUDY_DEVICE=cpu with GPU_CHECK_CPU_SMALL=1
-# runs every part at a tiny size on a CPU (the test; GPU_CHECK_LIMIT_SCALE multiplies every limit and
-# the budget there). A machine without Snakemake needs .gpu-bundle/ (bash scripts/gpu_bundle.sh,
-# beforehand); the study and the variants load the config with its jsonschema.
+# GPU_CHECK_STEPS picks the parts, GPU_CHECK_STUDY_LIMIT_S the study's limit. With GPU_CHECK_COPY_TO
+# (the device tool's $OUT) the folder is also packed into GPU_CHECK_COPY_TO/measurements.tar.gz with
+# study-check.txt, targets.txt and the CSVs beside it (what comes back from a lent machine;
+# docs/guide/gpu.md). The script goes on after a failed part; the exit status says whether any failed.
+# PYTHON picks the interpreter (default .venv/bin/python, else python3); STUDY_DEVICE=cpu with
+# GPU_CHECK_CPU_SMALL=1 runs every part at a tiny size on a CPU (the test; GPU_CHECK_LIMIT_SCALE
+# multiplies every limit and the budget there). A machine without Snakemake needs .gpu-bundle/ (bash
+# scripts/gpu_bundle.sh, beforehand); the study and the variants load the config with its jsonschema.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
@@ -57,7 +62,7 @@ not_run=()
 step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, its output to OUT/NAME.log
   local name=$1 limit=$(($2 * scale))
   shift 2
-  [[ " ${GPU_CHECK_STEPS:-study lm} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_STEPS:-study lm variants} " == *" $name "* ]] || return 0
   local left=$((budget - SECONDS))
   if [ "$limit" -gt "$left" ]; then
     echo "=== $name: not run: its limit ${limit}s is more than the ${left}s left of GPU_CHECK_BUDGET_S=$budget"
@@ -88,13 +93,16 @@ EOF
 
 # The parts' sizes: the GPU's, or (GPU_CHECK_CPU_SMALL=1) a CPU's tiny ones that exercise the same path
 if [ "${GPU_CHECK_CPU_SMALL:-0}" = 1 ]; then
-  variants_args=(--device cpu --variants eager --batches 16 --repeats 1 --steps 2 --warmup 1)
+  variants_args=(--device cpu --variants eager,captured --batches 16 --repeats 1 --steps 2 --warmup 1)
   lm_args=(--preset demo --device cpu --precision fp32 --per-gpu-batch 2 --steps 2 --warmup 1 --repeats 1
     --parallelism ddp)
 else
-  variants_args=(--device "$device" --variants eager,compiled,compiled-cudagraphs --batches 512 --repeats 2)
-  lm_args=(--preset gpt2-small --device "$device" --precision bf16 --steps 30 --warmup 8 --repeats 1)
+  variants_args=(--device "$device" --variants eager,compiled-cudagraphs,captured --batches 512 --repeats 2)
+  # issue 51's measurement: at least 100 steps, 3 interleaved repeats (the LM benchmark's own defaults
+  # otherwise: scalestudy.benchmark.lm)
+  lm_args=(--preset gpt2-small --device "$device" --precision bf16 --steps 100 --warmup 10 --repeats 3)
 fi
+if [ -n "${GPU_CHECK_LM_ARGS:-}" ]; then read -ra lm_args <<<"$GPU_CHECK_LM_ARGS"; fi
 
 echo "=== $(date -u +%FT%TZ) into $out (budget ${budget}s)"
 echo "=== node -> $out/node.txt"
@@ -102,16 +110,17 @@ start=$SECONDS
 describe_node >"$out/node.txt" 2>&1
 echo "=== node: $((SECONDS - start)) s"
 step_wall=
-export STUDY_LIMIT_S=${STUDY_LIMIT_S:-$((360 * scale))} STUDY_BENCH_LIMIT_S=${STUDY_BENCH_LIMIT_S:-$((55 * scale))}
+export STUDY_LIMIT_S=${STUDY_LIMIT_S:-$((330 * scale))} STUDY_BENCH_LIMIT_S=${STUDY_BENCH_LIMIT_S:-$((90 * scale))}
 export STUDY_TARGETS=${STUDY_TARGETS:-verdicts} STUDY_DEVICE=$device
-step study "${GPU_CHECK_STUDY_LIMIT_S:-420}" bash scripts/gpu_study.sh "$out/study"
+step study "${GPU_CHECK_STUDY_LIMIT_S:-435}" bash scripts/gpu_study.sh "$out/study"
 if [ -n "$step_wall" ]; then  # the verdicts, ending with the study's wall time (`study wall N s`)
   cp "$out/study/check.txt" "$out/study-check.txt" 2>/dev/null ||
     echo "FAIL  study: no verdicts after ${step_wall} s (study.log)" >"$out/study-check.txt"
+  cp "$out/study/workflow/results/tables/runs.csv" "$out/runs.csv" 2>/dev/null
 fi
-step variants 100 "$python" -m scalestudy.benchmark.variants "${variants_args[@]}" --budget-s $((90 * scale)) \
+step lm "${GPU_CHECK_LM_LIMIT_S:-150}" "$python" -m scalestudy.benchmark.lm "${lm_args[@]}" --out "$out/lm.csv"
+step variants 150 "$python" -m scalestudy.benchmark.variants "${variants_args[@]}" --budget-s $((140 * scale)) \
   --out "$out/variants.csv"
-step lm 75 "$python" -m scalestudy.benchmark.lm "${lm_args[@]}" --out "$out/lm.csv"
 step tests 270 "$python" -m pytest -p no:cacheprovider -rs -s --durations=0 tests/test_gpu.py
 step benchmark 190 "$python" -m scalestudy.benchmark --device "$device" --sections matmul,pipeline,training \
   --precisions "${BENCH_PRECISIONS:-fp32,bf16}" --repeats 2 --out "$out/benchmark.csv"
@@ -120,11 +129,13 @@ tail -n 25 "$out/node.txt" 2>/dev/null
 for log in variants lm benchmark; do [ -f "$out/$log.log" ] && tail -n 14 "$out/$log.log"; done
 grep -E "passed|failed|skipped|images/s|ncu:" "$out/tests.log" 2>/dev/null | tail -n 20
 cat "$out/study-check.txt" 2>/dev/null
+echo "=== targets (issue 51) -> $out/targets.txt"
+"$python" -m scalestudy.benchmark.targets --folder "$out" || echo "targets: could not be read (see above)"
 if [ -n "${GPU_CHECK_COPY_TO:-}" ]; then  # what comes back from a lent machine: at most 8 files
   mkdir -p "$GPU_CHECK_COPY_TO"
   tar -czf "$GPU_CHECK_COPY_TO/measurements.tar.gz" --exclude='study/workflow' -C "$(dirname "$out")" \
     "$(basename "$out")"
-  cp "$out"/study-check.txt "$out"/*.csv "$GPU_CHECK_COPY_TO/" 2>/dev/null
+  cp "$out"/study-check.txt "$out"/targets.txt "$out"/*.csv "$GPU_CHECK_COPY_TO/" 2>/dev/null
   ls -l "$GPU_CHECK_COPY_TO"
 fi
 [ ${#not_run[@]} -eq 0 ] || echo "gpu_check: not run (GPU_CHECK_BUDGET_S): ${not_run[*]}"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The one-GPU study through Snakemake on a GPU machine, then its check (scripts/gpu_check.sh's step
-# `study`; about 5 minutes on one H100, each part time-limited: 360 s, 100 s):
+# `study`; at most ~7 minutes on one H100 or H200, each part time-limited: 330 s, 90 s):
 #   1. a fresh copy of the workflow in OUT_DIR/workflow runs
 #      `python -m snakemake --profile profiles/local --configfile config/gpu-one.yaml`: its results/
 #      and .snakemake/ land there, never in the repository's results/;
-#   2. the benchmark's project trainer at the strong 1-GPU point's settings (studycheck bench-args):
+#   2. the benchmark's project trainer at the strong 1-GPU point's settings (studycheck bench-args;
+#      compiled as the config compiles) against the reference trainer:
 #      `python -m scalestudy.benchmark --device cuda --sections training ...`;
 #   3. `python -m scalestudy.benchmark.studycheck check`: no two training jobs overlapped on the GPU,
 #      no point contended, the strong 1-GPU point within 10 % of the benchmark row, convolution
-#      kernels in the ncu table (docs/guide/benchmarks.md, "The one-GPU study check").
+#      kernels in the ncu table, no CUDA graph skipped (docs/guide/benchmarks.md, "One-GPU study through
+#      Snakemake"); and the project trainer against the reference.
 # OUT_DIR then holds snakemake.log, benchmark.csv/.log, check.txt and study-results.tar.gz.
 #
 #   bash scripts/gpu_study.sh [OUT_DIR]     # default bench-out/gpu/study
@@ -65,7 +67,7 @@ elif [ -n "${STUDY_TARGETS:-}" ]; then  # named files: part of the study (the nc
   read -ra targets <<<"$STUDY_TARGETS"
 fi
 study_start=$SECONDS
-timed "${STUDY_LIMIT_S:-360}" "$out/snakemake.log" \
+timed "${STUDY_LIMIT_S:-330}" "$out/snakemake.log" \
   "$python" -m snakemake --profile profiles/local --keep-going "${targets[@]}" --configfile "$config"
 study_wall=$((SECONDS - study_start))
 tail -n 60 "$out/snakemake.log" | grep -E "Job stats|^total|steps \(|Error|error|Finished|Complete log" || true
@@ -91,6 +93,7 @@ echo "study wall $study_wall s" | tee -a "$out/check.txt"
 # checkpoints or ncu's report (OUT_DIR/study-results.tar.gz, a few MB).
 tar -czf "$out/study-results.tar.gz" --exclude='results/data/*.npy' --exclude='results/data/*.tar.gz' \
   --exclude='results/checkpoints' --exclude='*.ncu-rep' --exclude='results/inductor-cache' \
+  --exclude='results/compile/*/artifacts.bin' \
   results .snakemake/log 2>/dev/null
 ls -l "$out/study-results.tar.gz" 2>/dev/null
 exit "$status"

@@ -126,3 +126,26 @@ def test_two_variants_run_for_real_on_the_cpu(tmp_path, capsys):
     assert float(cells["eager"]["mean"]) > 0 and float(cells["forloop"]["ratio"]) > 0
     assert cells["forloop"]["overrides"] == "compile=False, optimizer_impl=forloop"
     assert cells["eager"]["device_name"]  # the trainer's own record of where it ran
+
+
+def test_the_captured_step_replays_the_eager_steps_bits_on_the_cpu(tmp_path):
+    """scalestudy.benchmark.captured on a CPU (nothing to capture: the same loop eager): from one
+    saved state the checked steps give the eager steps' weights bit for bit (the state restored in
+    place, as the graph needs), and the timed steps a rate; variant `captured` runs through it."""
+    import json
+
+    from scalestudy.benchmark import captured
+    from scalestudy.plan.studyconfig import load
+
+    args = variants.parse_args(["--device", "cpu", "--variants", "captured", "--batches", "16"])
+    data_dir, images = variants.data_for(args, tmp_path)
+    (cell,) = variants.cells(
+        args, load(variants.REPO / "config" / "demo.yaml"), data_dir, images, tmp_path / "c"
+    )
+    out = tmp_path / "captured.json"
+    argv = ["--run-config-json", json.dumps(cell.run), "--out", str(out), "--warmup", "2", "--check", "3"]
+    assert captured.main([*argv, "--steps", "2"]) == 0
+    result = json.loads(out.read_text())["results"]
+    assert result["captured"] is False and result["check_error"] == 0.0 and result["check_steps"] == 3
+    assert result["images_per_s"] > 0 and result["per_gpu_batch"] == 16
+    assert variants.HARNESSES["captured"] is captured.spawn_fresh

@@ -1,5 +1,6 @@
 """What only a GPU can show, run where there is one and skipped elsewhere (saying so): the project
-trainer on CUDA at every precision and compiled, with the NVML monitor sampling its GPU; the
+trainer on CUDA at every precision and compiled (with CUDA graphs, loading a compile job's
+artifacts), with the NVML monitor sampling its GPU; the eager step captured whole; the
 one-rank NCCL group; FSDP2 and DDP at one rank on NCCL (the GPT); the node description on a real
 driver; Nsight Compute inside the trainer's NVTX step ranges. scripts/gpu_check.sh runs these with
 the benchmarks on a GPU node; docs/measurements/ has what they showed."""
@@ -179,8 +180,37 @@ def test_nsight_compute_profiles_the_kernels_inside_the_trainers_step_ranges(tmp
 
 
 def test_the_trainer_compiles_the_model_on_the_gpu_without_graph_breaks(tmp_path, data_dir):
-    trained = project.spawn_fresh(gpu_run_config(data_dir, precision="bf16", compile=True), tmp_path)
+    """Compiled with CUDA graphs (compile_mode auto), once per shape: a compile job saves what it
+    compiled, a second run loads it into its own cache and compiles nothing; both run their graphs."""
+    artifacts = tmp_path / "key" / "artifacts.bin"
+    job = gpu_run_config(data_dir, precision="bf16", compile=True, compile_cache_save=str(artifacts))
+    job["inductor_cache_dir"] = str(tmp_path / "job-cache")
+    project.spawn_fresh(job, tmp_path)
+    point = gpu_run_config(data_dir, precision="bf16", compile=True, compile_cache_load=str(artifacts))
+    point["inductor_cache_dir"] = str(tmp_path / "point-cache")
+    trained = project.spawn_fresh(point, tmp_path)
     results = trained.summary["results"]
     assert results["window_filled"] and results["images_per_s"] > 0
     assert trained.summary["provenance"]["graph_breaks"] == 0
-    print(f"\nbf16 compiled: {results['images_per_s']:.0f} images/s")
+    graphs, compiled = results["cuda_graphs"], results["compile"]
+    assert (graphs["expected"], graphs["used"], graphs["skips"]) == (True, True, 0), graphs
+    assert compiled["mode"] == "reduce-overhead" and compiled["artifacts"]["loaded"] is True
+    assert compiled["cache"]["fxgraph_hits"] >= 2 and compiled["cache"]["fxgraph_misses"] == 0, compiled
+    rate, warm = results["images_per_s"], compiled["seconds"]
+    print(f"\nbf16 compiled with CUDA graphs: {rate:.0f} images/s, warm compile {warm:.1f} s")
+
+
+def test_the_eager_step_captured_whole_replays_the_eager_steps(tmp_path, data_dir):
+    """scalestudy.benchmark.captured on the GPU: the graph is captured, its replays give the eager
+    steps' weights (within bf16's rounding), and it is timed."""
+    from scalestudy.benchmark import captured
+
+    run = gpu_run_config(data_dir, precision="bf16")
+    out = tmp_path / "captured.json"
+    argv = ["--run-config-json", json.dumps(run), "--out", str(out), "--warmup", "5", "--steps", "20"]
+    assert captured.main(argv) == 0
+    result = json.loads(out.read_text())["results"]
+    assert result["captured"] and result["check_error"] < captured.CHECK_TOLERANCE, result
+    print(
+        f"\nbf16 captured whole: {result['images_per_s']:.0f} images/s, capture {result['capture_s']:.2f} s"
+    )

@@ -32,10 +32,11 @@ def test_steps_whose_limit_exceeds_the_budget_are_not_run_and_said_so(tmp_path):
         GPU_CHECK_STEPS="study lm",
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "=== study: not run: its limit 420s is more than the" in result.stdout
-    assert "=== lm: not run: its limit 75s is more than the" in result.stdout
+    assert "=== study: not run: its limit 435s is more than the" in result.stdout
+    assert "=== lm: not run: its limit 150s is more than the" in result.stdout
     assert "gpu_check: not run (GPU_CHECK_BUDGET_S): study lm" in result.stdout
     assert not (tmp_path / "study.log").exists() and not (tmp_path / "lm.log").exists()
+    assert "not measured ResNet bf16/512" in (tmp_path / "targets.txt").read_text()  # read all the same
 
 
 def python_without_site_packages(folder: Path) -> str:
@@ -61,8 +62,8 @@ def test_the_study_without_snakemake_or_its_bundle_stops_saying_how_to_build_it(
 @pytest.mark.slow  # two trainer processes and a study's start: 1-3 minutes on a shared 2-core host
 def test_the_one_command_on_a_cpu_writes_the_verdicts_and_csvs_and_packs_them(tmp_path):
     """Every part but the tests at a tiny size: the node, the demo study stopped by its 3 s limit (so its
-    verdicts FAIL, saying what is missing, with its wall time), one variant, one LM run; the folder
-    packed for the device tool's $OUT."""
+    verdicts FAIL, saying what is missing, with its wall time), eager and the captured step, one LM
+    run, issue 51's targets; the folder packed for the device tool's $OUT."""
     out, back = tmp_path / "cpu-today", tmp_path / "OUT"
     result = run_script(
         "scripts/gpu_check.sh",
@@ -71,7 +72,7 @@ def test_the_one_command_on_a_cpu_writes_the_verdicts_and_csvs_and_packs_them(tm
         GPU_CHECK_CPU_SMALL="1",
         STUDY_CONFIG="config/demo.yaml",
         STUDY_LIMIT_S="3",
-        GPU_CHECK_STEPS="study variants lm",  # the variants are a second call's on a GPU (not default)
+        GPU_CHECK_STEPS="study variants lm",
         GPU_CHECK_COPY_TO=str(back),
         GPU_CHECK_LIMIT_SCALE="4",  # a trainer process starts in 5 s idle, in over 60 s on a loaded host
     )
@@ -84,9 +85,12 @@ def test_the_one_command_on_a_cpu_writes_the_verdicts_and_csvs_and_packs_them(tm
     assert any(line.startswith("FAIL  ") for line in verdicts)
     assert re.fullmatch(r"study wall \d+ s", verdicts[-1])
     assert "torch" in (out / "node.txt").read_text()
-    assert "eager" in (out / "variants.csv").read_text() and "ddp" in (out / "lm.csv").read_text()
+    assert "captured" in (out / "variants.csv").read_text() and "ddp" in (out / "lm.csv").read_text()
+    assert "GPT-2 small MFU" in (out / "targets.txt").read_text()
     with tarfile.open(back / "measurements.tar.gz") as packed:
         names = packed.getnames()
     assert any(name.endswith("study-check.txt") for name in names)
     assert not any("/workflow/" in name for name in names)
-    assert {"study-check.txt", "variants.csv", "lm.csv"} <= {path.name for path in back.iterdir()}
+    assert {"study-check.txt", "targets.txt", "variants.csv", "lm.csv"} <= {
+        path.name for path in back.iterdir()
+    }

@@ -1,14 +1,16 @@
-"""ResNet-18 CIFAR variant: size, stem, widths, FLOP count, channels_last, frozen-statistics norm."""
+"""ResNet-18 CIFAR variant: size, stem, widths, FLOP count, channels_last, frozen-statistics norm; the
+network written out in the package is torchvision's ResNet-18 with the CIFAR stem."""
 
 import pytest
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 from scalestudy.workloads.resnet_cifar.model import (
+    BasicBlock,
     FrozenStatsBatchNorm2d,
     build_model,
     count_flops,
+    count_flops_per_image,
     count_parameters,
 )
 
@@ -17,12 +19,70 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_standard_width_is_the_cifar_resnet18():
     model = build_model()
-    assert isinstance(model, ResNet)
     assert count_parameters(model) == 11_173_962
     assert (model.conv1.kernel_size, model.conv1.stride, model.conv1.padding) == ((3, 3), (1, 1), (1, 1))
     assert isinstance(model.maxpool, nn.Identity)
     assert model.fc.out_features == 10
     assert all(isinstance(block, BasicBlock) for layer in (model.layer1, model.layer4) for block in layer)
+
+
+def _torchvision_cifar_resnet18(width: int) -> nn.Module:
+    """torchvision's ResNet-18 at `width` with the CIFAR stem, as the package built it before issue 51."""
+    from torchvision.models.resnet import BasicBlock as TorchvisionBlock
+    from torchvision.models.resnet import ResNet
+
+    class Reference(ResNet):
+        def __init__(self):
+            self.scale = width
+            super().__init__(TorchvisionBlock, [2, 2, 2, 2], num_classes=10)
+            self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
+            self.bn1 = nn.BatchNorm2d(width)
+            self.maxpool = nn.Identity()
+            self.fc = nn.Linear(8 * width, 10)
+
+        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):
+            if planes == 64:
+                self.inplanes = self.scale
+            return super()._make_layer(block, planes * self.scale // 64, blocks, stride, dilate)
+
+    return Reference()
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_the_network_is_torchvisions_resnet18_with_the_cifar_stem(width):
+    """The same modules, names, shapes and buffers as torchvision's; from one seed the same initial
+    weights, bit for bit (the runs of a seed train as they did); the same outputs and gradients,
+    in training mode."""
+    torch.manual_seed(0)
+    ours = build_model(width=width)
+    torch.manual_seed(0)
+    theirs = _torchvision_cifar_resnet18(width)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert list(mine) == list(reference)
+    assert all(torch.equal(mine[key], reference[key]) for key in reference)
+    assert [type(m).__name__ for m in ours.modules()][1:] == [
+        type(m).__name__.replace("Reference", "CifarResNet") for m in theirs.modules()
+    ][1:]
+    theirs.load_state_dict(mine)
+    x = torch.randn(4, 3, 32, 32)
+    out_ours, out_theirs = ours.train()(x), theirs.train()(x)
+    torch.testing.assert_close(out_ours, out_theirs, rtol=0, atol=0)
+    out_ours.square().sum().backward()
+    out_theirs.square().sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+    assert all(
+        torch.equal(m.weight, torch.ones_like(m.weight))
+        for m in ours.modules()
+        if isinstance(m, nn.BatchNorm2d)
+    )
+
+
+def test_the_flop_count_runs_on_the_meta_device_and_matches_a_real_forward():
+    """A job counts its FLOPs without a forward on its own device (issue 51)."""
+    assert count_flops_per_image(8) == count_flops(build_model(width=8), 1)
+    assert count_flops_per_image(64) == pytest.approx(1.111e9, rel=1e-3)
 
 
 def test_width_scales_every_stage():

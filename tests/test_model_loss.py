@@ -61,7 +61,7 @@ def _prepared(compile: bool, label_smoothing: float = 0.0):
     model = GPT(CFG)
     settings = ParallelSettings.from_config({**SETTINGS, "compile": compile})
     blocks = list(model.blocks)
-    wrapped, step_module = build.prepare_model(model, settings, CPU, 1, blocks, None, label_smoothing)
+    wrapped, step_module = build.prepare_model(model, settings, CPU, 1, blocks, label_smoothing)
     return model, wrapped, step_module
 
 

@@ -1,6 +1,7 @@
 """The one-GPU study's verdicts (scalestudy.benchmark.studycheck) on constructed result folders: one
 that passes, and one each with an overlap, a contended point, no convolution kernels in the ncu
-table, a benchmark at other settings or too far off. The runs' files follow the trainer's layout
+table, a benchmark at other settings or too far off, a run whose CUDA graphs were skipped; the
+project-vs-reference line. The runs' files follow the trainer's layout
 (runfiles) and the GPU monitor's process columns of issue 31 (foreign_processes)."""
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def test_a_clean_study_passes_every_check(tmp_path, capsys):
     assert "1 convolution kernels in 2 launches" in found["ncu_convolutions"].detail
     assert studycheck.main(["check", "--results", str(results), "--benchmark", str(bench)]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS  ") == 4 and "study check: all passed" in out
+    assert out.count("PASS  ") == 5 and "study check: all passed" in out
 
 
 def test_a_foreign_process_on_a_runs_gpu_is_an_overlap(tmp_path, capsys):
@@ -147,7 +148,7 @@ def test_a_foreign_process_on_a_runs_gpu_is_an_overlap(tmp_path, capsys):
     write_run(results, POINTS[2], T0 + 2 * 18.0, 12.0, 20_000.0, foreign=1)
     verdict = by_check(results, bench)["no_overlap"]
     assert not verdict.passed
-    assert "runs/sensitivity/fp32/bs256: 4 samples with up to 1 foreign processes" in verdict.detail
+    assert "runs/sensitivity/tf32/bs256: 4 samples with up to 1 foreign processes" in verdict.detail
     assert studycheck.main(["check", "--results", str(results), "--benchmark", str(bench)]) == 1
     assert "FAIL  no_overlap" in capsys.readouterr().out
 
@@ -292,3 +293,38 @@ def test_an_absurd_difference_between_counter_and_integral_fails(tmp_path, capsy
     code, out = check_output(results, bench, capsys)
     assert code == 1 and "FAIL  energy_counter_vs_integral: counter / integral 10.0000" in out
     assert "FAILED: energy_counter_vs_integral" in out
+
+
+# -- CUDA graphs: a run that expected them and ran without is a FAIL (issue 51) --
+
+
+def with_graphs(results: Path, point: grid.Point, **graphs) -> None:
+    """The run's summary.json with its cuda_graphs block (scalestudy.train.compiled's)."""
+    path = results / Path(point.run_dir).relative_to("results") / runfiles.SUMMARY
+    summary = json.loads(path.read_text())
+    summary["results"]["cuda_graphs"] = {"expected": True, "skips": 0, "skip_reasons": None, **graphs}
+    path.write_text(json.dumps(summary))
+
+
+def test_a_run_whose_cuda_graphs_were_skipped_fails_and_says_why(tmp_path):
+    results, bench = study(tmp_path)
+    assert "no run expected CUDA graphs" in by_check(results, bench)["cuda_graphs"].detail
+    with_graphs(results, STRONG, skipped=False, used=True)
+    with_graphs(results, POINTS[2], skipped=False, used=True)
+    verdict = by_check(results, bench)["cuda_graphs"]
+    assert verdict.passed and verdict.detail == "all 2 runs that expected CUDA graphs ran them (no skip)"
+    reason = "skipping cudagraphs due to mutated inputs (2 instances)"
+    with_graphs(results, POINTS[2], skipped=True, used=False, skips=2, skip_reasons=reason)
+    verdict = by_check(results, bench)["cuda_graphs"]
+    assert not verdict.passed
+    assert verdict.detail == f"1 of 2 runs without their CUDA graphs: runs/sensitivity/tf32/bs256: {reason}"
+
+
+def test_the_project_against_the_reference_is_printed_with_its_target(tmp_path, capsys):
+    results, bench = study(tmp_path, bench_rate=45_000.0)
+    write_csv(bench, [benchmark_row(45_000.0), {**benchmark_row(18_000.0), "name": "reference trainer"}])
+    line = studycheck.project_vs_reference(results, bench)
+    assert line.startswith("INFO  project_vs_reference: 'project trainer bf16' 45,000 img/s vs")
+    assert "2.50x (GPU target 3x: not met;" in line and "compile=True, compile_mode=auto" in line
+    write_csv(bench, [benchmark_row(45_000.0)])
+    assert "not compared" in studycheck.project_vs_reference(results, bench)

@@ -10,7 +10,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -23,12 +22,10 @@ from scalestudy.train.parallel import COMM_HOOKS
 from scalestudy.train.process import seed_everything
 from scalestudy.workloads.resnet_cifar import model
 from tests.inprocess import (
-    launch_free_environ,
     one_process_one_thread,  # noqa: F401 (autouse)
 )
 from tests.trainer_runs import (
     BASE,
-    REPO,
     assert_same_weights,
     final,
     last_step,
@@ -38,6 +35,7 @@ from tests.trainer_runs import (
     signal_at_step,
     start_trainer,
     summary_results,
+    torchrun_to_the_end,
 )
 
 
@@ -78,19 +76,10 @@ DDP = {
 DDP_STEPS_PER_EPOCH = 10
 
 
-def _torchrun_to_the_end(out, config) -> None:
-    """A 2-rank run under torchrun --standalone that must finish."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-5000:]
-
-
 @pytest.fixture(scope="module")
 def torchrun_run(runs):
     out, ckpt, config = runs("torchrun", **DDP)
-    _torchrun_to_the_end(out, config)
+    torchrun_to_the_end(out, config)
     return out, ckpt, config
 
 
@@ -100,7 +89,7 @@ def test_two_ranks_agree_on_when_a_window_in_seconds_ends(runs):
     the other never joins (pg_timeout_s: the run fails)."""
     changes = {"measure_steps": 2, "measure_intervals": 1, "measure_seconds": 0.3, "epochs": 6}  # 60 steps
     out, _, config = runs("torchrun_seconds", **{**DDP, **changes})
-    _torchrun_to_the_end(out, config)
+    torchrun_to_the_end(out, config)
     r = summary_results(out)
     # the agreements run as the window opens (the warm-up's rate) and as it closes (extended if short)
     assert r["window_filled"] and r["measured_s"] >= 0.25 and r["measured_steps"] == r["measure_steps"], r
@@ -187,7 +176,7 @@ def test_srun_style_ranks_stop_together_on_a_signal_to_one_and_resume_exactly(ru
 def torchrun_batchnorm_run(runs):
     """Two ranks with plain BatchNorm (statistics per rank), uninterrupted."""
     out, ckpt, config = runs("torchrun_bn", **{**DDP, "norm": "batch"})
-    _torchrun_to_the_end(out, config)
+    torchrun_to_the_end(out, config)
     return out, ckpt, config
 
 

@@ -483,3 +483,18 @@ def test_an_exposed_all_reduce_larger_than_the_loss_is_said_so_and_the_rest_is_o
         f"the parts exceed the loss by {-table.loc[strong16, 'remainder_points'].iloc[0]:.2g} points"
         f" ({-100 * table.loc[strong16, 'remainder_share'].iloc[0]:.0f}\\,\\% of it)."
     )
+
+
+def test_a_points_one_off_seconds_sit_beside_its_per_step_terms(gpu_study, config):
+    """The start-up and the compile a run paid once (outside its window: issue 51) are columns of
+    the point, the mean over its repeats, never part of the per-step loss; a run without them
+    (an older summary, or eager) leaves them empty."""
+    truth, runs = gpu_study
+    runs = runs.copy()
+    scaling = runs["stage"] == "scaling"
+    runs.loc[scaling, "startup_s"] = 6.0 + runs.loc[scaling, "config.repeat"]  # 6 and 7 s
+    runs.loc[scaling, "compile_s"] = 2.5
+    table = measured(runs, truth, config)
+    assert (table["fixed_cost_s"] == 6.5).all() and (table["compile_s"] == 2.5).all()
+    assert_adds_up(table)
+    assert measured(runs.drop(columns=["startup_s", "compile_s"]), truth, config)["fixed_cost_s"].isna().all()

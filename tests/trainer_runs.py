@@ -125,3 +125,12 @@ def signal_at_step(process: subprocess.Popen, step: int, signum: int, target_pid
 def last_step(log: str) -> int:
     """The last global step a trainer's log reports."""
     return max(filter(None, map(global_step, log.splitlines())))
+
+
+def torchrun_to_the_end(out, config, timeout: float = 300) -> None:
+    """A 2-rank run under torchrun --standalone that must finish."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
+    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-5000:]

@@ -4,7 +4,7 @@
 
 import functools
 
-from scalestudy.plan import cluster, grid, paths, runfiles
+from scalestudy.plan import cluster, compilejobs, grid, paths, runfiles
 from scalestudy.preflight import site as sitecheck
 
 # The run folder of each stage's grid points, as a wildcard pattern: {point} is the point's name
@@ -70,3 +70,18 @@ def stage_points_by_name(stage):
 def point_of(stage, wildcards):
     name = point_name(stage, wildcards)
     return grid.point_by_name(config, stage, name, points=stage_points_by_name(stage))
+
+
+# The compile jobs (rules/compile.smk): one per compile key that several grid points share.
+COMPILE_JOBS = compilejobs.jobs(config)
+
+
+def compile_input(stage):
+    """An input function of a stage's training rule: the artifacts of its point's compile key, where
+    that key has a compile job (rules/compile.smk); else nothing (no compile, or a key of one point)."""
+    return lambda wc: compilejobs.artifacts_of(config, point_of(stage, wc), COMPILE_JOBS)
+
+
+def compile_world(wildcards):
+    """The world size of the compile job named by the `key` wildcard."""
+    return COMPILE_JOBS[wildcards.key].world_size

@@ -12,7 +12,8 @@ summary.json's images_per_s; scalestudy/train/steady.py):
   tables count such repeats (repeats_contended), the figures draw them apart, acceptance gives no
   verdict from them and the communication model leaves them out; a run whose window held fewer GPU
   monitor samples than analysis.monitor.min_window_samples is marked `monitor_window_short`
-  (counted: monitor_windows_short), its GPU health left unjudged;
+  (counted: monitor_windows_short), its GPU health left unjudged; a run whose compiled step should
+  have run as CUDA graphs and did not is marked `cuda_graphs_skipped` and noted (scalestudy.analysis.graphs);
 
 * a series is one (mode, parallelism): strong or weak scaling with DDP or FSDP. Each is referenced
   to its own 1-GPU runs; a study of DDP only has one series per mode. The throughput columns keep
@@ -49,7 +50,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import above_ideal, cli, contention, energy, modelsize
+from scalestudy.analysis import above_ideal, cli, contention, energy, graphs, modelsize
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import grid, runconfig, schema, workloads
@@ -165,6 +166,7 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
         runs[column] = runs[column].fillna(default) if column in runs else default
     runs = steady_or_whole_run(runs)
     runs = mark_contention(runs, settings["monitor"]["min_window_samples"])
+    runs = graphs.mark(runs)  # a compiled step that should have run as CUDA graphs and did not
     runs["time_per_step_s"] = time_per_step(runs)
     runs["precision"] = effective_precision(runs)
     runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
@@ -356,7 +358,13 @@ def _window_marks(group: pd.DataFrame) -> dict:
     unfilled = int((~group["window_filled"]).sum())
     shared = group[group["contended"]]
     short = int(group["monitor_window_short"].sum())
-    counts = ((unfilled, UNFILLED_NOTE), (len(shared), CONTENDED_NOTE), (short, SHORT_NOTE))
+    no_graphs = int(group[graphs.COLUMN].sum())
+    counts = (
+        (unfilled, UNFILLED_NOTE),
+        (len(shared), CONTENDED_NOTE),
+        (short, SHORT_NOTE),
+        (no_graphs, graphs.NOTE),
+    )
     notes = [f"{n} of {len(group)} repeat(s): {text}" for n, text in counts if n]
     samples = pd.to_numeric(group["monitor_window_samples"], errors="coerce").min()
     return {
@@ -368,6 +376,8 @@ def _window_marks(group: pd.DataFrame) -> dict:
         "monitor_window_samples": samples,
         "monitor_window_short": short > 0,
         "monitor_windows_short": short,
+        graphs.COLUMN: no_graphs > 0,
+        "repeats_graphs_skipped": no_graphs,
         "note": "; ".join(notes),
     }
 
@@ -396,6 +406,7 @@ SENSITIVITY_COLUMNS = {
     "contention": "contention",
     "monitor_window_samples": "monitor_window_samples",
     "monitor_window_short": "monitor_window_short",
+    graphs.COLUMN: graphs.COLUMN,
     "throughput_source": "throughput_source",
     "note": "note",
 }

@@ -35,7 +35,10 @@ phi the overlap the profile measured (overlapped over communication time of its 
 else the communication model's (comm_model_fit.csv's overlap_fraction, derived or assumed as its
 note says). The model is DDP's: an FSDP point's c is not measured.
 
-A part that was not measured is empty, with the reason in its `_how` column (host overhead on the
+What a run paid once before its first step ended, its start-up and torch.compile's seconds of
+it (outside the measurement window: a compiled point's compile, or its artifacts' load), sits
+beside the per-step terms as `fixed_cost_s` and `compile_s` (means over the repeats), never in the
+loss. A part that was not measured is empty, with the reason in its `_how` column (host overhead on the
 CPU: no device timeline; a run without step_parts), never a zero: the remainder holds it. So a
 run's parts and remainder add up to its loss exactly (up to floating point); a row is the mean over
 the point's repeats of each run's loss and parts (a part some repeat lacks is not measured at the
@@ -107,6 +110,9 @@ NUMERIC = (
     "loss_points",
     *(f"{part}_{unit}" for part in PARTS for unit in ("s", "points")),
 )
+# What a run paid once, before its first step ended (outside the measurement window, so never a term
+# of the per-step loss): its start-up (summary.json startup_s) and, of it, torch.compile's seconds.
+FIXED = {"fixed_cost_s": "startup_s", "compile_s": "compile_s"}
 COLUMNS = (
     "mode",
     "parallelism",
@@ -115,6 +121,7 @@ COLUMNS = (
     "per_gpu_batch",
     "global_batch",
     *NUMERIC,
+    *FIXED,
     "remainder_s",
     "remainder_points",
     "remainder_share",
@@ -309,10 +316,16 @@ def _one_rank_row(run: pd.Series, mode: str, parallelism: str) -> dict:
         "run": f"{run['stage']}/{run['point']}",
         "reference_runs": "",
         "note": run["note"],
+        **fixed_costs(run),
     }
     for part in PARTS:
         row |= {f"{part}_s": math.nan, f"{part}_points": math.nan, f"{part}_how": NOT_SCALED}
     return row
+
+
+def fixed_costs(run: pd.Series) -> dict:
+    """The run's one-off seconds (FIXED; NaN where its summary has none: eager, or older)."""
+    return {column: pd.to_numeric(run.get(source), errors="coerce") for column, source in FIXED.items()}
 
 
 def run_ids(runs: pd.DataFrame) -> str:
@@ -342,6 +355,7 @@ def _run_row(run: pd.Series, mode: str, parallelism: str, base: dict, exposed: t
         "run": f"{run['stage']}/{run['point']}",
         "reference_runs": base["runs"],
         "note": run["note"],
+        **fixed_costs(run),
     }
     for part in ("data_wait", "host_overhead"):
         row[f"{part}_s"] = run[f"{part}_s"] - scale * base[part]
@@ -363,6 +377,7 @@ def waterfall_table(terms: pd.DataFrame, share_max: float) -> pd.DataFrame:
         row = {"mode": mode, "parallelism": parallelism, "world_size": int(world), "repeats": len(group)}
         row |= {column: group[column].iloc[0] for column in ("per_gpu_batch", "global_batch", "sample_unit")}
         row |= {column: group[column].mean(skipna=False) for column in NUMERIC}
+        row |= {column: group[column].mean() for column in FIXED}
         row |= {f"{part}_how": "; ".join(dict.fromkeys(group[f"{part}_how"])) for part in PARTS}
         notes = [*dict.fromkeys(note for note in group["note"].fillna("").astype(str) if note)]
         reference = group["reference_runs"].iloc[0]

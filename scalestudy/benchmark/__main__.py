@@ -44,11 +44,11 @@ CPU_TARGETS = (
 )
 GPU_TARGETS = (
     Target("trainer bf16 images/s per GPU", "training", "project trainer bf16", on="value", minimum=40_000),
-    Target(
+    Target(  # the study's step (compiled where its config compiles) against the plain trainer (issue 51)
         "trainer bf16 vs reference trainer (fp32, torch's defaults: TF32 convolutions)",
         "training",
         "project trainer bf16",
-        minimum=4,
+        minimum=3,
     ),
 )
 DAG_TARGET = Target(

@@ -18,12 +18,17 @@
   channels_last, compile, loader, device): `bench-args` prints the benchmark options that give
   them, from the point's run config;
 - `ncu_convolutions`: Nsight Compute ran and its kernel table holds convolution kernels (cuDNN's
-  fprop/dgrad/wgrad, implicit GEMMs, Winograd), which the loader's kernels crowded out before.
+  fprop/dgrad/wgrad, implicit GEMMs, Winograd), which the loader's kernels crowded out before;
+- `cuda_graphs`: every run whose compiled step should have run as CUDA graphs (summary.json
+  cuda_graphs.expected: compiled in a graph mode on a GPU) ran them: none skipped by Inductor
+  (scalestudy.train.compiled; a study without such runs passes, saying so).
 
-Then one INFO line, a measurement to record rather than a verdict (docs/guide/benchmarks.md, "Energy"): the
-strong 1-GPU point's energy over its measurement window from NVML's total energy counter against
-the trapezoid of its power samples (scalestudy.analysis.energy.counter_vs_integral), and their
-ratio; where either is missing, why. Only a ratio beyond a factor of ABSURD_ENERGY_RATIO is a FAIL
+Then INFO lines, measurements to record rather than verdicts: the benchmark's project trainer (the
+study's step: compiled as its config says) against the plain reference trainer, with the GPU target
+(`project_vs_reference`, docs/guide/benchmarks.md); and (docs/guide/benchmarks.md, "Energy") the strong 1-GPU
+point's energy over its measurement window from NVML's total energy counter against the trapezoid of
+its power samples (scalestudy.analysis.energy.counter_vs_integral), and their ratio; where either is
+missing, why. Only a ratio beyond a factor of ABSURD_ENERGY_RATIO is a FAIL
 (`energy_counter_vs_integral`): one of the two then does not measure the GPU.
 
 A missing file or column fails its check and names it: a check that cannot look has not passed.
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from scalestudy.plan import runfiles
+from scalestudy.plan import runconfig, runfiles
 
 FOREIGN = "foreign_processes"
 CONTENDED = "contended"
@@ -50,7 +55,9 @@ CONVOLUTION = re.compile(r"conv|fprop|dgrad|wgrad|implicit_gemm|winograd", re.IG
 STRONG_W1 = "runs/scaling/strong/w1_r0"
 ABSURD_ENERGY_RATIO = 2.0  # counter / power integral beyond this (or below its inverse): not the same GPU
 # run config key -> the benchmark row's `settings` key (scalestudy.benchmark.suite.describe_run)
-SAME_SETTINGS = ("precision", "loader", "channels_last", "compile")
+SAME_SETTINGS = ("precision", "loader", "channels_last", "compile", "compile_mode")
+REFERENCE_ROW = "reference trainer"
+PROJECT_VS_REFERENCE_TARGET = 3.0  # issue 51: the study's step at least 3x the plain trainer on a GPU
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,7 @@ def row_settings(row: dict) -> dict[str, str]:
 
 def setting_differences(run: dict, row: dict) -> list[str]:
     """What the benchmark row ran differently from the run config (empty: the same settings)."""
-    wanted = {key: str(run[key]) for key in SAME_SETTINGS}
+    wanted = {key: str(run[key] if key in run else runconfig.DEFAULTS[key]) for key in SAME_SETTINGS}
     wanted.update(batch=str(run["per_gpu_batch"]), width=str(run["width"]), device=str(run["device"]))
     found = {**row_settings(row), **{key: row.get(key) for key in ("batch", "width", "device")}}
     return [
@@ -243,6 +250,58 @@ def check_ncu(profile_dir: Path) -> Verdict:
     return Verdict(name, bool(convolutions), detail)
 
 
+# --- cuda_graphs ----------------------------------------------------------------------------------
+
+
+def check_graphs(results: Path) -> Verdict:
+    """Every run that expected CUDA graphs ran them (summary.json cuda_graphs.skipped false)."""
+    name, expected, skipped = "cuda_graphs", [], []
+    for folder in run_folders(results):
+        summary = json.loads((folder / runfiles.SUMMARY).read_text())
+        graphs = summary["results"].get("cuda_graphs") or {}
+        if graphs.get("expected"):
+            expected.append(folder)
+            if graphs.get("skipped"):
+                why = graphs.get("skip_reasons") or f"{graphs.get('skips')} skipped, no reason logged"
+                skipped.append(f"{folder.relative_to(results)}: {why}")
+    if skipped:
+        return Verdict(
+            name,
+            False,
+            f"{len(skipped)} of {len(expected)} runs without their CUDA graphs: " + "; ".join(skipped),
+        )
+    if not expected:
+        return Verdict(
+            name, True, "no run expected CUDA graphs (eager, a mode without graphs, or not on a GPU)"
+        )
+    return Verdict(name, True, f"all {len(expected)} runs that expected CUDA graphs ran them (no skip)")
+
+
+# --- project_vs_reference (printed) ----------------------------------------------------------------
+
+
+def project_vs_reference(results: Path, benchmark_csv: Path) -> str:
+    """The INFO line of the benchmark's project trainer row at the strong point's precision against
+    the reference trainer's, and the GPU target."""
+    name = "project_vs_reference"
+    try:
+        run = json.loads((results / STRONG_W1 / runfiles.SUMMARY).read_text())["run"]
+        rows = {row["name"]: row for row in read_rows(benchmark_csv)}
+    except (OSError, ValueError, KeyError) as error:
+        return f"INFO  {name}: not compared: {error}"
+    project_row = TRAINER_ROW.format(precision=run["precision"])
+    if project_row not in rows or REFERENCE_ROW not in rows:
+        return f"INFO  {name}: not compared: {benchmark_csv} has no {project_row!r} or {REFERENCE_ROW!r} row"
+    ours, theirs = float(rows[project_row]["median"]), float(rows[REFERENCE_ROW]["median"])
+    ratio = ours / theirs
+    target = PROJECT_VS_REFERENCE_TARGET
+    return (
+        f"INFO  {name}: {project_row!r} {ours:,.0f} img/s vs {REFERENCE_ROW!r} {theirs:,.0f} img/s: "
+        f"{ratio:.2f}x (GPU target {target:g}x: {'met' if ratio >= target else 'not met'}; "
+        f"{rows[project_row].get('settings', '')})"
+    )
+
+
 # --- energy_counter_vs_integral (printed) ----------------------------------------------------------
 
 
@@ -282,6 +341,7 @@ def verdicts(
         check_contention(results / "tables" / "runs.csv"),
         check_strong_point(results, benchmark_csv, tolerance),
         check_ncu(results / "profile" / "w1"),
+        check_graphs(results),
     ]
 
 
@@ -305,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     found = verdicts(args.results, args.benchmark, args.tolerance, args.overlap_tolerance_s)
     for verdict in found:
         print(verdict.line())
+    print(project_vs_reference(args.results, args.benchmark))
     line, absurd = energy_comparison(args.results)
     print(line)
     if absurd:

@@ -18,6 +18,7 @@ import torch
 from scalestudy.benchmark import matmul, pipelines, project, reference_trainer
 from scalestudy.benchmark.measure import interleave, timed_rate
 from scalestudy.benchmark.report import Row
+from scalestudy.plan import runconfig
 from scalestudy.plan.runconfig import RULES
 from scalestudy.workloads.resnet_cifar import model
 
@@ -219,6 +220,16 @@ def window_settings(s: Settings) -> dict:
 def describe_run(run: dict) -> str:
     """A project run's settings as its benchmark row shows them ("precision=bf16, loader=tensor, ...";
     scalestudy.benchmark.studycheck reads them back)."""
-    keys = ("precision", "loader", "channels_last", "compile", "epochs", "max_steps_per_epoch")
+    keys = (
+        "precision",
+        "loader",
+        "channels_last",
+        "compile",
+        "compile_mode",
+        "epochs",
+        "max_steps_per_epoch",
+    )
     window = f"window {run['measure_steps']} steps after {run['measure_warmup_steps']}"
-    return ", ".join([*(f"{key}={run[key]}" for key in keys), window])
+    # a key left out of the run config at its default (compile_mode) shows the default
+    values = {key: run[key] if key in run else runconfig.DEFAULTS[key] for key in keys}
+    return ", ".join([*(f"{key}={value}" for key, value in values.items()), window])

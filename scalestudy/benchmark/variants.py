@@ -2,7 +2,10 @@
     [--batches 256,512,1024] [--repeats R] [--steps N] [--warmup W] [--budget-s S] [--out CSV]
 
 The project trainer's step variants side by side (issue 42): eager against torch.compile in its modes,
-the optimizer's kernels, the memory format and the precision, at several per-GPU batches. Every
+the optimizer's kernels, the memory format and the precision, at several per-GPU batches; and the
+eager step captured whole as one CUDA graph (`captured`: scalestudy.benchmark.captured, a harness of
+the trainer's step rather than the trainer; issue 51 decides between it and `compiled-cudagraphs`
+by this table). Every
 sample is one training run in a fresh process (scalestudy.benchmark.project.spawn_fresh), so this
 process never holds a CUDA context and each run's steady-state window (summary.json) is its own.
 The runs go in rounds (every variant at every batch once, then again), so a drift of the machine
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import contract
-from scalestudy.benchmark import project
+from scalestudy.benchmark import captured, project
 from scalestudy.benchmark.report import format_table, write_csv
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.plan import schema
@@ -53,7 +56,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "forloop": {"compile": False, "optimizer_impl": "forloop"},
     "nchw": {"compile": False, "channels_last": False},
     "tf32": {"compile": False, "precision": "tf32"},
+    # the eager step captured whole by torch.cuda.graph, in its own harness (scalestudy.benchmark.captured)
+    "captured": {"compile": False},
 }
+HARNESSES = {"captured": captured.spawn_fresh}  # variants not run by the trainer itself
 BASELINE = "eager"
 clock = time.perf_counter  # the budget's clock (the tests' stand-in replaces it)
 DEFAULTS = {  # device -> the command's defaults
@@ -206,13 +212,18 @@ def cells(args: argparse.Namespace, config: dict, data_dir: Path, images: int, c
     return made
 
 
+def compiles(cell: Cell) -> bool:
+    """The cell's runs compile (torch.compile) or capture (a harness's CUDA graph) before measuring."""
+    return bool(cell.run["compile"]) or cell.variant in HARNESSES
+
+
 def estimate_s(cell: Cell, every: list[Cell], device: str) -> float:
     """The seconds the next run of `cell` will take: its own last run, else the variant's last at
     another batch, else a first guess by device and compile."""
     if cell.walls:
         return cell.walls[-1]
     same = [c.walls[-1] for c in every if c.variant == cell.variant and c.walls]
-    return max(same) if same else FIRST_GUESS_S[device][bool(cell.run["compile"])]
+    return max(same) if same else FIRST_GUESS_S[device][compiles(cell)]
 
 
 def measure(args: argparse.Namespace, todo: list[Cell], workdir: Path, start: float) -> list[str]:
@@ -229,7 +240,7 @@ def measure(args: argparse.Namespace, todo: list[Cell], workdir: Path, start: fl
                 continue
             log.info("round %d: %s at batch %d", round_index + 1, cell.variant, cell.batch)
             try:
-                cell.add(project.spawn_fresh(cell.run, workdir))
+                cell.add(HARNESSES.get(cell.variant, project.spawn_fresh)(cell.run, workdir))
             except RuntimeError as error:
                 cell.errors.append(str(error).strip().splitlines()[-1][:300])
                 log.warning("%s at batch %d failed: %s", cell.variant, cell.batch, cell.errors[-1])
@@ -270,7 +281,8 @@ def rows(todo: list[Cell], baseline: str, context: dict) -> list[dict]:
                 "max": max(cell.rates),
                 "ratio": mean / spread(reference.rates)[0] if has_base else None,
                 "noise": noise,
-                "compile_s": statistics.fmean(cell.compile_s) if cell.run["compile"] else None,
+                # compiled: torch.compile's seconds; captured: the capture's
+                "compile_s": statistics.fmean(cell.compile_s) if compiles(cell) else None,
                 "step_ms": statistics.fmean(cell.step_ms),
                 "peak_memory_mib": max(cell.peak_mib),
                 "wall_s": statistics.fmean(cell.walls),

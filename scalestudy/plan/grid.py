@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scalestudy.plan import cluster, runconfig, schema, workloads
+from scalestudy.plan import cluster, compilekeys, runconfig, schema, workloads
 from scalestudy.plan.paths import CHECKPOINTS_DIR, INDUCTOR_CACHE_DIR, PACKED_DIR, RUNS_DIR
 
 # Keys a run config holds only where they differ from the trainer's defaults (runconfig.DEFAULTS): a
@@ -101,9 +101,14 @@ def baseline_point(config: dict) -> Point:
         "precision": base["precision"],
         "loader": base["loader"],
         "channels_last": base["channels_last"],
+        "compile": base.get("compile") or schema.defaults("baseline")["compile"],  # a raw config too
     }
-    if "channels_last" not in workloads.of_config(config).model_keys:
-        del overrides["channels_last"]  # a ResNet setting
+    model_keys = workloads.of_config(config).model_keys
+    for key in ("channels_last", "compile"):  # model settings of the workloads that have them
+        if key not in model_keys:
+            del overrides[key]
+    if base.get("epochs") is not None:
+        overrides["epochs"] = base["epochs"]
     return Point("baseline", "default", 1, tuple(overrides.items()))
 
 
@@ -266,8 +271,6 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
     measure = config["train"].get("measure", {})
     measured = runconfig.MEASURE_KEYS.items()
     run.update({run_key: measure[key] for key, run_key in measured if measure.get(key) is not None})
-    if run.get("compile"):
-        run["inductor_cache_dir"] = INDUCTOR_CACHE_DIR
     run.update(
         {key: config["train"].get(key, runconfig.DEFAULTS[key]) for key in runconfig.OPTIONAL_TRAIN_KEYS}
     )
@@ -291,6 +294,9 @@ def run_config(config: dict, point: Point) -> dict[str, Any]:
     for key in OMITTED_AT_DEFAULT:
         if key in run and _same(run[key], runconfig.DEFAULTS[key]):
             del run[key]
+    if run.get("compile"):  # its own cache folder, loaded with its compile key's artifacts
+        run["inductor_cache_dir"] = f"{INDUCTOR_CACHE_DIR}/{point.stage}/{point.name}"
+        run["compile_cache_load"] = compilekeys.artifacts_path(compilekeys.key_name(compilekeys.key_of(run)))
     return run
 
 
@@ -360,6 +366,8 @@ def steps_per_epoch(run: dict, samples: int) -> int:
 
 def epochs_key(point: Point) -> str:
     """The config key that sets a grid point's epochs."""
+    if point.stage == "baseline" and "epochs" in dict(point.overrides):
+        return "baseline.epochs"
     return "sensitivity.epochs" if point.stage == "sensitivity" else "train.epochs"
 
 

@@ -65,6 +65,8 @@ OPTIONAL_TRAIN_KEYS = (
     *("optimizer_impl", "compile_mode"),  # how the step runs: scalestudy.train.optim, trainer.build_model
     "micro_batch",  # gradient accumulation: scalestudy.train.accumulation
     "cudnn_benchmark",  # cuDNN autotuning: scalestudy.train.process.process_settings
+    "cudnn_benchmark_limit",  # how many algorithms it times: process_settings
+    "cuda_graphs_required",  # a skipped CUDA graph fails the run: scalestudy.train.compiled
     "min_step_s",  # a step's least duration, for tests of signals on small jobs: bookkeeping.hold_step
 )
 # config["train"]["measure"][key] -> the run config's key (the steady-state window, scalestudy.train.steady)
@@ -91,6 +93,8 @@ OWN_DEFAULTS: dict[str, Any] = {
     "norm": "batch",  # not in the grid's run config (yet): "frozen" serves the equivalence test
     "profile": None,
     "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
+    "compile_cache_load": None,  # the compile key's artifacts to load (scalestudy.train.compiled)
+    "compile_cache_save": None,  # where a compile job saves its artifacts
     "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
     "workload": workloads.DEFAULT,  # what is trained (scalestudy.workloads)
     # a workload's section: its model's (gpt: scalestudy.workloads.gpt.model.config_from), its own

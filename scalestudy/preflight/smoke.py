@@ -48,7 +48,9 @@ class SmokeFailure(RuntimeError):
 
 def step_run_config(config: dict, world: int) -> dict[str, Any]:
     """A few steps of the first scaling mode's point at `world` (its real per-rank batch), with the
-    grid's last parallelism (fsdp where the grid has it: the more moving parts)."""
+    grid's last parallelism (fsdp where the grid has it: the more moving parts), eager: a compiled
+    step would compile here first (tens of seconds on a GPU, before the gate); the compile jobs and
+    the points compile it (rules/compile.smk)."""
     smoke = config["smoke"]
     parallelism = (config["scaling"].get("parallelism") or schema.defaults("scaling")["parallelism"])[-1]
     point = grid.scaling_point(config, config["scaling"]["modes"][0], world, 0, parallelism)
@@ -63,6 +65,10 @@ def step_run_config(config: dict, world: int) -> dict[str, Any]:
         log_every_steps=1,
         step_timing_every=1,
     )
+    if run.get("compile"):
+        run["compile"] = False
+        for key in ("inductor_cache_dir", "compile_cache_load"):
+            run.pop(key, None)
     return run
 
 

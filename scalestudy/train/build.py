@@ -80,16 +80,14 @@ def prepare_model(
     device: torch.device,
     world_size: int,
     shard_units,
-    inductor_cache_dir: str | None,
     label_smoothing: float,
 ) -> tuple[Wrapped, torch.nn.Module]:
     """(what parallel.wrap made, the module the step calls: the model and its loss, (x, y) ->
-    (logits, loss), compiled where `settings.compile`: as one region with one rank or DDP; under
-    FSDP2 block by block and the loss on its own, by parallel.wrap)."""
+    (logits, loss), compiled where `settings.compile`, in settings.compile_mode resolved
+    (scalestudy.train.compiled, which has prepared its cache): as one region with one rank or DDP;
+    under FSDP2 block by block and the loss on its own, by parallel.wrap)."""
     wrapped = parallel.wrap(model, settings, device, world_size, shard_units, label_smoothing)
     train_model = wrapped.step
-    if settings.compile:
-        torchopts.use_inductor_cache(inductor_cache_dir)
     if settings.compile and not wrapped.compiled:  # FSDP2's blocks were compiled before sharding
         # compiling the DDP module lets DDPOptimizer split the graph at bucket boundaries
         torchopts.log_graph_breaks()

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from scalestudy.plan import runconfig
 
@@ -64,6 +63,7 @@ def process_settings(config: dict[str, Any]):
         torch.are_deterministic_algorithms_enabled(),
         torch.get_num_threads(),
         torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.benchmark_limit,
         fp32_math(),
         os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     )
@@ -77,6 +77,10 @@ def process_settings(config: dict[str, Any]):
     # autotuning only where asked: its trials are seconds of every job's first step (issue 41)
     autotune = config.get("cudnn_benchmark", runconfig.DEFAULTS["cudnn_benchmark"])
     torch.backends.cudnn.benchmark = bool(autotune) and not config["deterministic"]
+    # and bounded: the best-ranked algorithms only (issue 51)
+    torch.backends.cudnn.benchmark_limit = config.get(
+        "cudnn_benchmark_limit", runconfig.DEFAULTS["cudnn_benchmark_limit"]
+    )
     seed_everything(config["seed"])
     try:
         yield
@@ -85,8 +89,9 @@ def process_settings(config: dict[str, Any]):
             torch.use_deterministic_algorithms(saved[0])
         torch.set_num_threads(saved[1])
         torch.backends.cudnn.benchmark = saved[2]
-        set_fp32_math(saved[3]["cudnn_conv"], saved[3]["cudnn_rnn"], saved[3]["cuda_matmul"])
-        _restore_environ("PYTORCH_CUDA_ALLOC_CONF", saved[4])
+        torch.backends.cudnn.benchmark_limit = saved[3]
+        set_fp32_math(saved[4]["cudnn_conv"], saved[4]["cudnn_rnn"], saved[4]["cuda_matmul"])
+        _restore_environ("PYTORCH_CUDA_ALLOC_CONF", saved[5])
 
 
 def _restore_environ(key: str, value: str | None) -> None:
@@ -155,14 +160,17 @@ def seed_everything(seed: int) -> None:
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `precision`, or None (fp32) with a warning if the device cannot run it."""
+    """The autocast dtype for `precision`, or None (fp32) with a warning if the device cannot run it.
+
+    The probe is a matmul: a convolution would load cuDNN (and time its algorithms under
+    cudnn.benchmark) in a job that may have no convolution at all (the GPT; issue 51)."""
     dtype = AUTOCAST_DTYPES[precision]
     if dtype is None:
         return None
     try:
         with torch.autocast(device.type, dtype=dtype):
-            probe = torch.ones(1, 1, 4, 4, device=device)
-            F.conv2d(probe, torch.ones(1, 1, 3, 3, device=device)).sum()
+            probe = torch.ones(4, 4, device=device)
+            (probe @ probe).sum()
     except (RuntimeError, AssertionError) as error:
         log.warning(
             "precision=%s: autocast cannot run %s on %s (%s); training in fp32",

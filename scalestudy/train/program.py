@@ -93,6 +93,7 @@ def run(trainer: Trainer, config: dict[str, Any]) -> int:
             log.error("%s", error)
             return EXIT_BAD_CONFIG
         finally:
+            trainer.close()
             distributed.destroy_process_group()
 
 

@@ -23,6 +23,7 @@ from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import optim, startup
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint import policy
+from scalestudy.train.compiled import CompiledStep
 from scalestudy.train.process import effective_precision, fp32_math
 from scalestudy.train.state import RunState
 from scalestudy.train.steady import SteadyWindow
@@ -55,6 +56,7 @@ class RunResults:
     launcher: str
     amp_dtype: torch.dtype | None
     peak_lr: float
+    compiled: CompiledStep  # the compiled step's mode, cache and CUDA graphs
 
     def write(self, out_dir: Path, monitor_reports: list, memory: list[dict[str, Any]]) -> None:
         """The run folder, each file atomically: the GPU monitor's files, metrics.csv, steps.csv,
@@ -90,6 +92,7 @@ class RunResults:
     def results(self, memory: list[dict[str, Any]]) -> dict[str, Any]:
         c, metrics = self.config, self.state.history.metrics
         later = metrics[1:] or metrics
+        compile_s = torchopts.compile_seconds() if c["compile"] else None
         test_accs = [row["test_acc"] for row in metrics]
         return {
             "epochs": len(metrics),
@@ -101,8 +104,9 @@ class RunResults:
             **self.steady_results(),
             **self.whole_run_rates(),
             "epoch_time_s": statistics.median(row["epoch_time_s"] for row in later) if later else None,
-            "compile_s": torchopts.compile_seconds() if c["compile"] else None,
+            "compile_s": compile_s,
             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR") if c["compile"] else None,
+            **self.compiled.result(compile_s),  # compile (mode, cache, artifacts), cuda_graphs
             "ddp_options": self.parallel_options("ddp"),
             "final_test_acc": test_accs[-1] if test_accs else None,
             "best_test_acc": max(test_accs) if test_accs else None,

@@ -18,6 +18,7 @@ are in docs/reference/methods.md, "The trainer's choices".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -30,8 +31,9 @@ from scalestudy import workloads as workload_code
 from scalestudy.contract import EXIT_RESUMABLE  # noqa: F401 (the trainer's exit code, as tests read it)
 from scalestudy.launch import distributed
 from scalestudy.plan import workloads
-from scalestudy.train import bookkeeping, build, optim, parallel, startup, steady
+from scalestudy.train import bookkeeping, build, compiled, optim, parallel, startup, steady
 from scalestudy.train import gpu_monitor as monitor
+from scalestudy.train import torch_options as torchopts
 from scalestudy.train.checkpoint.manager import Checkpointer, CheckpointSettings
 from scalestudy.train.epoch_data import EpochData
 from scalestudy.train.journal import NULL_RUN
@@ -64,7 +66,8 @@ class Trainer:
     world_size: int
     is_main: bool
     config_hash: str
-    parallel_settings: ParallelSettings  # what parallel.wrap reads of the config
+    parallel_settings: ParallelSettings  # what parallel.wrap reads of the config (the compile mode resolved)
+    compiled: compiled.CompiledStep  # the compiled step's cache, CUDA graphs and counters
     workload: workloads.Workload
     state: RunState  # position, the epoch's totals, history: what checkpoints hold of the run
     control_group: Any  # the gloo group the ranks agree on stopping over (None with one rank)
@@ -104,7 +107,11 @@ class Trainer:
         self.workload = workloads.get(config["workload"])
         self.state = RunState()
         self.control_group = None
-        self.parallel_settings = ParallelSettings.from_config(config)
+        settings = compiled.CompileSettings.from_config(config, device)
+        self.compiled = compiled.CompiledStep(settings)
+        self.parallel_settings = dataclasses.replace(
+            ParallelSettings.from_config(config), compile_mode=settings.mode
+        )
 
     # -- setup, in the order it happens --
 
@@ -166,13 +173,13 @@ class Trainer:
     def build_model(self) -> None:
         built = workload_code.runtime(self.workload.name).build_model(self.config, self.device)
         self.model, self.built = built.model, built
+        self.compiled.prepare()  # its cache folder and artifacts, before anything compiles
         self.wrapped, self.train_model = build.prepare_model(
             self.model,
             self.parallel_settings,
             self.device,
             self.world_size,
             built.shard_units,
-            self.config["inductor_cache_dir"],
             self.config["label_smoothing"],
         )
         where = self.parallel_settings.parallelism if self.world_size > 1 else "one rank"
@@ -317,8 +324,13 @@ class Trainer:
         reports = distributed.gather_object(self.monitor.stop() if self.monitor else None)
         memory = distributed.gather_object(parallel.memory_report(self.device, self.model, self.optimizer))
         if self.is_main:
+            self.compiled.save(compile_s=torchopts.compile_seconds())  # a compile job's artifacts
             self.results().write(self.out_dir, reports, memory)
             self.checkpointer.finish()
+
+    def close(self) -> None:
+        """The process-wide settings the run changed, restored (program.run, however the run ended)."""
+        self.compiled.close()
 
     def results(self) -> RunResults:
         return RunResults(
@@ -337,4 +349,5 @@ class Trainer:
             launcher=self.dist_env.launcher,
             amp_dtype=self.precision.dtype,
             peak_lr=self.peak_lr,
+            compiled=self.compiled,
         )

@@ -65,7 +65,7 @@ def build_model(config: dict[str, Any], device: torch.device) -> Built:
     net = model.build_model(config["width"], norm=config["norm"], channels_last=layout)
     net.to(device)
     parameters = model.count_parameters(net)
-    forward = model.count_flops(net, 1)
+    forward = model.count_flops_per_image(config["width"])  # on the meta device
     description = (
         f"ResNet-18 CIFAR, width {config['width']}, {parameters:,} parameters, "
         f"{forward / 1e9:.3f} GFLOP forward per image"
