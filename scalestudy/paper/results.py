@@ -76,7 +76,7 @@ def _scaling_point(
 
 
 def efficiency_words(row: pd.Series, only: str = "") -> str:
-    """A point's efficiency; above 100 % with the words that it is a measurement problem
+    """A point's efficiency; above 100 % with the words that it is to be checked
     (scalestudy.analysis.above_ideal); `only` (GPU): the study's only size, so the reference itself."""
     value = formatted(row["efficiency_mean"], percent())
     if above_ideal.row_flagged(row):

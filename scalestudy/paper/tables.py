@@ -256,7 +256,7 @@ def sensitivity_table(
 
 def acceptance_table(acceptance: pd.DataFrame, unit: str = "GPU") -> str:
     # a row judged from a point above 100 % says so in its note (analysis.acceptance): marked here
-    above = acceptance["note"].fillna("").astype(str).str.contains(above_ideal.PROBLEM, regex=False)
+    above = acceptance["note"].fillna("").astype(str).str.contains(above_ideal.CHECK, regex=False)
     acceptance = acceptance.assign(
         shown=[
             measured(v, t) + (ABOVE_IDEAL_MARK if a else "")
