@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, energy, metrics, settings
+from scalestudy.analysis import aggregate, energy, metrics, mfu, settings
 from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import numbers, tables
 
@@ -128,7 +128,7 @@ def test_a_ddp_only_table_keeps_todays_columns_first_and_its_values():
     assert list(table.columns[memory_end - 5 : memory_end]) == [*appended, "peak_memory_source"]
     stats = [f"{c}_{k}" for c in energy.SCALING_STATS for k in ("mean", "std", "ci_low", "ci_high")]
     flag = "efficiency_above_ideal"  # scalestudy.analysis.above_ideal, appended after energy
-    assert list(table.columns[memory_end:]) == [*stats, "energy_source", flag]
+    assert list(table.columns[memory_end:]) == [*stats, "energy_source", "mfu_note", flag]
     assert list(table.columns[:3]) == ["mode", "world_size", "nodes"]  # as before
     assert set(table["parallelism"]) == {"ddp"} and set(table["sample_unit"]) == {"images"}
     assert table["peak_memory_bytes"].isna().all()
@@ -156,7 +156,7 @@ def test_the_lms_mfu_comes_from_the_flops_per_token_its_trainer_counted():
     row["train_flops_per_image"] = 1.5e6
     runs = metrics.run_metrics(pd.DataFrame([row]), SETTINGS)
     precision = runs["precision"].iloc[0]
-    peak, _ = metrics.find_peak_tflops(SETTINGS["peak_tflops"], row["device_name"], row["device"], precision)
+    peak, _ = mfu.find_peak_tflops(SETTINGS["peak_tflops"], row["device_name"], row["device"], precision)
     rate = runs["images_per_s_per_gpu"].iloc[0]  # tokens/s per rank
     assert rate > 0 and runs["mfu"].iloc[0] == pytest.approx(rate * 1.5e6 / (peak * 1e12))
 
@@ -214,7 +214,7 @@ def sweep_rows(hooks=("none",)) -> list[dict]:
 def test_the_default_axes_give_todays_table():
     runs = metrics.run_metrics(pd.DataFrame(sweep_rows()), SETTINGS)
     table = metrics.sensitivity_table(runs)
-    assert list(table.columns) == [*TODAYS_SENSITIVITY_COLUMNS, "sample_unit"]
+    assert list(table.columns) == [*TODAYS_SENSITIVITY_COLUMNS, "sample_unit", "mfu_note"]
     keys = list(zip(table["precision"], table["per_gpu_batch"], table["bucket_cap_mb"], strict=True))
     assert keys == sorted(keys) and len(keys) == 8
     best = table[table["best"]].iloc[0]
@@ -228,7 +228,7 @@ def test_a_further_axis_is_a_column_and_sorts_the_rows():
     axes = ["comm_hook", "precision", "per_gpu_batch", "bucket_cap_mb"]
     table = metrics.sensitivity_table(runs, axes)
     assert list(table.columns[: len(TODAYS_SENSITIVITY_COLUMNS)]) == TODAYS_SENSITIVITY_COLUMNS
-    assert list(table.columns[-2:]) == ["comm_hook", "sample_unit"]
+    assert list(table.columns[-3:]) == ["comm_hook", "sample_unit", "mfu_note"]
     assert list(table["comm_hook"]) == ["fp16_compress"] * 8 + ["none"] * 8  # the first axis sorts first
     assert table.loc[table["best"], "comm_hook"].tolist() == ["fp16_compress"]
 

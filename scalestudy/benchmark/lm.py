@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from scalestudy import contract, provenance
-from scalestudy.analysis.metrics import find_peak_tflops
+from scalestudy.analysis.mfu import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
 from scalestudy.benchmark import project
 from scalestudy.benchmark.measure import median
