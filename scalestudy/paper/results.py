@@ -171,10 +171,12 @@ def acceptance(numbers: Numbers, data: Data) -> None:
 
 
 def _criterion_sentence(row: pd.Series) -> str:
-    value = NOT_MEASURED if is_missing(row["measured"]) else measured(row["measured"], row["target"])
+    """'<criterion> (target <t>): <measured>, <status>; <note>.'; a criterion without a measured value
+    gives its status alone ('not measured (largest N=2)'), never 'not measured, not measured'."""
     note = f"; {relation(row['note'])}" if not is_missing(row.get("note")) and str(row.get("note")) else ""
     criterion, target, status = relation(row["criterion"]), relation(row["target"]), escape(row["status"])
-    return f"{criterion} (target {target}): {value}, \\emph{{{status}}}{note}."
+    value = "" if is_missing(row["measured"]) else measured(row["measured"], row["target"]) + ", "
+    return f"{criterion} (target {target}): {value}\\emph{{{status}}}{note}."
 
 
 PROFILE_CATEGORIES = {
