@@ -212,9 +212,10 @@ def test_a_remainder_beyond_its_share_is_flagged_and_an_over_explained_loss_is_n
     monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: figures.append(fig))
     figure.waterfall(table, "w.png")
     labels = [text.get_text() for ax in figures[0].axes for text in ax.texts]
-    assert labels and all(label.startswith("parts exceed the loss\n(remainder -") for label in labels)
+    assert labels and all(re.fullmatch(r"parts > loss\n-\d+ %", label) for label in labels), labels
     note = figures[0].get_supxlabel().replace("\n", " ")
-    assert "the named parts are not the explanation of the loss there" in note
+    assert note.startswith("Not the explanation of the loss: at strong N=2 (-"), note
+    assert "the named parts add to more than the loss" in note
 
 
 def test_the_median_and_the_slowest_rank_of_a_runs_step_parts():

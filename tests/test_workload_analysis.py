@@ -163,7 +163,8 @@ def test_the_lms_mfu_comes_from_the_flops_per_token_its_trainer_counted():
 
 # ----------------------------------------------------------------------------- sensitivity axes
 # The sensitivity table's columns before the axes became a mapping (scalestudy 9904f1b), with the
-# contention marks of issue 31 beside the window's (before `best`: the columns after it are axes).
+# contention marks of issue 31 beside the window's and mfu_note beside mfu (issue 54), all before `best`
+# (the columns after it are axes).
 TODAYS_SENSITIVITY_COLUMNS = [
     "precision",
     "precision_effective",
@@ -176,6 +177,7 @@ TODAYS_SENSITIVITY_COLUMNS = [
     "time_per_step_s",
     "epoch_time_s",
     "mfu",
+    "mfu_note",
     "final_test_acc",
     "measured_steps",
     "images_per_s_cv",
@@ -214,7 +216,7 @@ def sweep_rows(hooks=("none",)) -> list[dict]:
 def test_the_default_axes_give_todays_table():
     runs = metrics.run_metrics(pd.DataFrame(sweep_rows()), SETTINGS)
     table = metrics.sensitivity_table(runs)
-    assert list(table.columns) == [*TODAYS_SENSITIVITY_COLUMNS, "sample_unit", "mfu_note"]
+    assert list(table.columns) == [*TODAYS_SENSITIVITY_COLUMNS, "sample_unit"]
     keys = list(zip(table["precision"], table["per_gpu_batch"], table["bucket_cap_mb"], strict=True))
     assert keys == sorted(keys) and len(keys) == 8
     best = table[table["best"]].iloc[0]
@@ -228,7 +230,7 @@ def test_a_further_axis_is_a_column_and_sorts_the_rows():
     axes = ["comm_hook", "precision", "per_gpu_batch", "bucket_cap_mb"]
     table = metrics.sensitivity_table(runs, axes)
     assert list(table.columns[: len(TODAYS_SENSITIVITY_COLUMNS)]) == TODAYS_SENSITIVITY_COLUMNS
-    assert list(table.columns[-3:]) == ["comm_hook", "sample_unit", "mfu_note"]
+    assert list(table.columns[-2:]) == ["comm_hook", "sample_unit"]
     assert list(table["comm_hook"]) == ["fp16_compress"] * 8 + ["none"] * 8  # the first axis sorts first
     assert table.loc[table["best"], "comm_hook"].tolist() == ["fp16_compress"]
 

@@ -309,6 +309,7 @@ SENSITIVITY_COLUMNS = {
     "time_per_step_s": "time_per_step_s",
     "epoch_time_s": "epoch_time_s",
     "mfu": "mfu",
+    "mfu_note": "mfu_note",  # why mfu is empty (no peak known for the device), else ''
     "final_test_acc": "final_test_acc",
     "measured_steps": "measured_steps",
     "images_per_s_cv": "images_per_s_cv",
@@ -338,8 +339,8 @@ def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) ->
 
     `axes` are the run-config keys the sweep varies (config sensitivity.axes, order kept): each is a
     column (its config.<key> value), and the rows are sorted by them. The columns of the default axes
-    are those of SENSITIVITY_COLUMNS; further axes follow the gain and best columns, then sample_unit
-    and mfu_note (why mfu is empty)."""
+    are those of SENSITIVITY_COLUMNS; further axes follow the gain and best columns, sample_unit
+    comes last."""
     sweep = runs[runs["stage"] == "sensitivity"]
     # the grid leaves a value at the trainer's default out of the run config (runconfig.DEFAULTS)
     omitted_at_default = {key for key in axes if key in runconfig.DEFAULTS}
@@ -367,7 +368,6 @@ def sensitivity_table(runs: pd.DataFrame, axes: Sequence[str] = DEFAULT_AXES) ->
         if key not in table:
             table[key] = _axis_values(sweep, key)
     table["sample_unit"] = sweep["sample_unit"]
-    table["mfu_note"] = sweep["mfu_note"] if "mfu_note" in sweep else ""
     return table.sort_values(list(axes), kind="stable").reset_index(drop=True)
 
 

@@ -393,8 +393,10 @@ def _accuracy_sentence(final: str, target: str, time: str) -> str:
     if final == NOT_MEASURED:
         return "Its test accuracy was not measured."
     ends = f"It ends at {final} test accuracy"
-    if target == NOT_MEASURED:
-        return ends + "."
+    if target == NOT_MEASURED:  # the target unknown (an older catalog): its time, if any, still tells
+        return ends + (
+            "." if time in (NOT_MEASURED, NOT_REACHED) else f" and reaches the target accuracy after {time}."
+        )
     if time == NOT_REACHED:
         return f"{ends} without reaching the target of {target}."
     if time == NOT_MEASURED:

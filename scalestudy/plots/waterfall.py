@@ -90,7 +90,7 @@ def _panel(ax, group: pd.DataFrame, measured: set[str]) -> None:
         x[split] + BAR_WIDTH / 1.6,
         colors="black",
         linewidth=1.4,
-        label="points lost",
+        label="points lost" if split.any() else "_nolegend_",
     )
     for position, (_, row) in zip(x, group.iterrows(), strict=True):
         if not split[position]:
@@ -112,25 +112,23 @@ def _panel(ax, group: pd.DataFrame, measured: set[str]) -> None:
 
 def _unexplained_label(share: float) -> str:
     """A flagged bar's label: its remainder's share, and what that means for its parts."""
-    if share < 0:
-        return f"parts exceed the loss\n(remainder {100 * share:.0f} %)"
-    return f"{100 * share:.0f} % unexplained"
+    return f"parts > loss\n{100 * share:.0f} %" if share < 0 else f"{100 * share:.0f} %\nunexplained"
 
 
 def _unexplained(split: pd.DataFrame) -> str:
-    """Under the panels, where some bar's remainder is beyond the table's bound: its parts are not
-    the explanation of its loss."""
+    """Under the panels, where some bar's remainder is beyond the table's bound: its named parts are
+    not the explanation of its loss (they add to more than it, or leave most of it unexplained)."""
     flagged = split[split["unexplained_flagged"].astype(str).str.lower() == "true"]
-    if flagged.empty:
-        return ""
-    where = ", ".join(
-        f"{row['mode']} N={int(row['world_size'])} ({100 * row['remainder_share']:.0f} %)"
-        for _, row in flagged.iterrows()
-    )
-    return (
-        f"Labelled bars ({where}): the named parts are not the explanation of the loss there; they add to"
-        " more than the loss (a remainder below zero) or leave most of it unexplained."
-    )
+    said = []
+    for over, words in ((True, "add to more than the loss"), (False, "leave most of the loss unexplained")):
+        rows = flagged[(flagged["remainder_share"] < 0) == over]
+        where = ", ".join(
+            f"{row['mode']} N={int(row['world_size'])} ({100 * row['remainder_share']:.0f} %)"
+            for _, row in rows.iterrows()
+        )
+        if where:
+            said.append(f"at {where}, the named parts {words}")
+    return f"Not the explanation of the loss: {'; '.join(said)}." if said else ""
 
 
 def _one_scale(axes) -> None:
