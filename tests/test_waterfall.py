@@ -214,7 +214,7 @@ def test_a_remainder_beyond_its_share_is_flagged_and_an_over_explained_loss_is_n
     labels = [text.get_text() for ax in figures[0].axes for text in ax.texts]
     assert labels and all(re.fullmatch(r"parts > loss\n-\d+ %", label) for label in labels), labels
     note = figures[0].get_supxlabel().replace("\n", " ")
-    assert note.startswith("Not the explanation of the loss: at strong N=2 (-"), note
+    assert "Not the explanation of the loss: at strong N=2 (-" in note, note
     assert "the named parts add to more than the loss" in note
 
 
