@@ -243,6 +243,9 @@ def system(numbers: Numbers, data: Data) -> None:
     numbers.add("HostCount", str(len(hosts)) if hosts else NOT_MEASURED, "runs.csv hosts (distinct)")
     names = distinct(runs, "device_name")
     numbers.add("DeviceName", escape(", ".join(names)) if names else NOT_MEASURED, "runs.csv device_name")
+    named = f" ({escape(', '.join(names))})" if names else ""
+    rank = "each rank driving one GPU" if data.unit == "GPU" else "each rank a process on the CPU"
+    numbers.add("RankDevice", rank + named, "runs.csv device, device_name")
     platforms = distinct(runs, "provenance.platform")
     images = distinct(runs, "provenance.image")
     digests = distinct(runs, "provenance.image_sha256")
