@@ -177,7 +177,7 @@ def report_words(execution: Execution) -> dict[str, str]:
     if not execution.slurm:
         return {
             "executed": execution.sentence(),
-            "job-provenance": "the batch job (none: the local executor ran every job)",
+            "job-provenance": "the batch job, none here as the local executor ran every job",
             "accounting": "``sacct.elapsed_s``, ``sacct.state`` and ``sacct.max_rss_mb``, empty here"
             " (no batch system accounted the jobs; ``sacct.note`` says so)",
             "accounted-energy": "no batch system's energy accounting (``sacct.energy_consumed_j`` is"
