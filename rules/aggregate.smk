@@ -44,6 +44,29 @@ rule table_runs:
         " --accounting {input.accounting:q} --out {output.runs:q} > {log:q} 2>&1"
 
 
+# How the study ran (its executor; Slurm's version where Slurm ran it), in the report's words:
+# report/*.rst include them (scalestudy.analysis.execution).
+rule table_execution:
+    input:
+        image=image_input(),
+        runs=rules.table_runs.output.runs,
+        system=rules.table_system.output[0],
+    output:
+        paths.REPORT_TEXT,
+    log:
+        f"{ANALYSIS_LOGS}/execution.log",
+    resources:
+        **light_resources(),
+    conda: SOFTWARE_ENV
+    container: container_image()
+    shell:
+        "python -m scalestudy.analysis.execution --runs {input.runs:q} --system {input.system:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+provide("analysis", rules.table_execution.output)
+
+
 rule table_metrics:
     input:
         image=image_input(),

@@ -119,6 +119,8 @@ def test_the_waterfall_never_splits_a_point_above_the_ideal(slow_reference, monk
     assert f"E = {100 * weak['efficiency']:.1f} %" in said and "above the ideal" in said
     heights = sum(p.get_height() for p in strong_panel.patches)
     assert heights == pytest.approx(strong["loss_points"])
+    # the panel without a bar keeps a scale, the other panel's: points of efficiency read on both
+    assert weak_panel.get_ylim() == strong_panel.get_ylim() and len(weak_panel.get_yticks()) > 1
 
 
 def test_the_efficiency_figure_reaches_and_rings_the_point_above_100_percent(slow_reference, monkeypatch):
@@ -134,6 +136,27 @@ def test_the_efficiency_figure_reaches_and_rings_the_point_above_100_percent(slo
     below = scaling[scaling["mode"] == "strong"]
     scaling_plots.efficiency(below, "e.png")
     assert figures[1].axes[0].get_ylim()[1] == pytest.approx(1.12) and not figures[1].axes[0].texts
+
+
+def test_above_100_percent_is_a_point_to_check_with_both_explanations():
+    """Superlinear strong scaling can be real (a rank's share fitting its caches): every place that
+    flags the point asks to check it and names both explanations, never "not a gain"."""
+    for said in (above_ideal.NOTE, above_ideal.BRIEFLY, above_ideal.words(1.27, 2, "strong")):
+        assert "check" in said and "measurement problem" in said and "superlinear gain" in said, said
+        assert "not a gain" not in said
+    assert "cache" in above_ideal.CHECK
+
+
+def test_the_acceptance_line_is_drawn_only_where_the_grid_reaches_its_size(slow_reference, monkeypatch):
+    """The demo's grid stops at 2 ranks: no "70 % at 8" line across it; a grid reaching 8 has it."""
+    scaling = slow_reference["scaling"]
+    figures = drawn(monkeypatch)
+    for world in (8, 2):
+        criteria = {"strong_efficiency_min": 0.7, "strong_efficiency_world": world}
+        scaling_plots.efficiency(scaling, "e.png", criteria=criteria)
+    labels = [[line.get_label() for line in figure.axes[0].get_lines()] for figure in figures]
+    assert not any(label.startswith("acceptance") for label in labels[0])
+    assert sum(label.startswith("acceptance: strong") for label in labels[1]) == 1
 
 
 def test_acceptance_gives_no_verdict_from_a_point_above_100_percent(slow_reference):
@@ -165,7 +188,7 @@ def test_the_paper_and_its_tables_flag_the_point_above_100_percent(slow_referenc
     weak = point(slow_reference["scaling"], "weak", 2)
     shown = f"{100 * weak['efficiency_mean']:.1f}\\,\\%"
     for name in ("WeakEffAtTwo", "WeakEffAtLargest"):  # the abstract's and the section's number
-        assert value[name].startswith(shown + " (above 100\\,\\%: a measurement problem")
+        assert value[name].startswith(shown + " (above 100\\,\\%: check it, a measurement problem or a")
     assert "measurement problem" not in value["StrongEffAtLargest"]
     summary = value["WaterfallWeakSummary"]
     assert summary.startswith(f"In weak scaling at 2 CPU ranks, the efficiency is {shown}, above the ideal")
@@ -179,7 +202,7 @@ def test_the_paper_and_its_tables_flag_the_point_above_100_percent(slow_referenc
     efficiency_tex = tables.efficiency_table(slow_reference["scaling"], unit="rank")
     flagged = [line for line in efficiency_tex.splitlines() if tables.ABOVE_IDEAL_MARK in line]
     assert len(flagged) == 2 and flagged[0].startswith("weak & 2 &") and shown in flagged[0]
-    assert "a measurement problem" in flagged[1]  # the table's note says what the mark means
+    assert "a measurement problem" in flagged[1] and "superlinear gain" in flagged[1]  # what the mark means
     acceptance_tex = tables.acceptance_table(slow_reference["acceptance"])
     mark = re.escape(tables.ABOVE_IDEAL_MARK)
     assert re.search(

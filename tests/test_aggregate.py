@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from scalestudy import contract
 from scalestudy.analysis import accounting, aggregate, energy
 from scalestudy.analysis import constructed_study as synthetic
 from scalestudy.plan import studyconfig
@@ -231,3 +232,14 @@ def test_the_window_columns_reach_the_catalog(tmp_path, capsys):
     assert pd.isna(row["images_per_s"]) and pd.isna(row["measure_end_s"])
     assert row["ddp_options.static_graph"] and not row["ddp_options.forward_sync_buffers"]
     assert "scaling/weak/w2_r0: measurement window not filled" in capsys.readouterr().err
+
+
+def test_a_missing_accounting_file_is_one_line_naming_it(study, tmp_path, capsys):
+    """`--accounting` naming no file: exit 2 and one line saying which, no traceback, no catalog."""
+    _, folders = study
+    missing, out = tmp_path / "sacct.json", tmp_path / "runs.csv"
+    argv = ["--summaries", *map(str, summaries(folders)), "--accounting", str(missing), "--out", str(out)]
+    assert aggregate.main(argv) == contract.EXIT_BAD_CONFIG
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].endswith(f"{missing}: no such file"), said
+    assert not out.exists()

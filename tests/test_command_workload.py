@@ -276,6 +276,7 @@ def test_a_script_that_fails_or_reports_badly_leaves_no_run_folder(
         ({"global_batch": 17}, "global_batch=17 is not per_gpu_batch=16 x world_size=1"),
         ({"epochs": 0}, "epochs=0 must be an integer >= 1"),
         ({"world_size": 2, "global_batch": 32}, "world_size=2 but the single environment has 1 ranks"),
+        ({"micro_batch": 4}, "micro_batch=4 is ignored by the command workload (gradient accumulation"),
     ],
 )
 def test_a_bad_run_config_exits_2_naming_the_key_before_anything_runs(

@@ -209,6 +209,21 @@ def test_settings_that_do_not_fit_the_grid_are_refused_naming_key_and_value(key,
     assert message is not None and named in message and "\n" not in message, message
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("train.micro_batch", 4), ("sensitivity.axes.micro_batch", [4, 8])]
+)
+def test_a_setting_the_command_workload_ignores_is_refused_naming_it(key, value):
+    """Gradient accumulation is the trainer's: a script runs its own steps, so a command study with
+    train.micro_batch (or a sweep over it) is refused in one line naming it; the ResNet takes it."""
+    config = filled_demo()
+    put(config, tuple(key.split(".")), value)
+    assert refusal(config) is None  # the ResNet accumulates: 4 and 8 divide the demo's batches
+    config["workload"] = {**config.get("workload", {}), "name": "command", "command": {"script": "x.py"}}
+    message = refusal(config)
+    assert message is not None and "\n" not in message, message
+    assert f"{key} is ignored by workload.name = 'command' (gradient accumulation" in message, message
+
+
 def test_a_sweep_without_per_gpu_batch_is_refused():
     config = filled_demo()
     del config["sensitivity"]["axes"]["per_gpu_batch"]

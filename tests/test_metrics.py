@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import metrics, modelsize, settings, stats
+from scalestudy.analysis import metrics, mfu, modelsize, settings, stats
 from scalestudy.analysis.constructed_study import run_row
 
 SETTINGS = settings.resolved({})
@@ -100,11 +100,19 @@ def test_repeat_stats_ignores_missing_values():
     assert result["n"] == 2 and result["mean"] == pytest.approx(2.0)
 
 
+def resnet_run(device_name: str, device: str, precision: str = "bf16", width: int = 64) -> pd.Series:
+    """A ResNet run of 1000 images/s per rank, as mfu.of_run reads it."""
+    return pd.Series(
+        {"config.width": width, "images_per_s_per_gpu": 1000.0, "precision": precision}
+        | {"device_name": device_name, "device": device}
+    )
+
+
 def test_mfu_arithmetic():
     flops_per_image = 3 * (270336 * 64**2 + 55456 * 64)  # training = 3 x forward
     expected = 1000.0 * flops_per_image / 989.4e12
-    got = metrics.mfu(1000.0, 64, "bf16", "NVIDIA H100 80GB HBM3", "cuda", SETTINGS)
-    assert got == pytest.approx(expected)
+    got, why = mfu.of_run(resnet_run("NVIDIA H100 80GB HBM3", "cuda"), SETTINGS)
+    assert got == pytest.approx(expected) and why == ""
     assert got == pytest.approx(0.003368, rel=1e-3)
 
 
@@ -117,15 +125,52 @@ def test_mfu_arithmetic():
         ("NVIDIA H200 NVL", "cuda", "bf16", 835.5),
         ("NVIDIA H100 80GB HBM3", "cuda", "tf32", 494.7),  # precision tf32: its own peak
         ("NVIDIA A100-SXM4-80GB", "cuda", "fp32", 19.5),
-        ("x86_64", "cpu", "fp32", 0.1),  # CPU runs match on the device
+        ("x86_64", "cpu", "fp32", 0.1),  # CPU runs match on the device: the schema's placeholder
     ],
 )
 def test_peak_lookup(device_name, device, precision, peak):
-    assert metrics.find_peak_tflops(SETTINGS["peak_tflops"], device_name, device, precision)[0] == peak
+    assert mfu.find_peak_tflops(SETTINGS["peak_tflops"], device_name, device, precision)[0] == peak
 
 
-def test_unknown_device_gives_nan_mfu():
-    assert math.isnan(metrics.mfu(1000.0, 64, "bf16", "Some TPU", "xla", SETTINGS))
+def test_unknown_device_gives_nan_mfu_and_says_why():
+    value, why = mfu.of_run(resnet_run("Some TPU", "xla"), SETTINGS)
+    assert (
+        math.isnan(value)
+        and why == "no analysis.peak_tflops entry matches the device (Some TPU, xla): no peak known"
+    )
+
+
+def test_the_schemas_cpu_placeholder_gives_no_mfu_and_a_configured_cpu_peak_does():
+    """The schema's `cpu` peak (0.1 TFLOP/s) is no CPU's: against it a CPU run would read 28 % MFU.
+    MFU is empty with the reason, until the config sets a peak for the CPU (another value, or a key
+    of its name)."""
+    run = resnet_run("AMD EPYC", "cpu", "fp32", width=8)
+    value, why = mfu.of_run(run, SETTINGS)
+    assert math.isnan(value) and "analysis.peak_tflops.cpu is the schema's placeholder" in why
+    flops = modelsize.train_flops_per_image(8, SETTINGS["train_flops_factor"])
+    for peaks in (
+        {"cpu": {"fp32": 2.0, "fp16": 2.0, "bf16": 2.0}},
+        {"EPYC": {"fp32": 2.0, "fp16": 2.0, "bf16": 2.0}},
+    ):
+        configured = settings.resolved({"peak_tflops": peaks})
+        value, why = mfu.of_run(run, configured)
+        assert value == pytest.approx(1000.0 * flops / 2.0e12) and why == ""
+    placeholder = settings.resolved({"peak_tflops": {"cpu": dict(mfu.PLACEHOLDER_PEAKS["cpu"])}})
+    assert math.isnan(mfu.of_run(run, placeholder)[0])  # the same numbers: still no CPU's peak
+
+
+def test_a_cpu_studys_tables_say_mfu_is_na_and_why():
+    rows = [run_row("scaling", world, 8, 0.1 * world**0.1, mode="strong") for world in (1, 2)]
+    rows = [row | {"device": "cpu", "device_name": "AMD EPYC", "config.precision": "fp32"} for row in rows]
+    runs = metrics.run_metrics(pd.DataFrame(rows), SETTINGS)
+    assert runs["mfu"].isna().all() and runs["mfu_note"].str.contains("placeholder").all()
+    scaling = metrics.scaling_table(runs, SETTINGS)
+    assert scaling["mfu_mean"].isna().all() and scaling["mfu_note"].str.contains("placeholder").all()
+    from scalestudy.paper import tables
+
+    tex = tables.efficiency_table(scaling, unit="rank")
+    assert "MFU n/a: analysis.peak\\_tflops.cpu is the schema's placeholder" in tex
+    assert all(line.split(" & ")[-2] == "n/a" for line in tex.splitlines() if line.startswith("strong &"))
 
 
 def test_model_size_matches_measured_constants():

@@ -1,44 +1,113 @@
-"""The report's front page (report/workflow.rst, rendered as `snakemake --report` renders it: Jinja
-with `snakemake.config`, then reStructuredText) says what the run did: generated synthetic data or
-fetched and verified it, and a Slurm job id only where Slurm ran the job."""
+"""The report's words (report/*.rst, rendered as `snakemake --report` renders them: Jinja with
+Snakemake's trim_blocks and lstrip_blocks and `snakemake.config`, then reStructuredText) say what the
+run did: generated synthetic data or fetched and verified it, which executor ran the study (the
+substitutions scalestudy.analysis.execution writes from runs.csv, which the pages include), and
+Slurm only where Slurm ran it."""
 
 from __future__ import annotations
 
 import re
+from html import unescape
 from pathlib import Path
 
+import pandas as pd
 import pytest
+
+from scalestudy.analysis import execution
+from scalestudy.plan import paths
 
 jinja2 = pytest.importorskip("jinja2")
 docutils_core = pytest.importorskip("docutils.core")
 
 REPO = Path(__file__).resolve().parent.parent
+INCLUDE = f".. include:: {paths.REPORT_TEXT}"
+PARAMS = {"unit": "GPU", "sample_unit": "images", "metric": "accuracy", "workload": "resnet18-cifar10"}
 
 
-def front_page(config: dict) -> str:
-    """The page's text, as the report shows it (markup removed, whitespace joined)."""
+def study_folder(folder: Path, job_ids: list[str | None]) -> Path:
+    """A study folder whose runs had these Slurm job ids, with the report's substitutions written
+    from its runs.csv as rule table_execution writes them."""
+    runs = pd.DataFrame({"job_id": job_ids, "hosts": "gpu01", "device": "cuda", "device_name": "NVIDIA H100"})
+    system = pd.DataFrame({"host": ["gpu01"], "slurm": ["slurm 23.11.4"]})
+    (folder / "results/tables").mkdir(parents=True)
+    runs.to_csv(folder / "results/tables/runs.csv", index=False)
+    system.to_csv(folder / "results/tables/system.csv", index=False)
+    argv = ["--runs", "results/tables/runs.csv", "--system", "results/tables/system.csv"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        assert execution.main([*argv, "--out", paths.REPORT_TEXT]) == 0
+    return folder
+
+
+def page(name: str, config: dict, folder: Path) -> str:
+    """A report page's text as the report shows it (markup removed, whitespace joined), rendered in
+    the study's folder (the include is relative to it, as in Snakemake's working directory)."""
 
     class Snakemake:
         pass
 
-    Snakemake.config = config
-    text = jinja2.Environment().from_string((REPO / "report/workflow.rst").read_text())
-    html = docutils_core.publish_parts(
-        text.render(snakemake=Snakemake, categories={}, files={}), writer_name="html"
-    )["html_body"]
-    return " ".join(re.sub(r"<[^>]*>", " ", html).split())
+    Snakemake.config, Snakemake.params = config, type("Params", (), PARAMS)
+    environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # Snakemake's report's
+    text = environment.from_string((REPO / "report" / name).read_text())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        html = docutils_core.publish_parts(
+            text.render(snakemake=Snakemake, categories={}, files={}),
+            writer="html",
+            settings_overrides={"report_level": 2, "halt_level": 2},  # a warning fails the test
+        )["html_body"]
+    return " ".join(unescape(re.sub(r"<[^>]*>", " ", html)).split())
 
 
-def test_the_demo_on_synthetic_data_says_it_fetched_nothing(demo_config):
+@pytest.fixture
+def local(tmp_path) -> Path:
+    return study_folder(tmp_path / "local", [None, None])
+
+
+@pytest.fixture
+def under_slurm(tmp_path) -> Path:
+    return study_folder(tmp_path / "slurm", ["4101", "4102"])
+
+
+def test_the_demo_on_synthetic_data_says_it_fetched_nothing(demo_config, local):
     assert demo_config["data"]["source"] == "synthetic"
-    page = front_page(demo_config)
-    assert "generated synthetic data offline" in page and "nothing was fetched" in page
-    assert "fetched the data" not in page and "verified" not in page
-    assert "Slurm job id where the Slurm executor ran it" in page  # never promised for a local run
+    text = page("workflow.rst", demo_config, local)
+    assert "generated synthetic data offline" in text and "nothing was fetched" in text
+    assert "fetched the data" not in text and "verified" not in text
+    assert "in its format). The workflow generated" in text  # not "format).The"
 
 
-def test_a_study_on_cifar10_says_it_fetched_and_verified_it(demo_config):
+def test_a_study_on_cifar10_says_it_fetched_and_verified_it(demo_config, local):
     demo_config["data"]["source"] = "cifar10"
-    page = front_page(demo_config)
-    assert "fetched the data (source cifar10 ) and verified its checksum" in page
-    assert "generated synthetic data" not in page and "on synthetic data in its format" not in page
+    text = page("workflow.rst", demo_config, local)
+    assert "on CIFAR-10. The workflow fetched the data (source cifar10 ) and verified its checksum" in text
+    assert "generated synthetic data" not in text and "on synthetic data in its format" not in text
+
+
+def pages_with_the_executor() -> list[str]:
+    """The report's pages that include the executor's words."""
+    return sorted(path.name for path in (REPO / "report").glob("*.rst") if INCLUDE in path.read_text())
+
+
+def test_the_pages_that_name_slurm_include_the_executors_words():
+    named = sorted(path.name for path in (REPO / "report").glob("*.rst") if "Slurm" in path.read_text())
+    assert not named, f"report pages that name Slurm whatever ran the study: {named}"
+    assert {"workflow.rst", "table_runs.rst", "table_system.rst"} <= set(pages_with_the_executor())
+
+
+@pytest.mark.parametrize("name", pages_with_the_executor())
+def test_a_local_study_names_no_slurm_and_one_slurm_ran_does(demo_config, local, under_slurm, name):
+    local_text, slurm_text = page(name, demo_config, local), page(name, demo_config, under_slurm)
+    assert "Slurm" not in local_text and "|" not in local_text, local_text
+    assert "Slurm" in slurm_text and "|" not in slurm_text, slurm_text
+
+
+def test_the_front_page_says_which_executor_ran_the_study(demo_config, local, under_slurm):
+    assert (
+        "Snakemake's local executor ran every job of this study on one machine (gpu01), each rank on a GPU"
+        " (NVIDIA H100); no batch system was involved" in page("workflow.rst", demo_config, local)
+    )
+    assert (
+        "Slurm (version 23.11.4) ran the 2 training runs as 2 Slurm jobs, submitted by Snakemake's Slurm"
+        " executor plugin, on gpu01" in page("workflow.rst", demo_config, under_slurm)
+    )

@@ -118,6 +118,23 @@ def test_the_documented_commands_finish_the_demo_on_a_cluster_with_accounting(
     assert "no SLURM account" not in output and "invalid option" not in output
 
 
+def test_the_paper_and_the_report_say_slurm_ran_the_study(demo_accounting, slurm_accounting):
+    """Issue 54: where Slurm ran the demo, its paper and report say so, with Slurm's version (the
+    local demo's name no Slurm: tests/test_workflow.py)."""
+    from tests.paper_text import paper_and_report
+
+    workdir, _, _, _ = demo_accounting
+    paper, report = paper_and_report(workdir)
+    paper = " ".join(paper.split())
+    assert "scales on a Slurm cluster," in paper and r"Slurm~\cite{slurm}" in paper
+    assert r"with its Slurm executor plugin~\cite{snakemakeslurm}" in paper
+    assert "the hosts and the Slurm job" in paper and "Slurm's own energy accounting of the jobs:" in paper
+    assert "local executor" not in paper
+    ran = r"Slurm( \(version [^)]*\))? ran the \d+ training runs as \d+ Slurm jobs"
+    assert re.search(ran, report), re.findall(r".{200}Slurm.{200}", report)
+    assert "the Slurm job id and node list" in report
+
+
 def test_a_two_rank_point_spans_both_nodes_with_one_result(demo_accounting, slurm_accounting):
     if slurm_accounting.nodes < 2:
         pytest.skip("network namespaces are unavailable here: the cluster has one node")

@@ -295,9 +295,47 @@ def test_a_scheduled_run_starts_when_its_job_started_not_when_it_was_scheduled(f
     (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
     assert run.info.run_id != scheduled.info.run_id
     assert client.get_run(scheduled.info.run_id).info.lifecycle_stage == "deleted"
-    assert (run.info.start_time, run.info.end_time) == (int(start * 1000), int(end * 1000))
+    assert (run.info.start_time, run.info.end_time) == (round(start * 1000), round(end * 1000))
     assert run.data.tags[tracking.TAG_HISTORY] == "SCHEDULED,RUNNING,FINISHED"
     assert run.data.params == scheduled.data.params and run.data.params["per_gpu_batch"] == "16"
+
+
+def test_a_stage_run_spans_its_own_points_not_the_study(finished, tmp_path):
+    """A stage's run is made when the grid is scheduled (the study's start) and ends with rule track:
+    the sync makes it span its points, from the first one's start to the last one's end (made again
+    from that start, its points nested under it), and a second sync leaves it as it is."""
+    root, _, _ = finished
+    study = tmp_path / "study"
+    points = {"scaling/strong-w1_r0": (60, 76), "scaling/strong-w2_r0": (90, 131.5)}  # seconds from now
+    given = json.loads((root / "results/runs/scaling/strong-w1_r0/summary.json").read_text())["run"]
+    config_hash = provenance.config_hash(given)
+    settings = settings_for(study)
+    sync.schedule(settings, [{"point": point, "run": given} for point in points])
+    client = store.client(settings)
+    experiment = store.experiment_id(client, settings)
+    (scheduled_stage,) = store.find_runs(client, experiment, f"{tracking.STUDY_POINT}/scaling")
+    now = time.time()
+    for point, (start, end) in points.items():
+        folder = study / "results/runs" / point
+        shutil.copytree(root / "results/runs/scaling/strong-w1_r0", folder)
+        records = [
+            {"kind": "start", "at": now + start},
+            {"kind": "end", "at": now + end, "status": "FINISHED"},
+        ]
+        text = "".join(json.dumps({**item, "config_hash": config_hash}) + "\n" for item in records)
+        (folder / tracking.JOURNAL).write_text(text)
+    for _ in range(2):  # the second sync changes nothing
+        sync.sync(settings, study / "results/runs", [], study)
+        (stage,) = store.find_runs(client, experiment, f"{tracking.STUDY_POINT}/scaling")
+        span = (round((now + 60) * 1000), round((now + 131.5) * 1000))
+        assert (stage.info.start_time, stage.info.end_time, stage.info.status) == (*span, "FINISHED")
+        for point in points:
+            (run,) = store.find_runs(client, experiment, point)
+            assert run.data.tags[store.PARENT_TAG] == stage.info.run_id
+    assert stage.info.run_id != scheduled_stage.info.run_id
+    assert client.get_run(scheduled_stage.info.run_id).info.lifecycle_stage == "deleted"
+    assert stage.data.tags[store.PARENT_TAG] == store.study_run(client, experiment, "t")
+    assert stage.data.tags["mlflow.runName"] == "scaling"
 
 
 def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
@@ -400,10 +438,24 @@ def check_demo_store(workdir: Path) -> None:
     (study,) = by_point["study"]
     assert {"tables", "figures"} <= {info.path for info in client.list_artifacts(study.info.run_id)}
     check_demo_preflight_runs(workdir, by_point, client)
+    check_stage_spans(client, store.experiment_id(client, settings), by_point)
     # live: the study's follower (not only rule track) replayed every training job's journal
     followed = (workdir / "results/logs/tracking" / tracking.FOLLOWER_LOG).read_text()
     for folder in folders:
         assert f"{tracking.point_of(folder)}: " in followed, tracking.point_of(folder)
+
+
+def check_stage_spans(client, experiment: str, by_point: dict[str, list]) -> None:
+    """Each stage's run lasts from its first point's start to its last point's end (a stage's run
+    is made when the grid is scheduled, at the study's start, and ends with the sync)."""
+    stages = [point for point in by_point if point.startswith(f"{tracking.STUDY_POINT}/")]
+    assert {"study/baseline", "study/scaling", "study/smoke", "study/comm_bench"} <= set(stages)
+    for point in stages:
+        (stage,) = by_point[point]
+        ran = store.children(client, experiment, stage.info.run_id)
+        assert ran and all(run.info.status == "FINISHED" for run in ran), point
+        span = (min(run.info.start_time for run in ran), max(run.info.end_time for run in ran))
+        assert (stage.info.start_time, stage.info.end_time) == span, point
 
 
 def check_demo_preflight_runs(workdir: Path, by_point: dict[str, list], client) -> None:
@@ -426,6 +478,10 @@ def check_demo_preflight_runs(workdir: Path, by_point: dict[str, list], client) 
         key = "smoke_loader_images_per_s" if record["check"] == "io" else "smoke_images_per_s"
         assert run.data.metrics[key] == figures["images_per_s"]
         assert path.name in {info.path for info in client.list_artifacts(run.info.run_id)}
+        if record["check"] == "io":  # replayed: the job's own times, not the sync's
+            check_recorded_times(
+                run, record["provenance"]["timestamp"], workdir / "results/benchmarks/smoke/io.tsv"
+            )
     for path in comm_files:
         (run,) = by_point[f"comm_bench/{path.stem}"]
         rows = pd.read_csv(path)
@@ -439,3 +495,15 @@ def check_demo_preflight_runs(workdir: Path, by_point: dict[str, list], client) 
             )
         logs = {Path(info.path).name for info in client.list_artifacts(run.info.run_id, "logs")}
         assert {f"{path.stem}.log", f"{path.stem}.tsv"} <= logs  # the rule's log and benchmark file
+        benchmark = workdir / f"results/benchmarks/comm/{path.stem}.tsv"
+        check_recorded_times(run, rows["provenance.timestamp"][0], benchmark)
+
+
+def check_recorded_times(run, timestamp: str, benchmark: Path) -> None:
+    """A replayed run ended when its result's provenance was taken and lasted the wall time
+    Snakemake's benchmark measured of its job."""
+    import datetime
+
+    ended = round(datetime.datetime.fromisoformat(timestamp).timestamp() * 1000)
+    wall_ms = round(float(pd.read_csv(benchmark, sep="\t")["s"].iloc[-1]) * 1000)
+    assert (run.info.start_time, run.info.end_time) == (ended - wall_ms, ended), run.data.tags

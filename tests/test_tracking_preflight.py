@@ -21,7 +21,14 @@ from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import slurm_job
 from scalestudy.plan import studyconfig
-from tests.test_tracking import REPO, _one_process, all_metrics, clean_environ, settings_for  # noqa: F401 - autouse
+from tests.test_tracking import (  # noqa: F401 - autouse
+    REPO,
+    _one_process,
+    all_metrics,
+    check_recorded_times,
+    clean_environ,
+    settings_for,
+)
 
 pytest.importorskip("mlflow")
 
@@ -119,6 +126,11 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
     root, _, _, bench = preflight_study
     study = tmp_path / "study"
     shutil.copytree(root / "results", study / "results", ignore=shutil.ignore_patterns("data"))
+    walls = {"comm/w2": 7.25, "smoke/io": 9.4}  # what Snakemake's benchmark: measured of each job
+    for stem, wall in walls.items():
+        benchmark = study / f"results/benchmarks/{stem}.tsv"
+        benchmark.parent.mkdir(parents=True, exist_ok=True)
+        benchmark.write_text(f"s\th:m:s\tmax_rss\n{wall}\t0:00:{wall:02.0f}\t100.0\n")
     settings = settings_for(study)
     out = study / "results/logs/tracking/sync.json"
     assert (
@@ -168,7 +180,10 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
         assert history[f"summary_{collective}_busbw_at_max_gb_s"] == [(0, largest.busbw_gb_s)]
         assert history[f"summary_{collective}_busbw_peak_gb_s"] == [(0, group.busbw_gb_s.max())]
     assert {"w2.csv", "logs"} <= artifacts
-    assert {Path(i.path).name for i in client.list_artifacts(run.info.run_id, "logs")} == {"w2.log"}
+    assert {Path(i.path).name for i in client.list_artifacts(run.info.run_id, "logs")} == {"w2.log", "w2.tsv"}
+    check_recorded_times(
+        run, rows["provenance.timestamp"][0], study / "results/benchmarks/comm/w2.tsv"
+    )  # the job's, not the sync's
 
     # smoke/io: one rank, its run config's params, the record's figures, the Slurm job it recorded
     record = json.loads((study / "results/smoke/io.json").read_text())
@@ -182,7 +197,8 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
     assert history["smoke_loader_images_per_s"] == [(0, record["loader"]["images_per_s"])]
     assert history["smoke_checkpoint_write_mb_s"] == [(0, record["checkpoint"]["write_mb_s"])]
     assert history["smoke_checkpoint_save_s_per_epoch"] == [(0, record["checkpoint"]["save_s_per_epoch"])]
-    assert artifacts == {"io.json"}  # run here, not by the rule: no log
+    assert artifacts == {"io.json", "logs"}  # run here, not by the rule: no log, its benchmark file
+    check_recorded_times(run, record["provenance"]["timestamp"], study / "results/benchmarks/smoke/io.tsv")
 
     # smoke/train_w1: the record's figures and everything its trainer's run folder has
     record = json.loads((study / "results/smoke/train_w1.json").read_text())
@@ -213,6 +229,15 @@ def test_sync_puts_the_smoke_tests_and_the_collective_benchmark_in_the_store(pre
         assert run["run_id"] == first[run["point"]]["run_id"]
     runs = client.search_runs([experiment], max_results=100)
     assert len(runs) == 6  # the three points, their two stages' runs and the study's run
+    # each stage's run spans its points: from the first one's start to the last one's end
+    for stage in ("smoke", "comm_bench"):
+        (stage_run,) = store.find_runs(client, experiment, f"{tracking.STUDY_POINT}/{stage}")
+        points = store.children(client, experiment, stage_run.info.run_id)
+        assert sorted(run.data.tags[tracking.TAG_POINT] for run in points) == sorted(
+            point for point in first if point.startswith(f"{stage}/")
+        )
+        span = (min(r.info.start_time for r in points), max(r.info.end_time for r in points))
+        assert (stage_run.info.start_time, stage_run.info.end_time) == span, stage
 
 
 def test_a_smoke_test_rerun_with_another_config_supersedes_its_run(preflight_study, tmp_path, monkeypatch):

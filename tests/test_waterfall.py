@@ -195,7 +195,9 @@ def test_on_the_cpu_host_overhead_is_not_measured_and_the_remainder_holds_it(tmp
         assert row["data_wait_s"] == pytest.approx(want["data_wait"], rel=RECOVERED, abs=1e-12)
 
 
-def test_a_remainder_beyond_its_share_is_flagged_and_an_over_explained_loss_is_negative(tmp_path, config):
+def test_a_remainder_beyond_its_share_is_flagged_and_an_over_explained_loss_is_negative(
+    tmp_path, config, monkeypatch
+):
     big = constructed.Truth(**{**PARTS_TRUTH, "unexplained_s": -2e-3})  # the parts exceed the loss
     runs = catalog(tmp_path, config, big)
     table = measured(runs, big, config)
@@ -205,6 +207,15 @@ def test_a_remainder_beyond_its_share_is_flagged_and_an_over_explained_loss_is_n
     assert flagged.any() and (table["unexplained_flagged"] == flagged).all()
     lenient = {**settings_of(config), "waterfall": {"unexplained_share_max": 2.0}}  # beyond -191 %
     assert not measured(runs, big, config, **lenient)["unexplained_flagged"].any()
+    # the figure does not present the parts as the explanation: the bar and the note under it say so
+    figures = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: figures.append(fig))
+    figure.waterfall(table, "w.png")
+    labels = [text.get_text() for ax in figures[0].axes for text in ax.texts]
+    assert labels and all(re.fullmatch(r"parts > loss\n-\d+ %", label) for label in labels), labels
+    note = figures[0].get_supxlabel().replace("\n", " ")
+    assert "Not the explanation of the loss: at strong N=2 (-" in note, note
+    assert "the named parts add to more than the loss" in note
 
 
 def test_the_median_and_the_slowest_rank_of_a_runs_step_parts():
@@ -388,7 +399,8 @@ def check_cpu_waterfall_paper(table: pd.DataFrame, numbers_tex: str, paper_tex: 
         if row["loss_points"] > 0:
             assert "host and launch overhead was not measured (on the CPU: no device timeline)" in summary
         elif row["efficiency"] > 1.0:  # a loaded machine may measure the 2-rank point above its ideal
-            assert "above the ideal: a measurement problem" in summary and "no loss to split" in summary
+            assert "above the ideal; check it: either a measurement problem" in summary
+            assert "no loss to split" in summary
             assert value[f"Waterfall{Mode}RemainderShare"] == "none: no loss to split"
         else:
             assert "no efficiency is lost against the ideal" in summary

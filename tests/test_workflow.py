@@ -162,6 +162,33 @@ def test_every_run_records_its_provenance(demo_run):
         assert provenance["seed"] is not None and provenance["host"]
 
 
+def test_the_local_demo_says_what_ran_it_names_no_slurm_and_gives_no_mfu_against_a_placeholder(demo_run):
+    """Issue 54: the paper and the report say the local executor ran the demo and name no Slurm;
+    its CPU ranks have no known peak, so MFU is n/a with the reason, never 28 % of a placeholder;
+    the paper's sentences read as English ("not measured" said once, no time "after not reached")."""
+    import pandas as pd
+
+    from tests.paper_text import paper_and_report, sentences
+    from tests.test_paper_words import broken
+
+    paper, report = paper_and_report(demo_run)
+    assert "slurm" not in paper.lower(), [s for s in sentences(paper) if "slurm" in s.lower()]
+    assert "Slurm" not in report, re.findall(r".{80}Slurm.{80}", report)
+    said = "local executor ran every job of this study"
+    assert (
+        said in paper
+        and f"{said} on one machine" in report
+        and "scales on one machine," in " ".join(paper.split())
+    )
+    assert "format).The" not in report and "in its format). The workflow generated" in " ".join(
+        report.split()
+    )
+    assert not [(s, broken(s)) for s in sentences(paper) if broken(s)]
+    scaling = pd.read_csv(demo_run / "results/tables/scaling.csv")
+    assert scaling["mfu_mean"].isna().all() and scaling["mfu_note"].str.contains("placeholder").all()
+    assert "MFU n/a: analysis.peak\\_tflops.cpu is the schema's placeholder" in paper
+
+
 def test_the_demo_says_energy_was_not_measured_and_why(demo_run):
     """CPU ranks: no NVML, no RAPL. Every energy column of runs.csv, the scaling table and the resource
     estimate is empty with the reason beside it, never a zero; the figure and the paper say so."""

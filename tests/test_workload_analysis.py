@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, energy, metrics, settings
+from scalestudy.analysis import aggregate, energy, metrics, mfu, settings
 from scalestudy.analysis.constructed_study import run_row
 from scalestudy.paper import numbers, tables
 
@@ -128,7 +128,7 @@ def test_a_ddp_only_table_keeps_todays_columns_first_and_its_values():
     assert list(table.columns[memory_end - 5 : memory_end]) == [*appended, "peak_memory_source"]
     stats = [f"{c}_{k}" for c in energy.SCALING_STATS for k in ("mean", "std", "ci_low", "ci_high")]
     flag = "efficiency_above_ideal"  # scalestudy.analysis.above_ideal, appended after energy
-    assert list(table.columns[memory_end:]) == [*stats, "energy_source", flag]
+    assert list(table.columns[memory_end:]) == [*stats, "energy_source", "mfu_note", flag]
     assert list(table.columns[:3]) == ["mode", "world_size", "nodes"]  # as before
     assert set(table["parallelism"]) == {"ddp"} and set(table["sample_unit"]) == {"images"}
     assert table["peak_memory_bytes"].isna().all()
@@ -156,14 +156,15 @@ def test_the_lms_mfu_comes_from_the_flops_per_token_its_trainer_counted():
     row["train_flops_per_image"] = 1.5e6
     runs = metrics.run_metrics(pd.DataFrame([row]), SETTINGS)
     precision = runs["precision"].iloc[0]
-    peak, _ = metrics.find_peak_tflops(SETTINGS["peak_tflops"], row["device_name"], row["device"], precision)
+    peak, _ = mfu.find_peak_tflops(SETTINGS["peak_tflops"], row["device_name"], row["device"], precision)
     rate = runs["images_per_s_per_gpu"].iloc[0]  # tokens/s per rank
     assert rate > 0 and runs["mfu"].iloc[0] == pytest.approx(rate * 1.5e6 / (peak * 1e12))
 
 
 # ----------------------------------------------------------------------------- sensitivity axes
 # The sensitivity table's columns before the axes became a mapping (scalestudy 9904f1b), with the
-# contention marks of issue 31 beside the window's (before `best`: the columns after it are axes).
+# contention marks of issue 31 beside the window's and mfu_note beside mfu (issue 54), all before `best`
+# (the columns after it are axes).
 TODAYS_SENSITIVITY_COLUMNS = [
     "precision",
     "precision_effective",
@@ -176,6 +177,7 @@ TODAYS_SENSITIVITY_COLUMNS = [
     "time_per_step_s",
     "epoch_time_s",
     "mfu",
+    "mfu_note",
     "final_test_acc",
     "measured_steps",
     "images_per_s_cv",

@@ -1,9 +1,10 @@
-"""Efficiency above 100 %: a measurement problem, flagged once here and read everywhere else.
+"""Efficiency above 100 %: flagged once here and read everywhere else, as a point to check.
 
-E(N) = X(N) / (N X(1)) cannot exceed 1 for data-parallel training of a fixed model: N ranks do at
-least the work of one, plus communication. A point above 1 says the measurement is off: a noisy or
-slow 1-rank reference (one repeat, a shared GPU, a cold cache), windows of unequal length, or (in
-strong scaling) a per-rank batch small enough to change what one step costs. It is not a gain.
+E(N) = X(N) / (N X(1)) above 1 has two explanations, and the numbers alone do not tell them apart:
+a measurement problem (a noisy or slow 1-rank reference: one repeat, a shared GPU, a cold cache;
+windows of unequal length) or, in strong scaling, a real superlinear gain (each rank's smaller share
+of the batch and its activations fitting a cache that the one rank's did not). Every place that
+flags it says both (`CHECK`) and gives no acceptance verdict on it until it is re-measured.
 
 metrics.scaling_table marks scaling.csv's rows (`efficiency_above_ideal`, and a note), the
 waterfall its rows (it splits no loss there: there is none to split); the efficiency table, the
@@ -22,10 +23,14 @@ log = logging.getLogger("scalestudy.analysis.above_ideal")
 COLUMN = "efficiency_above_ideal"
 IDEAL = 1.0  # E(N) of a perfect scaling point
 WHY = "a noisy or slow 1-rank reference, or unequal measurement windows"
-PROBLEM = f"a measurement problem ({WHY}), not a gain"  # what every place that flags it says
-BRIEFLY = "above 100 %: a measurement problem, not a gain"  # beside the number, where the why is near
-NOTE = f"efficiency above 100 %: {PROBLEM}"
-REMEASURE = "re-measure the 1-rank reference and this point with more repeats or a longer train.measure"
+GAIN = "a real superlinear gain (in strong scaling, each rank's smaller share of the work fitting its caches)"
+CHECK = f"check it: either a measurement problem ({WHY}) or {GAIN}"  # what every place that flags it says
+BRIEFLY = "above 100 %: check it, a measurement problem or a superlinear gain"  # beside the number
+NOTE = f"efficiency above 100 %: {CHECK}"
+REMEASURE = (
+    "re-measure the 1-rank reference and this point with more repeats or a longer train.measure"
+    " to tell them apart"
+)
 
 
 def above(efficiency) -> bool:
@@ -68,6 +73,7 @@ def mark(table: pd.DataFrame, column: str = "efficiency_mean") -> pd.DataFrame:
 
 
 def words(efficiency: float, world: int, mode: str = "") -> str:
-    """'efficiency 126.6 % at N=2 (weak) is above the ideal: a measurement problem (...), not a gain'."""
+    """'efficiency 126.6 % at N=2 (weak) is above the ideal; check it: either a measurement problem
+    (...) or a real superlinear gain (...)'."""
     where = f"N={int(world)}" + (f" ({mode})" if mode else "")
-    return f"efficiency {100 * float(efficiency):.1f} % at {where} is above the ideal: {PROBLEM}"
+    return f"efficiency {100 * float(efficiency):.1f} % at {where} is above the ideal; {CHECK}"

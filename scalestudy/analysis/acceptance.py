@@ -11,8 +11,8 @@ DDP first, the series named in the criterion ("... (FSDP)"). Rates are in the ru
 A criterion gets no verdict from a point whose window was not filled (whole-run throughput) or whose
 GPUs were shared with a foreign process while it measured (contended: scalestudy.analysis.contention):
 its row says "not measured (...)" and why, and how to re-measure. Nor does a point whose efficiency
-is above 100 % (scaling.csv's efficiency_above_ideal: a measurement problem, not a gain,
-scalestudy.analysis.above_ideal): its row keeps the measured value and says so. The GPU health
+is above 100 % (scaling.csv's efficiency_above_ideal: a measurement problem or a superlinear gain,
+to check: scalestudy.analysis.above_ideal): its row keeps the measured value and says so. The GPU health
 rows leave out the GPUs of contended runs and those whose window held fewer than
 analysis.monitor.min_window_samples samples.
 

@@ -179,8 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="The run catalog CSV to write.")
     args = parser.parse_args(argv)
     cli.start(args)
-    accounting = read_json(args.accounting) if args.accounting else None
-    catalog = build_catalog(args.summaries, accounting)
+    try:
+        accounting = read_json(args.accounting) if args.accounting else None
+        catalog = build_catalog(args.summaries, accounting)
+    except cli.BAD_INPUT as error:  # a missing or unreadable file: one line naming it
+        return cli.refuse(error)
     atomic.write_csv(args.out, catalog)
     if "window_filled" in catalog:
         for _, row in catalog[catalog["window_filled"].eq(False)].iterrows():

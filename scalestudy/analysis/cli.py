@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from scalestudy import commandline
+from scalestudy import commandline, contract
 from scalestudy.analysis import settings
 from scalestudy.progress import setup_logging
+
+log = logging.getLogger("scalestudy.analysis")
+
+# What reading a bad input file raises (tableio names the file in the message): said in one line.
+BAD_INPUT = (FileNotFoundError, ValueError, KeyError)
 
 
 def parser(description: str, with_settings: bool = True) -> argparse.ArgumentParser:
@@ -28,3 +33,10 @@ def start(args: argparse.Namespace) -> dict | None:
     if not hasattr(args, "analysis_json"):
         return None
     return settings.load(args.analysis_json, args.config)
+
+
+def refuse(error: BaseException) -> int:
+    """A bad input (one of BAD_INPUT, its message naming the file) as one line, not a traceback;
+    the exit status of bad input (nothing was written)."""
+    log.error("%s", error.args[0] if error.args else error)
+    return contract.EXIT_BAD_CONFIG

@@ -25,8 +25,9 @@ summary.json's images_per_s; scalestudy/train/steady.py):
 * weak scaling (fixed per-GPU batch): E_w(N) = T(1) / T(N) with T the time per step at that fixed
   per-GPU work = x(N) / x(1) = S(N) / N as well. Throughput is used rather than epoch_time_s so that
   capped epochs (max_steps_per_epoch) and the shrinking weak-scaling epoch compare like for like;
-* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision (ResNet-18:
-  the closed form of modelsize; other workloads: not computed, NaN);
+* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision
+  (scalestudy.analysis.mfu: only against a peak known for the device or configured; else empty,
+  with `mfu_note` saying why);
 * memory per rank: the median over repeats of peak_memory_bytes (max over ranks; CUDA's peak
   allocation, or the CPU's peak RSS: peak_memory_source) and model_state_bytes_per_rank;
 * repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
@@ -50,7 +51,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import above_ideal, cli, contention, energy, graphs, modelsize
+from scalestudy.analysis import above_ideal, cli, contention, energy, graphs, mfu
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import grid, runconfig, schema, workloads
@@ -110,39 +111,6 @@ CONTENDED_NOTE = "contended: GPU shared with a foreign process while measuring"
 SHORT_NOTE = "fewer GPU monitor samples in the window than analysis.monitor.min_window_samples"
 
 
-def find_peak_tflops(
-    peaks: dict, device_name: object, device: object, precision: str
-) -> tuple[float, str | None]:
-    """The peak TFLOP/s for a device and precision: the longest key found in device_name, else device."""
-    name = str(device_name or "").lower()
-    matches = [key for key in peaks if key.lower() in name] or [
-        key for key in peaks if key.lower() == str(device or "").lower()
-    ]
-    if not matches:
-        return math.nan, None
-    key = max(matches, key=len)
-    if precision not in peaks[key]:
-        return math.nan, key
-    return float(peaks[key][precision]), key
-
-
-def mfu(
-    images_per_s_per_gpu: float, width: int, precision: str, device_name, device, settings: dict
-) -> float:
-    """Model FLOPs utilisation of one GPU (0..1) of the ResNet of `width`; NaN when the device has no
-    configured peak."""
-    flops = modelsize.train_flops_per_image(int(width), settings["train_flops_factor"])
-    return mfu_of_flops(images_per_s_per_gpu, flops, precision, device_name, device, settings)
-
-
-def mfu_of_flops(
-    samples_per_s_per_gpu: float, train_flops: float, precision: str, device_name, device, settings: dict
-) -> float:
-    """Model FLOPs utilisation from the training FLOPs of one sample (image, token)."""
-    peak, _ = find_peak_tflops(settings["peak_tflops"], device_name, device, precision)
-    return samples_per_s_per_gpu * train_flops / (peak * 1e12)
-
-
 NODES_COLUMN = "provenance.slurm.job_num_nodes"
 
 
@@ -169,9 +137,7 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
     runs = graphs.mark(runs)  # a compiled step that should have run as CUDA graphs and did not
     runs["time_per_step_s"] = time_per_step(runs)
     runs["precision"] = effective_precision(runs)
-    runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
-    _warn_missing_peaks(runs)
-    _check_flops(runs)
+    runs["mfu"], runs["mfu_note"] = mfu.of_runs(runs, settings)  # empty where no peak is known, and why
     return _add_speedup(runs)
 
 
@@ -243,26 +209,6 @@ def _joined(notes: pd.Series, more) -> pd.Series:
     return (notes.fillna("").astype(str) + "; " + more).str.removeprefix("; ")
 
 
-def _mfu_of(r: pd.Series, settings: dict) -> float:
-    """The ResNet's from its width (the closed form, modelsize); another workload's from the training
-    FLOPs per sample its trainer counted (the LM's 6N + attention per token); else NaN."""
-    if pd.notna(r["config.width"]):
-        return mfu(
-            r["images_per_s_per_gpu"],
-            r["config.width"],
-            r["precision"],
-            r["device_name"],
-            r["device"],
-            settings,
-        )
-    flops = r.get("train_flops_per_image")
-    if flops is None or pd.isna(flops):
-        return math.nan
-    return mfu_of_flops(
-        r["images_per_s_per_gpu"], flops, r["precision"], r["device_name"], r["device"], settings
-    )
-
-
 def _add_speedup(runs: pd.DataFrame) -> pd.DataFrame:
     """Speedup and efficiency of the scaling runs against the mean of their series' 1-GPU runs."""
     runs["speedup"] = math.nan
@@ -284,32 +230,6 @@ def effective_precision(runs: pd.DataFrame) -> pd.Series:
     if "precision_effective" not in runs:
         return configured
     return runs["precision_effective"].where(runs["precision_effective"].notna(), configured)
-
-
-def _check_flops(runs: pd.DataFrame) -> None:
-    """MFU uses the closed form of modelsize; say so if the trainer's flop counter disagrees."""
-    if "forward_flops_per_image" not in runs:
-        return
-    for _, r in runs.dropna(subset=["forward_flops_per_image", "config.width"]).iterrows():
-        formula = modelsize.forward_flops_per_image(int(r["config.width"]))
-        if abs(r["forward_flops_per_image"] / formula - 1.0) > 0.05:
-            log.warning(
-                "%s/%s: the trainer counted %.4g forward FLOPs per image, the width-%d formula %.4g",
-                r["stage"],
-                r["point"],
-                r["forward_flops_per_image"],
-                r["config.width"],
-                formula,
-            )
-
-
-def _warn_missing_peaks(runs: pd.DataFrame) -> None:
-    counted = runs["train_flops_per_image"].notna() if "train_flops_per_image" in runs else False
-    without_flops = runs["config.width"].isna() & ~counted
-    if without_flops.any():
-        log.info("MFU left empty for %d run(s) of a workload without a FLOP count here", without_flops.sum())
-    for device in runs.loc[runs["mfu"].isna() & ~without_flops, "device_name"].dropna().unique():
-        log.warning("no analysis.peak_tflops entry matches device %r: MFU left empty", device)
 
 
 def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
@@ -335,6 +255,7 @@ def scaling_table(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
             row.update({f"{column}_{key}": value for key, value in stats.items() if key != "n"})
         row.update(_series_and_memory(group, parallelism))
         row.update(energy.scaling_columns(group, settings["confidence"]))
+        row["mfu_note"] = _first(group, "mfu_note")  # why mfu_mean is empty (no peak known), else ''
         rows.append(row)
     return above_ideal.mark(pd.DataFrame(rows))  # efficiency above 100 %: flagged and noted
 
@@ -398,6 +319,7 @@ SENSITIVITY_COLUMNS = {
     "time_per_step_s": "time_per_step_s",
     "epoch_time_s": "epoch_time_s",
     "mfu": "mfu",
+    "mfu_note": "mfu_note",  # why mfu is empty (no peak known for the device), else ''
     "final_test_acc": "final_test_acc",
     "measured_steps": "measured_steps",
     "images_per_s_cv": "images_per_s_cv",

@@ -46,7 +46,7 @@ point) and its remainder the mean loss less the mean parts, so a row adds up too
 share of the loss is reported (negative where the parts over-explain it); `unexplained_flagged`
 marks a row whose share exceeds analysis.waterfall.unexplained_share_max in size, and the paper
 says so. A point with no loss is not split (its remainder empty, its note saying why): one whose
-efficiency is at the ideal, and one above it, which is a measurement problem, not a gain
+efficiency is at the ideal, and one above it, to check: a measurement problem or a superlinear gain
 (scalestudy.analysis.above_ideal: `efficiency_above_ideal`), never drawn as parts against a negative
 loss. A series with no N > 1 point (a one-GPU study) gets one row per 1-rank run saying that one
 rank has no scaling loss to split, rather than an empty table. `runs` names the row's runs and

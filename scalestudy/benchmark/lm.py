@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from scalestudy import contract, provenance
-from scalestudy.analysis.metrics import find_peak_tflops
+from scalestudy.analysis.mfu import find_peak_tflops
 from scalestudy.analysis.settings import with_defaults
 from scalestudy.benchmark import project, report
 from scalestudy.benchmark.measure import median

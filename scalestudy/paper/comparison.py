@@ -29,6 +29,8 @@ TEXTS = ("ComparisonMedianRatio", "ComparisonRatioRange", "ComparisonConfidence"
 
 
 def _absent(numbers: Numbers) -> None:
+    # the template's comparison section only where there is a comparison (TeX's \iftrue/\iffalse)
+    numbers.add("ComparisonMade", r"\iffalse", f"{SOURCE} not given (compare.against is not set)")
     numbers.add("ComparedWith", "no other study (compare.against is not set)", "config compare.against")
     names = (*COUNTS, "ComparisonMatched", "ComparisonNotTested", "ComparisonConfigsDiffer", *NAMED, *TEXTS)
     for name in names:
@@ -78,6 +80,7 @@ def comparison(numbers: Numbers, data: Data) -> None:
     if table is None or table.empty:
         _absent(numbers)
         return
+    numbers.add("ComparisonMade", r"\iftrue", f"{SOURCE} given")
     numbers.add("ComparedWith", escape(label or "the other study"), "config compare.label / compare.against")
     verdicts = table["verdict"].astype(str)
     for name, verdict in COUNTS.items():

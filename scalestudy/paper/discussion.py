@@ -159,17 +159,11 @@ def threats(numbers: Numbers, data: Data) -> None:
     runs = data.table("runs")
     dirty = distinct(runs, "provenance.git_dirty")
     commits = distinct(runs, "provenance.git_commit")
+    tree = "" if not dirty else (" with uncommitted changes" if "True" in dirty else " from a clean tree")
     numbers.add(
-        "GitCommit",
-        escape(", ".join(c[:12] for c in commits)) if commits else NOT_MEASURED,
-        "runs.csv provenance.git_commit",
-    )
-    numbers.add(
-        "TreeState",
-        NOT_MEASURED
-        if not dirty
-        else ("with uncommitted changes" if "True" in dirty else "from a clean tree"),
-        "runs.csv provenance.git_dirty",
+        "CodeVersion",
+        f"commit {escape(', '.join(c[:12] for c in commits))}{tree}" if commits else "a commit no run named",
+        "runs.csv provenance.git_commit, provenance.git_dirty",
     )
     numbers.add("RunCount", str(len(runs)) if runs is not None else NOT_MEASURED, "runs.csv rows")
     # profile runs stop after their profiled steps: they have no window to fill
@@ -216,7 +210,8 @@ def contention(numbers: Numbers, data: Data) -> None:
     numbers.add("ContentionChecked", f"{int(checked.sum())} of {len(runs)}", "runs.csv contention_checked")
     floor = int(data.context["min_window_samples"])
     numbers.add("MonitorWindowFloor", str(floor), "analysis.monitor.min_window_samples")
-    sampled = pd.to_numeric(runs.get("monitor_window_samples"), errors="coerce").notna()
+    samples = runs.get("monitor_window_samples", pd.Series(float("nan"), index=runs.index))
+    sampled = pd.to_numeric(samples, errors="coerce").notna()
     short = shared_gpus.window_short(runs, floor)
     numbers.add(
         "MonitorWindowShort",

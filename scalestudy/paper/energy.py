@@ -30,25 +30,27 @@ def joules(value) -> str:
     return f"{number(3)(float(value) / size)}~{unit.replace('µ', MICRO)}"
 
 
+NOTHING = "nothing: energy was"  # how \\EnergySource begins where nothing measured energy
+
+
 def source_text(table: pd.DataFrame | None) -> str:
     """Where the energy came from, or why it was not measured."""
     if table is None:
-        return "nothing: energy was not measured (no scaling table)"
+        return f"{NOTHING} not measured (no scaling table)"
     text = energy.sources(table)
     for prefix, words in SOURCES.items():
         if text.startswith(prefix):
             return words
-    return "nothing: energy was " + escape(text)
+    return f"{NOTHING} " + escape(text)
 
 
 def energy_paragraph(numbers: Numbers, data: Data) -> None:
     table = data.table("scaling")
     strong = table[ddp_rows(table) & (table["mode"] == "strong")] if table is not None else None
-    numbers.add(
-        "EnergySource",
-        source_text(strong if strong is not None and len(strong) else table),
-        "scaling.csv energy_source",
-    )
+    source = source_text(strong if strong is not None and len(strong) else table)
+    numbers.add("EnergySource", source, "scaling.csv energy_source")
+    # the template's energy sentences only where something measured energy (TeX's \iftrue/\iffalse)
+    numbers.add("EnergyMeasured", r"\iffalse" if source.startswith(NOTHING) else r"\iftrue", "EnergySource")
     per_sample(numbers, data, strong)
     cheapest(numbers, data, strong)
     accounted(numbers, data)

@@ -26,7 +26,7 @@ import pandas as pd
 from scalestudy import atomic, commandline
 from scalestudy.analysis.metrics import DEFAULT_AXES, SERIES_DEFAULTS
 from scalestudy.analysis.tableio import read_csv
-from scalestudy.paper import comparison, discussion, energy, results, sections, waterfall
+from scalestudy.paper import comparison, discussion, energy, execution, results, sections, waterfall
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.plan import paths, schema
 from scalestudy.progress import setup_logging
@@ -79,6 +79,7 @@ def build(tables: dict[str, pd.DataFrame | None], context: dict[str, Any]) -> Nu
         *waterfall.SECTIONS,
         *discussion.SECTIONS,
         *energy.SECTIONS,
+        *execution.SECTIONS,  # after energy: its sentence quotes \SacctEnergy
         *comparison.SECTIONS,
     )
     for write in writers:

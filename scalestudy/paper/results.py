@@ -76,7 +76,7 @@ def _scaling_point(
 
 
 def efficiency_words(row: pd.Series, only: str = "") -> str:
-    """A point's efficiency; above 100 % with the words that it is a measurement problem
+    """A point's efficiency; above 100 % with the words that it is to be checked
     (scalestudy.analysis.above_ideal); `only` (GPU): the study's only size, so the reference itself."""
     value = formatted(row["efficiency_mean"], percent())
     if above_ideal.row_flagged(row):
@@ -171,10 +171,12 @@ def acceptance(numbers: Numbers, data: Data) -> None:
 
 
 def _criterion_sentence(row: pd.Series) -> str:
-    value = NOT_MEASURED if is_missing(row["measured"]) else measured(row["measured"], row["target"])
+    """'<criterion> (target <t>): <measured>, <status>; <note>.'; a criterion without a measured value
+    gives its status alone ('not measured (largest N=2)'), never 'not measured, not measured'."""
     note = f"; {relation(row['note'])}" if not is_missing(row.get("note")) and str(row.get("note")) else ""
     criterion, target, status = relation(row["criterion"]), relation(row["target"]), escape(row["status"])
-    return f"{criterion} (target {target}): {value}, \\emph{{{status}}}{note}."
+    value = "" if is_missing(row["measured"]) else measured(row["measured"], row["target"]) + ", "
+    return f"{criterion} (target {target}): {value}\\emph{{{status}}}{note}."
 
 
 PROFILE_CATEGORIES = {

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from scalestudy.analysis import execution
 from scalestudy.analysis.series import DDP, parallelism_of
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.paper.tables import escape, integer, number, percent
@@ -55,6 +56,8 @@ class Data:
         self.tables = tables
         self.context = context
         runs = self.table("runs")
+        # how the study ran: its executor, Slurm where it ran (scalestudy.paper.execution's words)
+        self.execution = execution.describe(pd.DataFrame() if runs is None else runs, self.table("system"))
         devices = set(runs["device"].dropna().astype(str)) if runs is not None and "device" in runs else set()
         on_gpu = any(d.startswith("cuda") for d in devices) if devices else context["device"] != "cpu"
         self.unit = "GPU" if on_gpu else "CPU rank"
@@ -216,7 +219,6 @@ SYSTEM_FIELDS = {
         lambda r: f"InfiniBand {r['infiniband']}, network {r['network']}",
     ),
     "SystemOS": (("os", "kernel"), lambda r: f"{r['os']}, kernel {r['kernel']}"),
-    "SystemSlurm": (("slurm",), lambda r: r["slurm"]),
     "SystemDriver": (
         ("gpu_driver", "cuda_driver"),
         lambda r: NONE if r["gpu_driver"] == NONE else f"{r['gpu_driver']} (CUDA driver {r['cuda_driver']})",
@@ -241,6 +243,9 @@ def system(numbers: Numbers, data: Data) -> None:
     numbers.add("HostCount", str(len(hosts)) if hosts else NOT_MEASURED, "runs.csv hosts (distinct)")
     names = distinct(runs, "device_name")
     numbers.add("DeviceName", escape(", ".join(names)) if names else NOT_MEASURED, "runs.csv device_name")
+    named = f" ({escape(', '.join(names))})" if names else ""
+    rank = "each rank driving one GPU" if data.unit == "GPU" else "each rank a process on the CPU"
+    numbers.add("RankDevice", rank + named, "runs.csv device, device_name")
     platforms = distinct(runs, "provenance.platform")
     images = distinct(runs, "provenance.image")
     digests = distinct(runs, "provenance.image_sha256")
@@ -351,7 +356,7 @@ def baseline(numbers: Numbers, data: Data) -> None:
         "BaselineTimeToTarget",
         seconds(reached)
         if reached is not None
-        else ("not reached" if row is not None and len(row) else NOT_MEASURED),
+        else (NOT_REACHED if row is not None and len(row) else NOT_MEASURED),
         source + "time_to_target_s",
     )
     numbers.add(
@@ -375,19 +380,37 @@ def _quality_caption(numbers: Numbers, data: Data) -> str:
     """The caption of figures/accuracy.pdf (scalestudy.plots.curves draws the workload's metric)."""
     if data.metric == "accuracy":
         target = numbers.macros["TargetAccuracy"].value
-        return f"Test accuracy per epoch of the scaling runs; the target accuracy is {target}."
+        text = "Test accuracy per epoch of the scaling runs"
+        return text + ("." if target == NOT_MEASURED else f"; the target accuracy is {target}.")
     text = "Test (solid) and training (dashed) loss per epoch of the scaling runs"
     return text + ("; the right axis reads the loss as perplexity." if data.metric == "perplexity" else ".")
+
+
+ACCURACY_MACROS = ("BaselineFinalAccuracy", "TargetAccuracy", "BaselineTimeToTarget")
+NOT_REACHED = "not reached"
+
+
+def _accuracy_sentence(final: str, target: str, time: str) -> str:
+    """How the baseline ends, in each state of its accuracy, target and time to it (measured, not
+    measured, not reached)."""
+    if final == NOT_MEASURED:
+        return "Its test accuracy was not measured."
+    ends = f"It ends at {final} test accuracy"
+    if target == NOT_MEASURED:  # the target unknown (an older catalog): its time, if any, still tells
+        return ends + (
+            "." if time in (NOT_MEASURED, NOT_REACHED) else f" and reaches the target accuracy after {time}."
+        )
+    if time == NOT_REACHED:
+        return f"{ends} without reaching the target of {target}."
+    if time == NOT_MEASURED:
+        return f"{ends}; its time to the target of {target} was not measured."
+    return f"{ends} and reaches the target of {target} after {time}."
 
 
 def _quality_sentence(numbers: Numbers, row: pd.DataFrame | None, data: Data) -> str:
     """How the baseline ends: accuracy and the target (the ResNet), else loss (and perplexity)."""
     if data.metric == "accuracy":
-        time = numbers.macros["BaselineTimeToTarget"].value
-        return (
-            f"It ends at {numbers.macros['BaselineFinalAccuracy'].value} test accuracy and reaches the"
-            f" target of {numbers.macros['TargetAccuracy'].value} after {time}."
-        )
+        return _accuracy_sentence(*(numbers.macros[name].value for name in ACCURACY_MACROS))
     loss = formatted(first_value(row, "final_test_loss"), number(3))
     text = f"It ends at a test loss of {loss}"
     if data.metric == "perplexity":

@@ -196,12 +196,23 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
     )
     if flagged.any():
         note += f" {ABOVE_IDEAL_MARK} {prose(above_ideal.NOTE)}."
+    note += mfu_missing(frame, "mfu_mean")
     if len(frame) and int(frame["world_size"].max()) == 1:
         note += f" One {unit} only: each efficiency is its reference itself; no scaling was measured."
     return booktabs(frame, columns, "Strong- and weak-scaling throughput and efficiency.", "efficiency", note)
 
 
 ABOVE_IDEAL_MARK = r"$^{\dagger}$"  # an efficiency above 100 % (scalestudy.analysis.above_ideal)
+
+
+def mfu_missing(frame: pd.DataFrame, column: str) -> str:
+    """' MFU n/a: <why>.' for the rows whose MFU is empty (metrics' mfu_note: no peak known for the
+    device, ...), else ''."""
+    if column not in frame or "mfu_note" not in frame:
+        return ""
+    empty = frame[pd.to_numeric(frame[column], errors="coerce").isna()]
+    reasons = [str(why) for why in dict.fromkeys(empty["mfu_note"].dropna()) if str(why)]
+    return f" MFU n/a: {prose('; '.join(reasons))}." if reasons else ""
 
 
 def measured(value: Any, target: Any) -> str:
@@ -249,13 +260,14 @@ def sensitivity_table(
         columns,
         f"Sensitivity sweep at {world} {unit}s (best point in bold).",
         "sensitivity",
-        f"Gain: throughput per {unit} over the one-{unit} baseline; one run per point.",
+        f"Gain: throughput per {unit} over the one-{unit} baseline; one run per point."
+        + mfu_missing(frame, "mfu"),
     )
 
 
 def acceptance_table(acceptance: pd.DataFrame, unit: str = "GPU") -> str:
     # a row judged from a point above 100 % says so in its note (analysis.acceptance): marked here
-    above = acceptance["note"].fillna("").astype(str).str.contains(above_ideal.PROBLEM, regex=False)
+    above = acceptance["note"].fillna("").astype(str).str.contains(above_ideal.CHECK, regex=False)
     acceptance = acceptance.assign(
         shown=[
             measured(v, t) + (ABOVE_IDEAL_MARK if a else "")

@@ -9,8 +9,8 @@ part was not), ...RemainderShare, and \\WaterfallStrongSummary, the sentence the
 \\WaterfallUnexplained says where the remainder exceeds its bound (or that it nowhere does).
 
 A point with no loss is not split (analysis.waterfall): its Remainder and RemainderShare read
-"none: no loss to split", not "not measured", and the summary says why: efficiency above 100 % is a
-measurement problem (scalestudy.analysis.above_ideal), and a study of one GPU has no scaling loss
+"none: no loss to split", not "not measured", and the summary says why: efficiency above 100 % is to
+be checked (scalestudy.analysis.above_ideal), and a study of one GPU has no scaling loss
 (waterfall.csv's 1-rank rows), which the summary says rather than leaving the paragraph empty.
 """
 
@@ -94,8 +94,8 @@ def summary(mode: str, row: pd.Series, data: Data) -> str:
     loss = row["loss_points"]
     if above_ideal.row_flagged(row, "efficiency"):
         return (
-            f"{at}, the efficiency is {percent()(row['efficiency'])}, above the ideal: "
-            f"{prose(above_ideal.PROBLEM)}; there is no loss to split."
+            f"{at}, the efficiency is {percent()(row['efficiency'])}, above the ideal; "
+            f"{prose(above_ideal.CHECK)}; there is no loss to split."
         )
     if is_missing(loss) or not loss > 0:
         return f"{at}, no efficiency is lost against the ideal: there is nothing to split."

@@ -15,7 +15,8 @@ is covered without a change here, and refuses, in one line naming every offendin
 - settings that are each valid but do not fit together or the grid: a sensitivity axis that is no
   run-config key the sweep may set, or a value that key refuses or a run folder cannot be named
   by; what the workload's spec refuses (scalestudy.plan.workload_spec: a data source it cannot read, a
-  parallelism it does not train with, a command workload without its script); a strong scaling
+  parallelism it does not train with, a command workload without its script, a setting its runs
+  would ignore: the command workload's train.micro_batch); a strong scaling
   global batch that a world size does not divide, a train.micro_batch that does not divide a grid
   point's per-GPU batch, or any other grid point the grid
   (scalestudy.plan.grid) refuses to make;
@@ -216,7 +217,21 @@ def _spec_problems(config: Mapping[str, Any], spec: workloads.WorkloadSpec) -> l
         for key, meaning in spec.section_required
         if not own.get(key)
     ]
-    return problems + _parallelism_problems(config, spec)
+    return problems + _parallelism_problems(config, spec) + _ignored_problems(config, spec)
+
+
+def _ignored_problems(config: Mapping[str, Any], spec: workloads.WorkloadSpec) -> list[str]:
+    """A train setting the workload's runs would ignore (its spec's `ignores`), set in train: or swept."""
+    axes = ((config.get("sensitivity") or {}).get("axes")) or {}
+    return [
+        f"{where}.{key} is ignored by workload.name = {spec.name!r} ({why}): remove it"
+        for key, why in spec.ignores
+        for where, value in (
+            ("train", (config.get("train") or {}).get(key)),
+            ("sensitivity.axes", axes.get(key)),
+        )
+        if value is not None
+    ]
 
 
 def _parallelism_problems(config: Mapping[str, Any], spec: workloads.WorkloadSpec) -> list[str]:

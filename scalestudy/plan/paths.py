@@ -30,3 +30,5 @@ PAPER_FIGURES_DIR = f"{PAPER_DIR}/figures"
 CRATE_DIR = f"{RESULTS_DIR}/crate"  # the study as a Workflow Run RO-Crate (and crate.zip beside it)
 COMPARE_DIR = f"{RESULTS_DIR}/compare"  # the comparison with another study (compare.against)
 COMPARISON_TABLE = f"{TABLES_DIR}/comparison.csv"  # rule compare writes it, the paper reads it
+# how the study ran, in the report's words (scalestudy.analysis.execution): report/*.rst include it
+REPORT_TEXT = f"{RESULTS_DIR}/report/executed.rst"

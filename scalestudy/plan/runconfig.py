@@ -283,6 +283,7 @@ def validate(config: dict[str, Any]) -> None:
             f"world_size={config['world_size']}"
         )
     problems += micro_batch_problems(config["micro_batch"], config["per_gpu_batch"])
+    problems += ignored_problems(config)
     if config["nesterov"] and not config["momentum"] > 0:
         problems.append(f"nesterov=true needs momentum > 0, got momentum={config['momentum']!r}")
     problems += _profile_problems(config["profile"])
@@ -336,6 +337,17 @@ def _profile_problems(profile: dict[str, Any] | None) -> list[str]:
 def _workload(config: dict[str, Any]) -> workloads.WorkloadSpec | None:
     name = config.get("workload") or workloads.DEFAULT
     return workloads.WORKLOADS.get(name) if isinstance(name, str) else None
+
+
+def ignored_problems(config: dict[str, Any]) -> list[str]:
+    """A setting the workload's runs would ignore (its spec's `ignores`: the command workload's
+    micro_batch) that is set."""
+    spec = _workload(config)
+    return [
+        f"{key}={config[key]!r} is ignored by the {spec.name} workload ({why}): leave it null"
+        for key, why in (spec.ignores if spec else ())
+        if config.get(key) is not None
+    ]
 
 
 def _run_section(config: dict[str, Any]):

@@ -103,6 +103,9 @@ class WorkloadSpec:
     section_required: tuple[tuple[str, str], ...] = ()
     section_files: tuple[str, ...] = ()
     paper: PaperWords = field(default=SCRIPT_WORDS)
+    # train.<key> settings its runs would ignore, (key, why): the config check refuses one that is set
+    # (train.<key> not null, or a sensitivity axis), naming it, rather than run a study that ignores it
+    ignores: tuple[tuple[str, str], ...] = ()
 
     def with_unit(self, unit: str) -> WorkloadSpec:
         return WorkloadSpec(**{**self.__dict__, "sample_unit": unit})

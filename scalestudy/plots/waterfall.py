@@ -4,11 +4,14 @@ of the points of efficiency lost, split into exposed communication, data-loader 
 launch overhead, straggler wait and the remainder (hatched; below zero where the parts over-explain
 the loss, as a part below zero is: the point spends less on it than its share of the reference).
 A black bar marks the loss itself; a remainder beyond the table's unexplained_share_max is labelled
-with its share. A part not measured is named under the panels, with the reason. A point with no
-loss is not split (analysis.waterfall leaves its remainder empty): no bar, but its efficiency and
-why, in words; above 100 % that is a measurement problem (scalestudy.analysis.above_ideal), never a
-negative loss drawn as parts. A table of 1-rank rows only (a one-GPU study) says that one rank has
-no scaling loss to split."""
+with its share, and the figure says under its panels that such a bar's parts are not the
+explanation of its loss (they add to more than the loss, or leave much of it unexplained). Every
+panel keeps a y-axis scale (one scale for all panels), a panel without a split bar too. A part not
+measured is named under the panels, with the reason. A point with no loss is not split
+(analysis.waterfall leaves its remainder empty): no bar, but its efficiency and why, in words; above
+100 % that is a point to check (scalestudy.analysis.above_ideal), never a negative loss drawn as
+parts. A table of 1-rank rows only (a one-GPU study) says that one rank has no scaling loss to
+split."""
 
 from __future__ import annotations
 
@@ -48,9 +51,10 @@ def waterfall(table: pd.DataFrame, png, pdf=None) -> None:
         title = style.mode_style(mode)["label"]
         ax.set_title(f"{title}, {parallelism.upper()}" if named else title)
     axes[0, 0].set_ylabel("Points of efficiency lost")
-    missing = _not_measured(frame)
+    _one_scale(axes[0][: len(panels)])
+    said = [_unexplained(split), _not_measured(frame)]
     # wrapped to the figure's width: one long line would widen the saved (tight) figure around it
-    note = "\n".join(textwrap.wrap(missing, NOTE_WIDTH))
+    note = "\n".join(line for text in said if text for line in textwrap.wrap(text, NOTE_WIDTH))
     fig.supxlabel(style.world_label() + (f"\n{note}" if note else ""), fontsize=7)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", frameon=False)
@@ -86,14 +90,14 @@ def _panel(ax, group: pd.DataFrame, measured: set[str]) -> None:
         x[split] + BAR_WIDTH / 1.6,
         colors="black",
         linewidth=1.4,
-        label="points lost",
+        label="points lost" if split.any() else "_nolegend_",
     )
     for position, (_, row) in zip(x, group.iterrows(), strict=True):
         if not split[position]:
             _not_split(ax, position, row)
         elif bool(row["unexplained_flagged"]):
             ax.annotate(
-                f"remainder {100 * row['remainder_share']:.0f} %",
+                _unexplained_label(row["remainder_share"]),
                 (position, max(above[position], row["loss_points"])),
                 xytext=(0, 3),
                 textcoords="offset points",
@@ -102,18 +106,48 @@ def _panel(ax, group: pd.DataFrame, measured: set[str]) -> None:
                 color=style.THRESHOLD_STYLE["color"],
             )
     ax.axhline(0.0, color="0.3", linewidth=0.6)
-    if not split.any():  # nothing drawn to a scale: no scale
-        ax.set_ylim(-1.0, 1.0)
-        ax.set_yticks([])
     ax.set_xticks(x)
     ax.set_xticklabels([str(int(w)) for w in group["world_size"]])
+
+
+def _unexplained_label(share: float) -> str:
+    """A flagged bar's label: its remainder's share, and what that means for its parts."""
+    return f"parts > loss\n{100 * share:.0f} %" if share < 0 else f"{100 * share:.0f} %\nunexplained"
+
+
+def _unexplained(split: pd.DataFrame) -> str:
+    """Under the panels, where some bar's remainder is beyond the table's bound: its named parts are
+    not the explanation of its loss (they add to more than it, or leave most of it unexplained)."""
+    flagged = split[split["unexplained_flagged"].astype(str).str.lower() == "true"]
+    said = []
+    for over, words in ((True, "add to more than the loss"), (False, "leave most of the loss unexplained")):
+        rows = flagged[(flagged["remainder_share"] < 0) == over]
+        where = ", ".join(
+            f"{row['mode']} N={int(row['world_size'])} ({100 * row['remainder_share']:.0f} %)"
+            for _, row in rows.iterrows()
+        )
+        if where:
+            said.append(f"at {where}, the named parts {words}")
+    return f"Not the explanation of the loss: {'; '.join(said)}." if said else ""
+
+
+def _one_scale(axes) -> None:
+    """Every panel on one y scale, with its ticks: a panel without a split bar (a point above 100 %)
+    reads against the others' scale; with no bar anywhere, a scale of a few points around zero."""
+    low = min(ax.get_ylim()[0] for ax in axes)
+    high = max(ax.get_ylim()[1] for ax in axes)
+    if high - low < 2.0:
+        low, high = min(low, -1.0), max(high, 1.0)
+    for ax in axes:
+        ax.set_ylim(low, high)
 
 
 def _not_split(ax, position: int, row: pd.Series) -> None:
     """A point with no loss to split: its efficiency and why, where its bar would stand."""
     efficiency = f"E = {100 * float(row['efficiency']):.1f} %"
     if above_ideal.row_flagged(row, "efficiency"):
-        text, colour = f"{efficiency}\nabove the ideal:\na measurement\nproblem, not split", "firebrick"
+        text = f"{efficiency}\nabove the ideal: check\n(measurement or\nsuperlinear), not split"
+        colour = "firebrick"
     else:
         text, colour = f"{efficiency}\nno loss to split", "0.3"
     ax.annotate(

@@ -15,12 +15,16 @@ scalestudy.tracking.sync adds only what a run lacks):
 
 Tags: stage (`smoke`, `comm_bench`), point, world size, nodes, hosts, config hash, git commit, image,
 attempt, and the Slurm job id and node list where the provenance has them. Artifacts: the output
-file, and in `logs/` the rule's log (with its attempts') and Snakemake's benchmark file.
+file, and in `logs/` the rule's log (with its attempts') and Snakemake's benchmark file. Times: the
+job's own, as recorded (`recorded_times`: it ended when its result's provenance was taken, and
+started its benchmark's wall seconds before), never the sync's; a smoke training step's are its
+trainer's (its journal).
 """
 
 from __future__ import annotations
 
 import csv
+import datetime as _dt
 import json
 from pathlib import Path
 from typing import Any
@@ -66,17 +70,49 @@ def provenance_tags(prov: dict[str, Any]) -> dict[str, str]:
     return {key: str(value) for key, value in values.items() if value not in (None, "")}
 
 
+def _stem(output: Path, root: Path) -> Path | None:
+    """<dir>/<name> of an output results/<dir>/<name>.<ext> (None: not under results/)."""
+    try:
+        return output.resolve().with_suffix("").relative_to((root / paths.RESULTS_DIR).resolve())
+    except ValueError:
+        return None
+
+
+def benchmark_file(output: Path, root: Path) -> Path | None:
+    """Snakemake's benchmark file of the rule that wrote `output`: results/benchmarks/<dir>/<name>.tsv."""
+    stem = _stem(output, root)
+    benchmark = root / paths.BENCHMARKS_DIR / stem.parent / f"{stem.name}.tsv" if stem else None
+    return benchmark if benchmark and benchmark.is_file() else None
+
+
 def rule_logs(output: Path, root: Path) -> list[Path]:
     """The rule's log (and its attempts') and benchmark file of an output results/<dir>/<name>.<ext>:
     results/logs/<dir>/<name>.log*, results/benchmarks/<dir>/<name>.tsv."""
-    try:
-        stem = output.resolve().with_suffix("").relative_to((root / paths.RESULTS_DIR).resolve())
-    except ValueError:
+    stem = _stem(output, root)
+    if stem is None:
         return []
     log = root / paths.LOGS_DIR / stem
     found = sorted(log.parent.glob(f"{log.name}.log*")) if log.parent.is_dir() else []
-    benchmark = root / paths.BENCHMARKS_DIR / stem.parent / f"{stem.name}.tsv"
-    return found + ([benchmark] if benchmark.is_file() else [])
+    benchmark = benchmark_file(output, root)
+    return found + ([benchmark] if benchmark else [])
+
+
+def recorded_times(timestamp: str | None, output: Path, root: Path) -> dict[str, float | None]:
+    """{started, ended} (Unix seconds) of the job that wrote `output`: it ended when its result's
+    provenance was taken (`timestamp`, ISO 8601, to the second) and started its Snakemake benchmark's
+    wall seconds (`s`) before, so the run lasts what the job lasted. Without a timestamp: None (the
+    sync's time); without a benchmark file: started = ended."""
+    try:
+        ended = _dt.datetime.fromisoformat(str(timestamp)).timestamp()
+    except ValueError:
+        return {"started": None, "ended": None}
+    wall = 0.0
+    benchmark = benchmark_file(output, root)
+    if benchmark:
+        with open(benchmark, newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        wall = store.metric_value(rows[-1].get("s")) if rows else None  # the last attempt's
+    return {"started": ended - (wall or 0.0), "ended": ended}
 
 
 # --------------------------------------------------------------------------- smoke tests
@@ -134,7 +170,9 @@ def smoke_filling(path: Path, tracking: dict, root: Path, trained: store.Filling
     given = record["run_config"]
     point = f"{SMOKE_STAGE}/{path.stem}"
     filling = trained or store.Filling(
-        tags=point_tags(point, provenance.config_hash(given), given, tracking["study"]), given=given
+        tags=point_tags(point, provenance.config_hash(given), given, tracking["study"]),
+        given=given,
+        **recorded_times(record.get("provenance", {}).get("timestamp"), path, root),
     )
     more = smoke_tags(record)
     for key in ("world_size", "nodes"):  # io: the job's shape, not its run config's
@@ -212,4 +250,5 @@ def comm_filling(path: Path, tracking: dict, root: Path) -> store.Filling:
         slurm=[(prov.get("slurm.job_id") or None, prov.get("slurm.job_nodelist") or None)],
         metrics=comm_metrics(rows),
         artifacts={"": [path], "logs": rule_logs(path, root)},
+        **recorded_times(prov.get("timestamp"), path, root),
     )

@@ -151,6 +151,38 @@ def stage_runs(mlflow_client, experiment: str) -> list[str]:
     return [run.info.run_id for run in mlflow_client.search_runs([experiment], filter_string=query)]
 
 
+def children(mlflow_client, experiment: str, run_id: str) -> list:
+    """The runs nested under `run_id` (MLflow's parent tag)."""
+    query = f"tags.`{PARENT_TAG}` = '{run_id}'"
+    return mlflow_client.search_runs([experiment], filter_string=query, max_results=50000)
+
+
+def finish_stage(mlflow_client, experiment: str, stage_id: str) -> str:
+    """A stage's run FINISHED over its own points' span: from the first point's start to the last
+    one's end, not the study's (a stage run is made when the grid is scheduled, at the study's
+    start). MLflow moves no start time, so a stage run that started earlier is made again from its
+    first point's start (started_again), its points nested under the new one. Points that never
+    started (SCHEDULED) count for nothing; a stage without a started point ends now. Its run id."""
+    points = children(mlflow_client, experiment, stage_id)
+    ran = [run for run in points if run.info.status != "SCHEDULED" and run.info.start_time]
+    if not ran:
+        set_status(mlflow_client, stage_id, "FINISHED")
+        return stage_id
+    first = min(run.info.start_time for run in ran)
+    last = max((run.info.end_time for run in ran if run.info.end_time), default=None)
+    stage = mlflow_client.get_run(stage_id)
+    if stage.info.start_time != first:
+        nest = {PARENT_TAG: stage.data.tags[PARENT_TAG]} if PARENT_TAG in stage.data.tags else {}
+        stage_id = started_again(mlflow_client, experiment, stage, nest, first / 1000)
+        for run in points:
+            mlflow_client.set_tag(run.info.run_id, PARENT_TAG, stage_id)
+        for key, known in list(_STAGE_RUNS.items()):  # this process's cache of the stage's run
+            if known == stage.info.run_id:
+                _STAGE_RUNS[key] = stage_id
+    set_status(mlflow_client, stage_id, "FINISHED", ended=last / 1000 if last else None)
+    return stage_id
+
+
 def point_run(
     mlflow_client,
     experiment: str,
@@ -181,7 +213,7 @@ def point_run(
             if run.data.tags.get(key) != value:
                 mlflow_client.set_tag(run.info.run_id, key, value)
         return run.info.run_id, False
-    start_ms = int(started * 1000) if started else None
+    start_ms = round(started * 1000) if started else None
     run_id = mlflow_client.create_run(experiment, start_time=start_ms, tags=dict(tags) | nest).info.run_id
     if given is not None:
         log_params(mlflow_client, run_id, given)
@@ -190,13 +222,14 @@ def point_run(
 
 
 def started_again(mlflow_client, experiment: str, run, nest: dict[str, str], started: float | None) -> str:
-    """A SCHEDULED run made again as it starts: a new run from `started` (or now) with its tags and
-    params; the SCHEDULED one is deleted (MLflow's soft delete: out of the runs table)."""
+    """A run made again from `started` (or now), with its tags and params: a SCHEDULED run as it
+    starts, a stage's run at its first point's start; the old one is deleted (MLflow's soft delete:
+    out of the runs table)."""
     from mlflow.entities import Param
 
     tags = {key: value for key, value in run.data.tags.items() if not key.startswith("mlflow.")}
     tags |= {"mlflow.runName": run.data.tags.get("mlflow.runName") or run.info.run_name} | nest
-    start_ms = int((started or time.time()) * 1000)
+    start_ms = round((started or time.time()) * 1000)
     run_id = mlflow_client.create_run(experiment, start_time=start_ms, tags=tags).info.run_id
     params = [Param(key, value) for key, value in run.data.params.items()]
     for start in range(0, len(params), 100):
@@ -227,7 +260,7 @@ def set_status(
     if reason:
         mlflow_client.set_tag(run_id, "failure_reason", reason[:5000])
     if status in ("FINISHED", "FAILED", "KILLED"):
-        mlflow_client.set_terminated(run_id, status, end_time=int(ended * 1000) if ended else None)
+        mlflow_client.set_terminated(run_id, status, end_time=round(ended * 1000) if ended else None)
     else:
         mlflow_client.update_run(run_id, status=status)
 

@@ -222,7 +222,7 @@ def sync(
     runs += [store.fill(client, experiment, parent, filling) for filling in preflight]
     study = sync_study(client, experiment, parent, study_files, root)
     for stage in store.stage_runs(client, experiment):  # rule track runs once the study's outputs exist
-        store.set_status(client, stage, "FINISHED")
+        store.finish_stage(client, experiment, stage)
     store.set_status(client, parent, "FINISHED")
     return {
         "experiment": tracking["experiment"],

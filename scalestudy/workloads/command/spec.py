@@ -20,4 +20,5 @@ SPEC = WorkloadSpec(
     section_required=(("script", "the script to run"),),
     section_files=("script",),
     paper=SCRIPT_WORDS,
+    ignores=(("micro_batch", "gradient accumulation is the trainer's, and your script runs its own steps"),),
 )
