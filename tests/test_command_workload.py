@@ -1,4 +1,4 @@
-"""The command workload: the user's own script through the runner (scalestudy.train.command.runner).
+"""The command workload: the user's own script through the runner (scalestudy.workloads.command.runner).
 
 Known answers for the window and the progress file; the contract's Reporter; the runner with tiny
 standard-library scripts (errors, checkpoint folder); and the example DDP script end to end with
@@ -25,8 +25,8 @@ from scalestudy import contract
 from scalestudy.analysis.aggregate import summary_row
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.train import program, steady
-from scalestudy.train.command import runner as command
-from scalestudy.train.command.progress import ProgressError, read_progress, step_results
+from scalestudy.workloads.command import runner as command
+from scalestudy.workloads.command.progress import ProgressError, read_progress, step_results
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_script.py"

@@ -327,7 +327,9 @@ def test_gradient_bytes_come_from_the_parameters_or_the_resnet_width():
     lm = resnet.drop(columns="config.width").assign(parameters=1_853_568)
     assert commmodel.gradient_bytes(lm) == [4 * 1_853_568] * len(lm)
     assert commmodel.gradient_bytes(lm.assign(**{"config.comm_hook": "bf16"})) == [2 * 1_853_568] * len(lm)
-    with pytest.raises(ValueError, match="strong/w1_r0 has neither parameters nor config.width"):
+    with pytest.raises(
+        ValueError, match="strong/w1_r0 has neither parameters nor a closed form of its model"
+    ):
         commmodel.gradient_bytes(resnet.drop(columns="config.width"))
 
 

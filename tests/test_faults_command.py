@@ -2,7 +2,7 @@
 it: scripts that ignore SIGTERM or leave children behind, a runner or torchrun agent SIGKILLed, a
 failing script's stderr (items 3, 4 and 9). The trainer's and the workflow's: test_faults.py.
 
-Real processes: the command workload's runner (scalestudy.train.command under python -m
+Real processes: the command workload's runner (scalestudy.workloads.command under python -m
 scalestudy.train) at 1 rank, and under
 torchrun (gloo-free: the runner needs no process group) at 2 ranks.
 """
@@ -67,7 +67,7 @@ def child_env(**extra) -> dict[str, str]:
 
 
 def command_process_env() -> str:
-    from scalestudy.train.command.process import GRACE_ENV
+    from scalestudy.workloads.command.process import GRACE_ENV
 
     return GRACE_ENV
 
@@ -251,7 +251,7 @@ def test_a_failing_script_is_logged_at_error_with_its_last_lines_of_stderr(tmp_p
     )
     assert result.returncode == 3
     error = result.stderr[
-        result.stderr.index("ERROR scalestudy.train.command: rank 0: script exited with 3") :
+        result.stderr.index("ERROR scalestudy.workloads.command: rank 0: script exited with 3") :
     ]
     assert "its last lines of stderr:\nstderr line 11\nstderr line 12\n" in error  # the last 20, in order
     assert "stderr line 29\nRuntimeError: the last words" in error

@@ -103,7 +103,8 @@ def test_repeat_stats_ignores_missing_values():
 def test_mfu_arithmetic():
     flops_per_image = 3 * (270336 * 64**2 + 55456 * 64)  # training = 3 x forward
     expected = 1000.0 * flops_per_image / 989.4e12
-    got = metrics.mfu(1000.0, 64, "bf16", "NVIDIA H100 80GB HBM3", "cuda", SETTINGS)
+    forward = metrics.closed_form(pd.Series({"workload": "resnet18-cifar10", "config.width": 64}))[1]
+    got = metrics.mfu_of_flops(1000.0, 3 * forward, "bf16", "NVIDIA H100 80GB HBM3", "cuda", SETTINGS)
     assert got == pytest.approx(expected)
     assert got == pytest.approx(0.003368, rel=1e-3)
 
@@ -125,7 +126,7 @@ def test_peak_lookup(device_name, device, precision, peak):
 
 
 def test_unknown_device_gives_nan_mfu():
-    assert math.isnan(metrics.mfu(1000.0, 64, "bf16", "Some TPU", "xla", SETTINGS))
+    assert math.isnan(metrics.mfu_of_flops(1000.0, 3.3e9, "bf16", "Some TPU", "xla", SETTINGS))
 
 
 def test_model_size_matches_measured_constants():

@@ -274,15 +274,22 @@ def test_the_sbatch_wrapper_waits_the_schemas_submit_retry_minutes_by_default(tm
         submit_retry.main(["--skip-dir", str(tmp_path), "--", "--wrap", "true"])
 
 
-def test_tokenize_checks_the_default_presets_sequence_length():
+def test_the_lm_presets_live_in_the_gpt_workload_and_the_schema_names_them():
+    """GPT's presets are the gpt workload's (workloads/gpt/presets.py): the schema's preset enum names
+    them, nothing else spells their sizes, and tokenize takes the sequence length it is given (the
+    spec's preprocess options: the config's, else its preset's) rather than a default of its own."""
     from scalestudy.data import tokenize
-    from scalestudy.plan import workloads
+    from scalestudy.workloads.gpt import presets
 
-    assert workloads.gpt_seq_len(None) == tokenize.DEFAULT_SEQ_LEN
-    assigned = [
-        node.value
-        for node in parsed()["scalestudy/data/tokenize.py"].tree.body
-        if isinstance(node, ast.Assign)
-        and [getattr(t, "id", None) for t in node.targets] == ["DEFAULT_SEQ_LEN"]
+    assert schema.node("model", "gpt", "preset")["enum"] == [*presets.PRESETS, None]
+    assert (
+        presets.seq_len(None) == presets.PRESETS[schema.node("model", "gpt", "preset")["default"]]["seq_len"]
+    )
+    found = [
+        (where, node.lineno)
+        for where, module in parsed().items()
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Dict) and {"seq_len", "d_model", "heads"} <= {literal(k) for k in node.keys}
     ]
-    assert len(assigned) == 1 and literal(assigned[0]) is None
+    assert [where for where, _ in found] == ["scalestudy/workloads/gpt/presets.py"] * len(presets.PRESETS)
+    assert not hasattr(tokenize, "DEFAULT_SEQ_LEN")

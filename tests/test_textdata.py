@@ -190,7 +190,10 @@ def test_fetch_command_line_text_tries_the_mirror_first_then_the_url(corpus_serv
 
 
 def _tokenize_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "scalestudy.data.tokenize", *args]
+    """The command line as the preprocess rule runs it: --seq-len always given (the demo preset's
+    128 unless `args` name another)."""
+    seq_len = () if "--seq-len" in args else ("--seq-len", "128")
+    command = [sys.executable, "-m", "scalestudy.data.tokenize", *args, *seq_len]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 

@@ -140,7 +140,9 @@ def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     """The runs whose gradient bytes are known (a user's script that reports no parameter count,
     scalestudy.contract's "model" line, cannot be modelled): the others are named and
     left out."""
-    known = _numeric(scaling, "parameters").notna() | _numeric(scaling, "config.width").notna()
+    known = pd.Series(
+        [count is not None for count in parameter_counts(scaling)], index=scaling.index, dtype=bool
+    )
     if not known.all():
         points = scaling.loc[~known, "point"] if "point" in scaling else scaling.index[~known]
         log.warning(
@@ -151,23 +153,31 @@ def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     return scaling[known]
 
 
-def gradient_bytes(runs: pd.DataFrame) -> list[float]:
-    """Bytes each run's all-reduce moves per step: its `parameters` (any workload) or, in a catalog
-    without them, the ResNet-18's closed form of config.width; fp32 or 16-bit (comm hook)."""
-    hooks = runs["config.comm_hook"] if "config.comm_hook" in runs else pd.Series("none", runs.index)
+def parameter_counts(runs: pd.DataFrame) -> list[int | None]:
+    """Each run's parameters: its own count (any workload), else its workload's closed form
+    (metrics.closed_form: the ResNet's of its width, for a catalog without counts); None: unknown."""
     counted = _numeric(runs, "parameters")
-    width = _numeric(runs, "config.width")
-    grad = []
-    for index, hook in hooks.items():
+    found: list[int | None] = []
+    for index, r in runs.iterrows():
         if pd.notna(counted[index]):
-            parameters = int(counted[index])
-        elif pd.notna(width[index]):
-            parameters = modelsize.parameters(int(width[index]))
+            found.append(int(counted[index]))
         else:
+            size = metrics.closed_form(r)
+            found.append(None if size is None else int(size[0]))
+    return found
+
+
+def gradient_bytes(runs: pd.DataFrame) -> list[float]:
+    """Bytes each run's all-reduce moves per step: from its parameters (parameter_counts); fp32 or
+    16-bit (comm hook)."""
+    hooks = runs["config.comm_hook"] if "config.comm_hook" in runs else pd.Series("none", runs.index)
+    grad = []
+    for (index, hook), parameters in zip(hooks.items(), parameter_counts(runs), strict=True):
+        if parameters is None:
             point = runs["point"][index] if "point" in runs else index
             raise ValueError(
-                f"runs: scaling run {point} has neither parameters nor config.width: its gradient bytes "
-                "are unknown"
+                f"runs: scaling run {point} has neither parameters nor a closed form of its model: its "
+                "gradient bytes are unknown"
             )
         grad.append(modelsize.gradient_bytes_of(parameters, str(hook)))
     return grad

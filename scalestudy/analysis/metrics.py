@@ -24,8 +24,10 @@ summary.json's images_per_s; scalestudy/train/steady.py):
 * weak scaling (fixed per-GPU batch): E_w(N) = T(1) / T(N) with T the time per step at that fixed
   per-GPU work = x(N) / x(1) = S(N) / N as well. Throughput is used rather than epoch_time_s so that
   capped epochs (max_steps_per_epoch) and the shrinking weak-scaling epoch compare like for like;
-* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision (ResNet-18:
-  the closed form of modelsize; other workloads: not computed, NaN);
+* MFU = x * training FLOPs per sample / the device's peak FLOP/s at the run's precision: the
+  workload's closed form where its spec has one (ResNet-18: scalestudy.analysis.modelsize's of its
+  width) times analysis.train_flops_factor, else the training FLOPs its trainer counted (the LM's);
+  NaN where neither is known (a script's);
 * memory per rank: the median over repeats of peak_memory_bytes (max over ranks; CUDA's peak
   allocation, or the CPU's peak RSS: peak_memory_source) and model_state_bytes_per_rank;
 * repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
@@ -49,7 +51,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import above_ideal, cli, contention, energy, modelsize
+from scalestudy.analysis import above_ideal, cli, contention, energy
 from scalestudy.analysis.stats import repeat_stats
 from scalestudy.analysis.tableio import read_csv, require_columns
 from scalestudy.plan import grid, runconfig, schema, workloads
@@ -91,7 +93,6 @@ OPTIONAL_RUN_COLUMNS = (
     "measured_steps",
     "whole_run_images_per_s",
     "whole_run_images_per_s_per_gpu",
-    "config.width",
     "peak_memory_bytes",
     "model_state_bytes_per_rank",
     "peak_memory_source",
@@ -123,15 +124,6 @@ def find_peak_tflops(
     if precision not in peaks[key]:
         return math.nan, key
     return float(peaks[key][precision]), key
-
-
-def mfu(
-    images_per_s_per_gpu: float, width: int, precision: str, device_name, device, settings: dict
-) -> float:
-    """Model FLOPs utilisation of one GPU (0..1) of the ResNet of `width`; NaN when the device has no
-    configured peak."""
-    flops = modelsize.train_flops_per_image(int(width), settings["train_flops_factor"])
-    return mfu_of_flops(images_per_s_per_gpu, flops, precision, device_name, device, settings)
 
 
 def mfu_of_flops(
@@ -167,9 +159,12 @@ def run_metrics(runs: pd.DataFrame, settings: dict, where: str = "runs") -> pd.D
     runs = mark_contention(runs, settings["monitor"]["min_window_samples"])
     runs["time_per_step_s"] = time_per_step(runs)
     runs["precision"] = effective_precision(runs)
-    runs["mfu"] = [_mfu_of(r, settings) for _, r in runs.iterrows()]
-    _warn_missing_peaks(runs)
-    _check_flops(runs)
+    forward = closed_form_flops(runs)
+    runs["mfu"] = [
+        _mfu_of(r, flops, settings) for (_, r), flops in zip(runs.iterrows(), forward, strict=True)
+    ]
+    _warn_missing_peaks(runs, forward)
+    _check_flops(runs, forward)
     return _add_speedup(runs)
 
 
@@ -241,21 +236,39 @@ def _joined(notes: pd.Series, more) -> pd.Series:
     return (notes.fillna("").astype(str) + "; " + more).str.removeprefix("; ")
 
 
-def _mfu_of(r: pd.Series, settings: dict) -> float:
-    """The ResNet's from its width (the closed form, modelsize); another workload's from the training
-    FLOPs per sample its trainer counted (the LM's 6N + attention per token); else NaN."""
-    if pd.notna(r["config.width"]):
-        return mfu(
-            r["images_per_s_per_gpu"],
-            r["config.width"],
-            r["precision"],
-            r["device_name"],
-            r["device"],
-            settings,
-        )
-    flops = r.get("train_flops_per_image")
-    if flops is None or pd.isna(flops):
-        return math.nan
+def closed_form(r: pd.Series) -> tuple[int, float] | None:
+    """(parameters, forward FLOPs per sample) of a run's model from its workload's closed form (its
+    spec's model_size over the run's config.* columns: the ResNet's of its width); None where the
+    workload has none (the LM, a script: their trainers count) or the run lacks what it needs. A
+    catalog without a workload column is the ResNet study's (SERIES_DEFAULTS)."""
+    name = r.get("workload")
+    spec = workloads.WORKLOADS.get(SERIES_DEFAULTS["workload"] if _missing(name) else name)
+    if spec is None or spec.model_size is None:
+        return None
+    run = {key.removeprefix("config."): value for key, value in r.items() if key.startswith("config.")}
+    return spec.closed_form({key: value for key, value in run.items() if not _missing(value)})
+
+
+def closed_form_flops(runs: pd.DataFrame) -> pd.Series:
+    """The forward FLOPs per sample of each run's closed form (closed_form); NaN where there is none."""
+    sizes = [closed_form(r) for _, r in runs.iterrows()]
+    return pd.Series([math.nan if size is None else size[1] for size in sizes], index=runs.index, dtype=float)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _mfu_of(r: pd.Series, forward_flops: float, settings: dict) -> float:
+    """From the closed form's training FLOPs per sample (forward x analysis.train_flops_factor) where
+    the workload has one, else from those its trainer counted (the LM's 6N + attention per token);
+    else NaN."""
+    if pd.notna(forward_flops):
+        flops = settings["train_flops_factor"] * forward_flops
+    else:
+        flops = r.get("train_flops_per_image")
+        if flops is None or pd.isna(flops):
+            return math.nan
     return mfu_of_flops(
         r["images_per_s_per_gpu"], flops, r["precision"], r["device_name"], r["device"], settings
     )
@@ -284,26 +297,26 @@ def effective_precision(runs: pd.DataFrame) -> pd.Series:
     return runs["precision_effective"].where(runs["precision_effective"].notna(), configured)
 
 
-def _check_flops(runs: pd.DataFrame) -> None:
-    """MFU uses the closed form of modelsize; say so if the trainer's flop counter disagrees."""
+def _check_flops(runs: pd.DataFrame, forward: pd.Series) -> None:
+    """MFU uses the workload's closed form; say so if the trainer's flop counter disagrees."""
     if "forward_flops_per_image" not in runs:
         return
-    for _, r in runs.dropna(subset=["forward_flops_per_image", "config.width"]).iterrows():
-        formula = modelsize.forward_flops_per_image(int(r["config.width"]))
-        if abs(r["forward_flops_per_image"] / formula - 1.0) > 0.05:
+    counted = pd.to_numeric(runs["forward_flops_per_image"], errors="coerce")
+    for index in runs.index[counted.notna() & forward.notna()]:
+        r = runs.loc[index]
+        if abs(counted[index] / forward[index] - 1.0) > 0.05:
             log.warning(
-                "%s/%s: the trainer counted %.4g forward FLOPs per image, the width-%d formula %.4g",
+                "%s/%s: the trainer counted %.4g forward FLOPs per sample, the workload's closed form %.4g",
                 r["stage"],
                 r["point"],
-                r["forward_flops_per_image"],
-                r["config.width"],
-                formula,
+                counted[index],
+                forward[index],
             )
 
 
-def _warn_missing_peaks(runs: pd.DataFrame) -> None:
+def _warn_missing_peaks(runs: pd.DataFrame, forward: pd.Series) -> None:
     counted = runs["train_flops_per_image"].notna() if "train_flops_per_image" in runs else False
-    without_flops = runs["config.width"].isna() & ~counted
+    without_flops = forward.isna() & ~counted
     if without_flops.any():
         log.info("MFU left empty for %d run(s) of a workload without a FLOP count here", without_flops.sum())
     for device in runs.loc[runs["mfu"].isna() & ~without_flops, "device_name"].dropna().unique():

@@ -26,9 +26,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from scalestudy.atomic import atomic_path
@@ -347,6 +348,18 @@ def make_synthetic_text(out: Path, n_bytes: int, seed: int, expected: Expected) 
         if expected != Expected():
             verify(tmp, expected, f"synthetic text corpus (seed {seed}, {n_bytes} bytes)")
     return out
+
+
+def download_args(data: Mapping[str, Any]) -> list[str]:
+    """This command's arguments after --out for a download described by a study config's `data:`
+    section (mirrors first, then its URL, checked against its size and checksums)."""
+    args = ["--url", data["url"], "--md5", data["md5"], "--size", data["size_bytes"]]
+    args += ["--timeout", data["timeout_s"], "--retries", data["retries"]]
+    if data["sha256"]:
+        args += ["--sha256", data["sha256"]]
+    for mirror in data["mirrors"]:
+        args += ["--mirror", mirror]
+    return [str(arg) for arg in args]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -307,27 +307,11 @@ def _same(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
 
 
-def gpt_seq_len(config: dict) -> int:
-    """The LM's sequence length: model.gpt.seq_len, else its preset's."""
-    return workloads.gpt_seq_len(config["model"].get("gpt"))
-
-
 def samples_per_epoch(config: dict) -> int | None:
-    """Training samples per epoch, in what per_gpu_batch counts: CIFAR-10's 50,000 images or the
-    synthetic archive's; for the LM the sequences (windows of seq_len + 1 tokens) of the synthetic
-    corpus's training share (one token per byte). None where only preprocessing or the user's
-    script can tell (a downloaded corpus, the command workload)."""
-    data = config["data"]
-    kind = workloads.of_config(config).data
-    if kind == workloads.CIFAR10:
-        if data["source"] == "synthetic":
-            return 10 * data.get("synthetic", {}).get("train_per_class", 5000)
-        return 50_000
-    if kind == workloads.TEXT and data["source"] == "synthetic":
-        seq_len = gpt_seq_len(config)
-        corpus = data.get("synthetic_text", {}).get("bytes", 600_000)
-        return int(corpus * (1 - data.get("test_fraction", 0.1))) // (seq_len + 1)
-    return None
+    """Training samples per epoch, in what per_gpu_batch counts, as the workload's spec tells them
+    (CIFAR-10's images, the LM's sequences of a synthetic corpus); None where only preprocessing or
+    the user's script can tell (a downloaded corpus, the command workload)."""
+    return workloads.of_config(config).epoch_samples(config)
 
 
 def window_problems(config: dict) -> list[str]:

@@ -19,7 +19,7 @@ import importlib.resources
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,17 @@ def node(*path: str) -> dict[str, Any]:
         except KeyError:
             where = ".".join(path[:depth]) or "the top level"
             raise KeyError(f"{PATH}: no {part!r} under {where}'s properties") from None
+    return found
+
+
+def setting(config: Mapping[str, Any], *path: str) -> Any:
+    """The config's value at `path` ("data", "synthetic", "seed"), else the schema's default there
+    (for a config, or a part of one, that the schema's defaults were not filled into)."""
+    found: Any = config
+    for part in path:
+        if not isinstance(found, Mapping) or part not in found:
+            return copy.deepcopy(node(*path).get("default"))
+        found = found[part]
     return found
 
 
