@@ -149,7 +149,7 @@ def test_inherited_rendezvous_variables_do_not_reach_the_ranks():
     [
         ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
         ({"nodes": 1, "tasks_per_node": 2, "world_size": 3}, "world_size=3 does not fit"),
-        ({"launcher": "mpirun"}, "launcher must be auto, local or srun"),
+        ({"launcher": "mpirun"}, "launcher must be one of auto, local, srun, got 'mpirun'"),
         ({"env": {"NCCL_DEBUG": 1}}, "env must map variable names to strings"),
         ({"tasks": 3}, r"unknown launch spec key\(s\) \['tasks'\]"),
         ({"binds": "/data"}, "binds must be a list"),

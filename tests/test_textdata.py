@@ -259,9 +259,9 @@ def test_command_line_end_to_end(tmp_path):
         (
             b"x" * 1000,
             ("--test-fraction", "1.0"),
-            "--test-fraction must lie strictly between 0 and 1, got 1.0",
+            "--test-fraction must be a number > 0 and < 1, got 1.0",
         ),
-        (b"x" * 1000, ("--test-fraction", "0"), "--test-fraction must lie strictly between 0 and 1, got 0.0"),
+        (b"x" * 1000, ("--test-fraction", "0"), "--test-fraction must be a number > 0 and < 1, got 0.0"),
         (b"x" * 1000, ("--tokenizer", "gpt2"), "unknown tokenizer 'gpt2': one of bytes"),
         (b"x" * 1000, ("--seq-len", "0"), "--seq-len must be at least 1, got 0"),
     ],

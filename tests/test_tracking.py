@@ -164,7 +164,7 @@ OPEN_AT_ONCE = """
 import pathlib, sys, time
 from scalestudy.tracking import store
 import mlflow  # imported before the start: the processes open the store together
-settings = {"uri": sys.argv[1], "experiment": "at-once"}
+settings = {"uri": sys.argv[1], "experiment": "at-once", "timeout_s": 5.0}  # as tracking.settings gives it
 folder = pathlib.Path(sys.argv[2])
 (folder / f"ready-{sys.argv[3]}").touch()
 while not (folder / "go").exists():

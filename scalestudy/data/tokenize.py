@@ -88,8 +88,9 @@ def split_bytes(size: int, test_fraction: float) -> dict[str, range]:
 
 def plan(corpus: Path, test_fraction: float, tokenizer: Tokenizer, seq_len: int) -> dict[str, range]:
     """Check everything that can be checked before work starts; return the splits' byte ranges."""
-    if not 0 < test_fraction < 1:
-        raise CorpusError(f"--test-fraction must lie strictly between 0 and 1, got {test_fraction}")
+    share = schema.rule_of(schema.node("data", "test_fraction"))  # the schema's range: (0, 1)
+    if not share.accepts(test_fraction):
+        raise CorpusError(f"--test-fraction must be {share.describe()}, got {test_fraction}")
     if seq_len < 1:
         raise CorpusError(f"--seq-len must be at least 1, got {seq_len}")
     if not corpus.exists():

@@ -261,7 +261,7 @@ def point_by_name(config: dict, stage: str, name: str, points: dict[str, Point] 
 def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/architecture.md)."""
     workload = workloads.of_config(config)
-    run: dict[str, Any] = {key: config["train"][key] for key in runconfig.TRAIN_KEYS}
+    run: dict[str, Any] = {key: config["train"][key] for key in runconfig.train_keys()}
     run.update({key: _model_value(config, key, workload) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
     measured = runconfig.MEASURE_KEYS.items()
