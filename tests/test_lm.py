@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from scalestudy import contract
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize
 from scalestudy.train import program
@@ -202,7 +203,7 @@ def test_the_lm_learns_and_reports_in_tokens(reference):
 def test_a_killed_lm_run_resumes_bit_exactly(runs, reference):
     out, ckpt, config = runs("signal")
     with _SignalAtStep(5):
-        assert _main(out, config) == train.EXIT_RESUMABLE
+        assert _main(out, config) == contract.EXIT_RESUMABLE
     assert sharded_checkpoint.latest(ckpt)[0]["position"]["global_step"] == 5
     assert _main(out, config) == 0
     theirs, ours = _weights(reference[1]), _weights(ckpt)
@@ -247,7 +248,7 @@ def test_a_checkpoint_reshards_from_two_ranks_to_one_and_back(runs, two_rank_run
     assert 4 <= saved < 10
     one_rank = runs("reshard", parallelism="fsdp", checkpoints="reshard")[2]
     with _SignalAtStep(10):
-        assert _main(out, one_rank) == train.EXIT_RESUMABLE
+        assert _main(out, one_rank) == contract.EXIT_RESUMABLE
     # FSDP2 runs one rank in a process group too: the stop is agreed on after the next step
     second = sharded_checkpoint.latest(ckpt)[0]["position"]["global_step"]
     assert second in (10, 11)
@@ -263,7 +264,7 @@ def test_a_checkpoint_reshards_from_two_ranks_to_one_and_back(runs, two_rank_run
 def test_a_resume_that_would_change_the_global_batch_is_refused(runs, reference, capsys):
     out, ckpt, config = runs("refused")
     with _SignalAtStep(3):
-        assert _main(out, config) == train.EXIT_RESUMABLE
+        assert _main(out, config) == contract.EXIT_RESUMABLE
     bigger = {**config, "per_gpu_batch": 32, "global_batch": 32}
     assert _main(out, bigger) == program.EXIT_BAD_CONFIG
     message = capsys.readouterr().err

@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from scalestudy import contract
 from scalestudy.benchmark import lm
 from scalestudy.contract import EXIT_BAD_CONFIG
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.plan import configcheck, runconfig
 from scalestudy.plan.grid import Point
 from scalestudy.train import accumulation
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from tests import test_lm
 from tests.test_lm import (
@@ -117,7 +117,7 @@ def test_a_killed_accumulating_run_resumes_bit_exactly(runs):
         out, ckpt, config = runs(f"micro_resume_{name}", epochs=2, max_steps_per_epoch=4, micro_batch=4)
         if stop:
             with _SignalAtStep(stop):
-                assert _main(out, config) == train.EXIT_RESUMABLE
+                assert _main(out, config) == contract.EXIT_RESUMABLE
             assert sharded_checkpoint.latest(ckpt)[0]["position"]["global_step"] == stop
         assert _main(out, config) == 0
         finals[name] = (out, _weights(ckpt))

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from scalestudy import contract
 from scalestudy.plan import runconfig
 from scalestudy.train import program
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
 from tests.trainer_runs import BASE
@@ -54,7 +54,7 @@ def test_a_sigterm_in_a_paced_run_stops_after_that_step_with_its_checkpoint(tmp_
     records it, and the run stops at step 2, checkpointed (exit 75), then resumes to the end."""
     with SigtermAtStep(2):
         code = _run(tmp_path / "stopped", data_dir, min_step_s=PACE_S)
-    assert code == train.EXIT_RESUMABLE
+    assert code == contract.EXIT_RESUMABLE
     state, _ = checkpoint.load_latest(tmp_path / "stopped" / "ckpt")
     assert state["position"]["global_step"] == 2
     assert _run(tmp_path / "stopped", data_dir, min_step_s=PACE_S) == 0  # and it resumes to the end

@@ -24,6 +24,7 @@ from scalestudy.data.synthetic_cifar import generate_arrays
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
+from scalestudy.train import journal  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = {
@@ -127,8 +128,8 @@ def all_metrics(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
 def test_tracking_off_gives_no_settings_and_no_variables():
     assert tracking.settings({"tracking": {"enabled": False}}) is None
     assert tracking.to_environ(None) == {}
-    assert tracking.from_environ({}) is None
-    assert tracking.from_environ({tracking.ENV: "not json"}) is None
+    assert journal.from_environ({}) is None
+    assert journal.from_environ({tracking.ENV: "not json"}) is None
 
 
 def test_the_default_store_is_an_sqlite_file_under_results(tmp_path):
@@ -141,7 +142,7 @@ def test_the_default_store_is_an_sqlite_file_under_results(tmp_path):
         "mine",
         None,
     )
-    assert tracking.from_environ(tracking.to_environ(server)) == server
+    assert journal.from_environ(tracking.to_environ(server)) == server
 
 
 def test_a_run_config_is_flattened_into_params():
@@ -290,7 +291,7 @@ def test_a_scheduled_run_starts_when_its_job_started_not_when_it_was_scheduled(f
     start, end = time.time() + 60, time.time() + 76  # a 16 s run that waited a minute in the queue
     records = [{"kind": "start", "at": start}, {"kind": "end", "at": end, "status": "FINISHED"}]
     text = "".join(json.dumps({**item, "config_hash": config_hash}) + "\n" for item in records)
-    (folder / tracking.JOURNAL).write_text(text)
+    (folder / journal.JOURNAL).write_text(text)
     sync.sync(settings, study / "results/runs", [], study)
     (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
     assert run.info.run_id != scheduled.info.run_id

@@ -24,6 +24,7 @@ from tests.test_tracking_train import global_step
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
+from scalestudy.train.journal import JOURNAL  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -97,7 +98,7 @@ def test_the_server_killed_mid_run_loses_nothing_and_doubles_nothing(study):
         point = tracking.point_of(folder)
         (run,) = store.find_runs(client, experiment, point)
         assert run.info.status == "FINISHED", point
-        journal = [json.loads(line) for line in (folder / tracking.JOURNAL).read_text().splitlines()]
+        journal = [json.loads(line) for line in (folder / JOURNAL).read_text().splitlines()]
         wanted = sorted(item["at"][0] for item in journal if item["kind"] == "step")
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s"))
         assert steps == wanted and len(set(steps)) == len(steps), point  # every step, once

@@ -25,6 +25,7 @@ from tests.test_tracking_live import wait_for
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
+from scalestudy.train import journal  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
@@ -103,9 +104,7 @@ def test_an_unreachable_server_changes_no_result(tmp_path, data_dir, monkeypatch
     assert train(on, config_on) == 0
     warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
     assert warnings == []  # the job never talks to the server (the follower warns: test_tracking_live)
-    assert sorted(p.name for p in on.iterdir()) == sorted(
-        [*(p.name for p in off.iterdir()), tracking.JOURNAL]
-    )
+    assert sorted(p.name for p in on.iterdir()) == sorted([*(p.name for p in off.iterdir()), journal.JOURNAL])
     learning = ["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr"]
     pd.testing.assert_frame_equal(
         pd.read_csv(on / "metrics.csv")[learning], pd.read_csv(off / "metrics.csv")[learning]

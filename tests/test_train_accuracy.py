@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from scalestudy import contract
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize
 from scalestudy.train import program
@@ -156,7 +157,7 @@ def test_a_resumed_lm_carries_the_counted_samples_bit_for_bit(lm_reference, tmp_
     tokens only; the resumed run's metrics.csv is the uninterrupted one's."""
     out, ckpt, config = _lm_config(tmp_path, lm_data, "killed")
     with SigtermAtStep(4):
-        assert _main(out, config) == train.EXIT_RESUMABLE
+        assert _main(out, config) == contract.EXIT_RESUMABLE
     progress = sharded_checkpoint.latest(ckpt)[0]["epoch_progress"]
     assert progress["images"] == 4 * TOKENS_PER_STEP and progress["counted"] == TOKENS_PER_STEP
     assert 0 <= progress["correct"] <= TOKENS_PER_STEP

@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
+from scalestudy import contract
 from scalestudy.train import program
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
 
@@ -93,7 +93,7 @@ def _run_and_resume(tmp_path, data_dir, changes: dict) -> tuple[dict, dict]:
         config = {**BASE, "data_dir": str(data_dir), "checkpoint_dir": str(folder / "ckpt"), **changes}
         for stop in stops:
             with SigtermAtStep(stop):
-                assert _main(folder, config) == train.EXIT_RESUMABLE
+                assert _main(folder, config) == contract.EXIT_RESUMABLE
             assert _final(folder)["position"]["global_step"] == stop
         assert _main(folder, config) == 0
         finals.append(_final(folder))

@@ -13,7 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import above_ideal, aggregate, commmodel, metrics, modelsize, settings, waterfall
+from scalestudy.analysis import (
+    above_ideal,
+    aggregate,
+    commpredict,
+    metrics,
+    modelsize,
+    settings,
+    waterfall,
+)
 from scalestudy.analysis import constructed_study as constructed
 from scalestudy.paper import draft, numbers
 from scalestudy.plan import studyconfig
@@ -64,7 +72,7 @@ def expected(truth: constructed.Truth, config: dict, mode: str, world: int) -> d
     """The parts as constructed, in seconds per step (the module's arithmetic, done independently)."""
     width, bucket = config["model"]["width"], config["train"]["bucket_cap_mb"]
     grad = modelsize.gradient_bytes(width)
-    comm = commmodel.ring_allreduce_s(
+    comm = commpredict.ring_allreduce_s(
         world, grad, modelsize.bucket_count(grad, bucket), truth.alpha_s, truth.beta_s_per_byte
     )
     share = 1.0 / world if mode == "strong" else 1.0

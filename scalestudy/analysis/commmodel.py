@@ -20,27 +20,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
 from scalestudy.analysis import cli, contention, metrics, modelsize, series
-from scalestudy.analysis.commpredict import (  # noqa: F401 - the model's names, imported from here
-    FIT_CURVE,
+from scalestudy.analysis.commpredict import (
     GB,
-    INTER,
-    INTRA,
-    MEASURED_CURVE,
     PREDICTION_COLUMNS,
     US,
+    Fit,
     bench_rows,
     link_of,
     measured_links,
     predict,
-    ring_allreduce_s,
-    world_grid,
 )
 from scalestudy.analysis.tableio import read_csv, require_columns
 
@@ -71,31 +65,6 @@ def design(points: pd.DataFrame) -> np.ndarray:
             2.0 * (n - 1.0) * points["buckets"].to_numpy(float),
         ]
     )
-
-
-@dataclass
-class Fit:
-    method: str
-    alpha_s: float
-    beta_s_per_byte: float
-    n_points: int
-    dof: int
-    rms_residual_s: float = math.nan
-    alpha_se_s: float = math.nan
-    beta_se: float = math.nan
-    compute_s_per_image: dict = field(default_factory=dict)
-    residuals: pd.DataFrame | None = None
-
-    @property
-    def bandwidth_gb_s(self) -> float:
-        return 1.0 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else math.inf
-
-    @property
-    def bandwidth_se_gb_s(self) -> float:
-        """Standard error of 1/beta by the delta method: se(beta) / beta^2."""
-        if not self.beta_s_per_byte > 0:
-            return math.nan
-        return self.beta_se / self.beta_s_per_byte**2 / GB
 
 
 def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.plan import schema
-from scalestudy.train.journal import ENV, EPOCH_COLUMNS, JOURNAL, from_environ  # noqa: F401 - the job's side
+from scalestudy.train.journal import ENV
 
 # Beside the point's checkpoints: the MLflow run a retry of the point continues.
 RUN_ID_FILE = "mlflow-run.json"

@@ -19,8 +19,7 @@ from scalestudy import atomic, provenance
 from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS, WHOLE_RUN_KEYS
 from scalestudy.plan.workload_spec import WorkloadSpec
-from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, startup
+from scalestudy.train import gpu_monitor_files, optim, startup
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.built import Built
 from scalestudy.train.checkpoint import policy
@@ -62,7 +61,7 @@ class RunResults:
         import pandas as pd
 
         history = self.state.history
-        monitor.write_outputs(out_dir, monitor_reports, self.config["monitor_interval_s"])
+        gpu_monitor_files.write_outputs(out_dir, monitor_reports, self.config["monitor_interval_s"])
         atomic.write_csv(out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS))
         atomic.write_csv(out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
         summary = self.summary(memory, out_dir)

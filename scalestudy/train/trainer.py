@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from scalestudy import provenance
-from scalestudy.contract import EXIT_RESUMABLE  # noqa: F401 (the trainer's exit code, as tests read it)
 from scalestudy.launch import distributed
 from scalestudy.plan import workloads
 from scalestudy.train import bookkeeping, build, optim, parallel, startup, steady

@@ -45,10 +45,11 @@ from scalestudy.plan import runfiles
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.train import gpu_monitor as monitor
+from scalestudy.train import gpu_monitor_files
 from scalestudy.workloads.command import progress as command_progress
 from scalestudy.workloads.command.process import ScriptProcess, stop_grace_s
 from scalestudy.workloads.command.progress import ProgressError
-from scalestudy.workloads.command.support import (  # noqa: F401 - launch_id: the tests' too
+from scalestudy.workloads.command.support import (
     SUPERSEDED,
     UNKNOWN_TO_THE_RUNNER,
     device_name,
@@ -361,7 +362,7 @@ class Runner:
         from scalestudy.analysis import contention, energy
 
         monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
-        monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
+        gpu_monitor_files.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
         rows = command_progress.epoch_rows(progress, self.config)
         atomic.write_csv(self.out_dir / runfiles.METRICS, pd.DataFrame(rows, columns=METRICS_COLUMNS))
         steps = command_progress.step_columns(progress)

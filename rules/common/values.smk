@@ -1,5 +1,5 @@
 # Values and params helpers shared by the rule files (what the study trains and reads, the container,
-# the inputs and params of the jobs). The helpers by role are in rules/common/ (paths.smk: where the
+# the inputs and params of the jobs). The other helpers of rules/common/ by role (paths.smk: where the
 # workflow writes; resources.smk: threads, GPUs and Slurm resources; report.smk: tables and figures;
 # hooks.smk: what rule files register and what runs at start and exit), which the Snakefile includes
 # right after this file, in that order. The logic lives in the scalestudy package; these functions
