@@ -28,18 +28,16 @@ from scalestudy.train import program, steady
 from scalestudy.workloads.command import runner as command
 from scalestudy.workloads.command import support
 from scalestudy.workloads.command.progress import ProgressError, read_progress, step_results
+from tests.conftest import REPO
+from tests.processes import launch_free_environ, without_launch_variables
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_script.py"
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 WINDOW = {"measure_warmup_steps": 3, "measure_steps": 8, "measure_intervals": 2}
 
 
 @pytest.fixture(autouse=True)
 def _no_launcher(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCH_VARIABLES or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
+    without_launch_variables(monkeypatch)
 
 
 def _run_config(tmp_path: Path, script, args=(), world_size=1, **changes) -> dict:
@@ -351,7 +349,7 @@ def test_a_model_line_gives_the_parameters_and_flops_under_the_trainers_keys():
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
+    env = launch_free_environ()
     return {**env, "OMP_NUM_THREADS": "1"}
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 PACKAGE = REPO / "scalestudy"
 WORKFLOW_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").rglob("*.smk"))]
 
@@ -298,9 +299,9 @@ def documented_diagram(text: str) -> str:
 
 
 def test_the_architecture_pages_import_diagram_is_the_import_graph():
-    """Redraw it with `python tests/test_import_graph.py --write` after an import between folders changes."""
+    """Redraw it with `python -m tests.test_import_graph --write` after an import between folders changes."""
     text = (REPO / "docs/architecture.md").read_text()
-    assert documented_diagram(text) == diagram(), "run: python tests/test_import_graph.py --write"
+    assert documented_diagram(text) == diagram(), "run: python -m tests.test_import_graph --write"
 
 
 def write_diagram() -> None:

@@ -17,8 +17,8 @@ import pytest
 from scalestudy import contract
 from scalestudy.analysis import metrics, series
 from scalestudy.plan import cluster, grid, paths, runfiles, schema
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "scalestudy"
 
 
@@ -61,6 +61,15 @@ def strings(text: str, prefix: bool = False, root: Path = PACKAGE):
                 node.value.startswith(text) if prefix else node.value == text
             ):
                 yield where, node.lineno, node, module
+
+
+def probe_package(tmp_path: Path, code: str, folder: str = "") -> Path:
+    """A package `scalestudy` under tmp_path holding one module, <folder>/probe.py, of `code`: what a
+    finder is tried on (its root)."""
+    package = tmp_path / "scalestudy"
+    (package / folder).mkdir(parents=True)
+    (package / folder / "probe.py").write_text(code)
+    return package
 
 
 def _code_string(node: ast.AST, module: Module) -> bool:
@@ -124,13 +133,12 @@ def test_a_missing_parallelism_means_ddp_in_one_place():
 
 
 def test_the_fallback_finder_finds_the_old_spellings(tmp_path):
-    package = tmp_path / "scalestudy"
-    package.mkdir()
-    (package / "probe.py").write_text(
+    package = probe_package(
+        tmp_path,
         'def f(t, p="ddp"):\n'
         '    """A docstring may say "ddp"."""\n'
         '    rows = t["parallelism"].fillna("ddp").isin(["ddp", ""])\n'
-        '    return rows, p or "ddp", {"parallelism": "ddp"}, ("ddp", "fsdp")\n'
+        '    return rows, p or "ddp", {"parallelism": "ddp"}, ("ddp", "fsdp")\n',
     )
     assert sorted(fallbacks("ddp", package)) == [("scalestudy/probe.py", line) for line in (1, 3, 3, 4, 4)]
 
@@ -183,13 +191,12 @@ def test_the_precision_order_is_the_schemas_enum_with_tf32():
 
 
 def test_the_precision_finder_sees_keys_items_and_joined_strings(tmp_path):
-    package = tmp_path / "scalestudy"
-    package.mkdir()
-    (package / "probe.py").write_text(
+    package = probe_package(
+        tmp_path,
         "DTYPES = {'fp32': None, 'tf32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}\n"
         "ORDER = ('fp32', 'fp16', 'bf16')\n"
         "DEFAULT = 'fp32,bf16,fp16'\n"
-        "AUTOCAST = {'bf16': torch.bfloat16, 'fp16': torch.float16}\n"
+        "AUTOCAST = {'bf16': torch.bfloat16, 'fp16': torch.float16}\n",
     )
     assert precision_lists(package) == [f"scalestudy/probe.py:{line}" for line in (1, 2, 3)]
 
@@ -278,10 +285,9 @@ def test_the_stop_signals_are_named_in_the_contract_only():
 
 
 def test_the_stop_signal_finder_sees_the_attribute_and_the_string(tmp_path):
-    package = tmp_path / "scalestudy"
-    package.mkdir()
-    (package / "probe.py").write_text(
-        '"""USR1 in a docstring"""\nimport signal\nSTOP = signal.SIGUSR1\noption = f"--signal=USR1@{lead}"\n'
+    package = probe_package(
+        tmp_path,
+        '"""USR1 in a docstring"""\nimport signal\nSTOP = signal.SIGUSR1\noption = f"--signal=USR1@{lead}"\n',
     )
     assert stop_signal_names(package) == [("scalestudy/probe.py", 3), ("scalestudy/probe.py", 4)]
 
@@ -332,10 +338,8 @@ def test_the_launcher_the_cluster_and_the_data_commands_read_their_choices_from_
 
 
 def test_the_enum_finder_sees_a_copy_in_any_order(tmp_path):
-    package = tmp_path / "scalestudy" / "launch"
-    package.mkdir(parents=True)
-    (package / "probe.py").write_text('LAUNCHERS = ("local", "auto", "srun")\nOTHER = ("auto", "local")\n')
-    assert enum_copies(("scalestudy/launch/",), tmp_path / "scalestudy") == [
+    code = 'LAUNCHERS = ("local", "auto", "srun")\nOTHER = ("auto", "local")\n'
+    assert enum_copies(("scalestudy/launch/",), probe_package(tmp_path, code, "launch")) == [
         "scalestudy/launch/probe.py:1 cluster.launcher"
     ]
 
@@ -421,13 +425,12 @@ def test_no_module_restates_a_schema_default_as_a_get_fallback():
 
 
 def test_the_get_fallback_finder_finds_the_old_spellings(tmp_path):
-    package = tmp_path / "scalestudy"
-    package.mkdir()
-    (package / "probe.py").write_text(
+    package = probe_package(
+        tmp_path,
         'timeout = float(section.get("timeout_s", 5))\n'
         'live = section.get("live", True)\n'
         'corpus = data.get("synthetic_text", {}).get("bytes", 600_000)\n'
-        'other = section.get("timeout_s", 7)\n'  # not the schema's default: another thing
+        'other = section.get("timeout_s", 7)\n',  # not the schema's default: another thing,
     )
     assert sorted(get_fallbacks(package)) == [("scalestudy/probe.py", line) for line in (1, 2, 3)]
 
@@ -500,13 +503,12 @@ def test_the_fetch_commands_defaults_are_the_schemas():
 
 
 def test_the_option_default_finder_finds_a_literal_one(tmp_path):
-    package = tmp_path / "scalestudy"
-    package.mkdir()
-    (package / "probe.py").write_text(
+    package = probe_package(
+        tmp_path,
         'parser.add_argument("--retries", type=int, default=5)\n'
         'parser.add_argument("--timeout", type=float, default=60.0)\n'
         'parser.add_argument("--mirror", action="append", default=[])\n'
-        'parser.add_argument("--seed", type=int, default=SEED)\n'
+        'parser.add_argument("--seed", type=int, default=SEED)\n',
     )
     found = literal_setting_defaults("scalestudy/probe.py", {("data",)}, package)
     assert found == [

@@ -5,14 +5,13 @@ fetched and verified it, and a Slurm job id only where Slurm ran the job."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 jinja2 = pytest.importorskip("jinja2")
 docutils_core = pytest.importorskip("docutils.core")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def front_page(config: dict) -> str:

@@ -16,7 +16,7 @@ import pytest
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize as tokenizing
 from scalestudy.data.fetch import Expected, fetch, part_path
-from tests.test_fetch import FAST, FileServer, serving
+from tests.file_server import FAST, FileServer, serving
 
 CORPUS = "corpus.txt"
 

@@ -24,6 +24,7 @@ from scalestudy.train import journal as job_journal
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import follow, store  # noqa: E402
+from tests.tracking_runs import wait_for
 
 GIVEN = {"world_size": 2, "per_gpu_batch": 16, "mode": "strong", "nested": {"a": 1}}
 POINT = "scaling/strong-w2_r0"
@@ -138,21 +139,6 @@ def test_a_line_cut_by_a_killed_job_waits_for_its_end(tmp_path):
 
 
 # --- the follower as a process --------------------------------------------------------------------
-
-
-def wait_for(predicate, timeout_s: float = 600):
-    """The follower runs at nice 19 (training comes first), its start included (importing mlflow,
-    2.4 CPU-s): its first pass took 5 s on an idle machine, 34 to 112 s in the full suite (two test
-    workers and the Slurm tests on 2 cores), and waited for the first idle moment beside 6 busy loops."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if value := predicate():
-                return value
-        except Exception:  # noqa: BLE001 - the store is being created by the follower
-            pass
-        time.sleep(0.2)
-    raise AssertionError("timed out")
 
 
 def status_of(settings, point=POINT) -> str | None:

@@ -21,7 +21,8 @@ from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import slurm_job
 from scalestudy.plan import studyconfig
-from tests.test_tracking import REPO, _one_process, all_metrics, clean_environ, settings_for  # noqa: F401 - autouse
+from tests.conftest import REPO
+from tests.tracking_runs import all_metrics, clean_environ, one_tracking_process, settings_for  # noqa: F401 - autouse
 
 pytest.importorskip("mlflow")
 

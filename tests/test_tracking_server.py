@@ -3,6 +3,8 @@ the study's follower sends its journal) still finishes with a complete run folde
 follower and rule track's sync fill MLflow afterwards with nothing lost and nothing twice. (The
 demo against a server, and its runs in the MLflow UI in headless Chromium: tests/test_slurm.py.)"""
 
+# ruff: noqa: F811 - the fixtures imported from tests/tracking_runs.py are the tests' parameters
+
 from __future__ import annotations
 
 import json
@@ -18,20 +20,20 @@ import pytest
 
 from scalestudy import tracking
 from tests.mlflow_server import free_port, start_server, stop_server
-from tests.test_tracking import clean_environ, data_dir, make_run  # noqa: F401 - fixture
-from tests.test_tracking_train import global_step
+from tests.processes import global_step
+from tests.tracking_runs import clean_environ, data_dir, make_run  # noqa: F401 - fixture
 
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
 from scalestudy.train.journal import JOURNAL  # noqa: E402
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, data_dir):  # noqa: F811
+def study(tmp_path_factory, data_dir):
     """Two points trained against a server that is killed while the first one trains; then the
     server restarted on the same store and the sync run. (root, settings, run folders, port)."""
     root = tmp_path_factory.mktemp("served")

@@ -22,10 +22,8 @@ from scalestudy.launch import distributed
 from scalestudy.train.parallel import COMM_HOOKS
 from scalestudy.train.process import seed_everything
 from scalestudy.workloads.resnet_cifar import model
-from tests.inprocess import (
-    launch_free_environ,
-    one_process_one_thread,  # noqa: F401 (autouse)
-)
+from tests.inprocess import one_process_one_thread  # noqa: F401 (autouse)
+from tests.processes import child_env
 from tests.trainer_runs import (
     BASE,
     REPO,
@@ -82,7 +80,7 @@ def _torchrun_to_the_end(out, config) -> None:
     """A 2-rank run under torchrun --standalone that must finish."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1"}
+    env = child_env()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
 
