@@ -22,11 +22,11 @@ from scalestudy.launch import distributed
 from scalestudy.train.parallel import COMM_HOOKS
 from scalestudy.train.process import seed_everything
 from scalestudy.workloads.resnet_cifar import model
+from tests.conftest import REPO
 from tests.inprocess import one_process_one_thread  # noqa: F401 (autouse)
 from tests.processes import child_env
 from tests.trainer_runs import (
     BASE,
-    REPO,
     assert_same_weights,
     final,
     last_step,
