@@ -47,14 +47,15 @@ report: "report/workflow.rst"
 
 
 # The include order matters in two ways, both checked by tests/test_include_order.py:
-# - the shared helpers first, each file using only those above it when it is read: common.smk (values,
-#   params), then rules/common/ by role: paths, resources, report, hooks (registries, start/exit hooks);
+# - the shared helpers first (rules/common/), each file using only those above it when it is read, by
+#   role: values (what the study trains, params), paths, resources, report, hooks (registries,
+#   start/exit hooks);
 # - a rule file that names another file's rule (rules.X, read when the file is) after that file:
 #   aggregate.smk after comm.smk and profile.smk; plots.smk after aggregate.smk and comm.smk; paper.smk
 #   after system.smk, comm.smk, profile.smk and aggregate.smk; compare.smk after aggregate.smk;
 #   crate.smk after gate.smk. What a rule file registers (provide, gate_training_on, on_start) is read
 #   only once every file is included: its order does not matter.
-include: "rules/common.smk"
+include: "rules/common/values.smk"
 include: "rules/common/paths.smk"
 include: "rules/common/resources.smk"
 include: "rules/common/report.smk"

@@ -55,10 +55,12 @@ rule table_execution:
         paths.REPORT_TEXT,
     log:
         f"{ANALYSIS_LOGS}/execution.log",
+    conda:
+        SOFTWARE_ENV
+    container:
+        container_image()
     resources:
         **light_resources(),
-    conda: SOFTWARE_ENV
-    container: container_image()
     shell:
         "python -m scalestudy.analysis.execution --runs {input.runs:q} --system {input.system:q}"
         " --out {output:q} > {log:q} 2>&1"

@@ -11,7 +11,7 @@
 # - rule image_digest hashes the image once (after build_image, or once for a prebuilt image) into
 #   results/image/<image name>.sha256.json; every containerized job lists it (image_input()), and
 #   the launcher and provenance read the sha256 from it (scalestudy/launch/container_image.py).
-# (The image's settings and image_input() are in common.smk.)
+# (The image's settings and image_input() are in rules/common/values.smk.)
 # User strings reach params only through params functions: Snakemake does not format a function's
 # value, so a `{` in a setting is never taken for a wildcard.
 

@@ -1,8 +1,10 @@
-# fetch: the workload's raw data from mirrors then its URL, or generated offline (source synthetic):
-# the CIFAR-10 archive, or the LM's text corpus. A command workload brings its own data: no fetch.
+# fetch: the workload's raw data from mirrors then its URL, or generated offline (source synthetic),
+# by its data kind's fetch module (the CIFAR-10 archive, the LM's text corpus: scalestudy.data.fetch).
+# A command workload brings its own data: no fetch.
 
 
 if ARCHIVE:
+    FETCH_SHELL, FETCH_SOURCE, FETCH_ARGS = fetch_command()
 
     rule fetch:
         input:
@@ -18,8 +20,7 @@ if ARCHIVE:
         resources:
             **light_resources(),
         params:
-            source=fetch_source(),
-            args=fetch_args,
+            source=FETCH_SOURCE,
+            args=FETCH_ARGS,
         shell:
-            "python -m scalestudy.data.fetch --source {params.source:q} --out {output.archive:q}"
-            " {params.args:q} > {log:q} 2>&1"
+            FETCH_SHELL

@@ -1,5 +1,5 @@
 # gate: the checks before the grid (site check, smoke tests) collected in one checkpoint. Training
-# rules take it through after_training_gate (common.smk): they wait for it the first time, and are
+# rules take it through after_training_gate (rules/common/values.smk): they wait for it the first time, and are
 # not re-run when a check runs again later. Its inputs are ancient(): a check run again (new
 # settings, a larger world size) does not re-run the gate; a new set of checks does (the site check
 # switched on or off, another partition: other hardware), and with it every training job.

@@ -5,7 +5,7 @@
 PLOT_LOGS = f"{paths.LOGS_DIR}/plots"
 
 
-# Labels say what one rank drives (PLOT_UNIT, common.smk) and what throughput counts.
+# Labels say what one rank drives (PLOT_UNIT, rules/common/values.smk) and what throughput counts.
 SCALING_TABLE = {"scaling": rules.table_metrics.output.scaling}
 # The DDP bucket sizes the runs use: the sweep's (sensitivity.axes.bucket_cap_mb; before the axes
 # existed, sensitivity.bucket_cap_mb), else the one of train.bucket_cap_mb.

@@ -27,7 +27,9 @@ RUN_CONFIG_ENV = "SCALESTUDY_RUN_CONFIG"
 OUT_DIR_ENV = "SCALESTUDY_OUT_DIR"
 CHECKPOINT_DIR_ENV = "SCALESTUDY_CHECKPOINT_DIR"
 PROGRESS_ENV = "SCALESTUDY_PROGRESS"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# What Slurm sends the ranks before the time limit (sbatch --signal, cluster.signal_lead_s).
+WARNING_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGTERM, WARNING_SIGNAL)
 
 
 class Reporter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,29 @@ def run_snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 
             f"--- stdout ---\n{result.stdout[-8000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
         )
     return result
+
+
+def parse_jobs(output: str) -> list[dict]:
+    """Snakemake's dry-run job blocks: rule, wildcards, resources, shell command."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", output):
+        head = re.match(r"(?:local)?rule (\w+):\n", block)
+        if not head:
+            continue
+        fields = dict(re.findall(r"^    (\w+): (.*)$", block, re.M))
+        shell = re.search(r"^Shell command: (.*)$", block, re.M)
+        jobs.append(
+            {
+                "rule": head[1],
+                "wildcards": dict(
+                    item.split("=", 1) for item in fields.get("wildcards", "").split(", ") if item
+                ),
+                "resources": dict(item.split("=", 1) for item in fields["resources"].split(", ")),
+                "threads": fields.get("threads"),
+                "shell": shell[1] if shell else "",
+            }
+        )
+    return jobs
 
 
 @pytest.fixture

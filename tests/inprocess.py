@@ -1,13 +1,12 @@
 """What the tests that run the trainer in the pytest process share: one thread, no launcher's
 variables (a rank's environment would make the trainer join a process group), a packed synthetic
-CIFAR-10 folder, the global step of a trainer's progress line, and a signal sent when the trainer
-logs a given global step (the stop a job gets from Slurm or torchrun, at an exact point of the run)."""
+CIFAR-10 or token folder, and a signal sent when the trainer logs a given global step (the stop a
+job gets from Slurm or torchrun, at an exact point of the run)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 from pathlib import Path
 
@@ -15,22 +14,13 @@ import numpy as np
 import pytest
 import torch
 
+from scalestudy.data import synthetic_text as textcorpus
+from scalestudy.data import tokenize
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.train import trainer as train
+from tests.processes import global_step, without_launch_variables
 
-STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 PACKED = ("train_images", "train_labels", "test_images", "test_labels")
-
-
-def launch_free_environ() -> dict[str, str]:
-    """This process's environment without any launcher's variables (the tests may run under Slurm)."""
-    return {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
-
-
-def without_launch_variables(patch: pytest.MonkeyPatch) -> None:
-    for name in set(os.environ) - set(launch_free_environ()):
-        patch.delenv(name)
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +33,23 @@ def one_process_one_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
+def write_packed_text(folder: Path, corpus_bytes: int = 120_000, seed: int = 3, seq_len: int = 32) -> Path:
+    """`folder`/packed holding the LM's tokens of a synthetic corpus of `corpus_bytes` (what rule
+    preprocess writes for the gpt workload, its windows of seq_len + 1 tokens)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    textcorpus.write_corpus(folder / "corpus.txt", corpus_bytes, seed=seed)
+    argv = [
+        "--corpus",
+        str(folder / "corpus.txt"),
+        "--out-dir",
+        str(folder / "packed"),
+        "--seq-len",
+        str(seq_len),
+    ]
+    assert tokenize.main(argv) == 0
+    return folder / "packed"
+
+
 def write_packed_cifar(folder: Path, train_per_class: int, test_per_class: int, seed: int = 0) -> Path:
     """`folder` holding the preprocessed arrays of a synthetic CIFAR-10 (what rule preprocess writes)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -50,12 +57,6 @@ def write_packed_cifar(folder: Path, train_per_class: int, test_per_class: int, 
     for name, array in zip(PACKED, arrays, strict=True):
         np.save(folder / f"{name}.npy", array)
     return folder
-
-
-def global_step(line: str) -> int | None:
-    """The global step a trainer progress line reports (counted from 1; epochs count from 1 in the log)."""
-    match = STEP_LINE.search(line)
-    return (int(match[1]) - 1) * int(match[3]) + int(match[2]) if match else None
 
 
 class SignalAtStep(logging.Handler):
@@ -78,6 +79,3 @@ class SignalAtStep(logging.Handler):
     def __exit__(self, *exc):
         train.log.removeHandler(self)
         train.log.setLevel(logging.NOTSET)
-
-
-SigtermAtStep = SignalAtStep  # SignalAtStep(step): SIGTERM, the name the resume tests of the variants use

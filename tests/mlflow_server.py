@@ -19,14 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.chromium.devtools import HEADLESS
+
 CHROMIUM_INSTALL = Path(__file__).resolve().parent / "chromium" / "install.sh"
 CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
+    *HEADLESS,
     "--window-size=1600,1200",
     "--run-all-compositor-stages-before-draw",
     "--virtual-time-budget=60000",

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
+from scalestudy.train.gpu_monitor import GpuMonitor
 
 UUIDS = (
     "GPU-0a1b2c3d-0000-1111-2222-333344445555",

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from scalestudy.benchmark import slurm_sweep
-from scalestudy.plan import cluster, groups, paths
-from tests.conftest import REPO, copy_workflow, snakemake_env, write_config  # noqa: F401 - theirs too
+from scalestudy.plan import cluster, grid, groups, paths, runfiles
+from tests.conftest import REPO, copy_workflow, snakemake_env, write_config
 
 CLUSTER_SH = REPO / "tests/slurm/cluster.sh"
 DOCS = REPO / "docs/guide/cluster.md"
@@ -384,3 +384,17 @@ def slurm(clusters):
 @pytest.fixture
 def slurm_accounting(clusters):
     return clusters.get(accounting=True)
+
+
+def sweep_targets(workdir: Path, configfile: str) -> list[str]:
+    config = yaml.safe_load((workdir / configfile).read_text())
+    return [
+        f"results/runs/sensitivity/{point.name}/{runfiles.SUMMARY}"
+        for point in grid.sensitivity_points(config)
+    ]
+
+
+def profile_command(configfile: str, *args: str) -> list[str]:
+    """profiles/slurm-noapptainer as it is (its polling too); targets before --configfile."""
+    profile = ["--profile", "profiles/slurm-noapptainer"]
+    return [sys.executable, "-m", "snakemake", *profile, *args, "--configfile", configfile]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import commmodel, metrics, resources, settings
+from scalestudy.analysis import commmodel, commpredict, metrics, resources, settings
 from scalestudy.analysis.constructed_study import run_row
 
 
@@ -62,9 +62,9 @@ def test_model_rows_use_the_measured_collectives_where_the_benchmark_ran():
     _, _, prediction = commmodel.analyse(runs, settings_, bench)
     scaling = metrics.scaling_table(metrics.run_metrics(runs, settings_), settings_)
     model = resources.estimate(runs, scaling, prediction, settings_).query("scope == 'model'").iloc[0]
-    assert model["source"] == f"model: {commmodel.MEASURED_CURVE}"
+    assert model["source"] == f"model: {commpredict.MEASURED_CURVE}"
     measured = prediction[
-        (prediction["curve"] == commmodel.MEASURED_CURVE) & (prediction["world_size"] == 16)
+        (prediction["curve"] == commpredict.MEASURED_CURVE) & (prediction["world_size"] == 16)
     ]
     assert model["images_per_s"] == pytest.approx(256 * 16 / float(measured["step_s"].iloc[0]))
 

@@ -6,14 +6,13 @@ import math
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from scalestudy.plan import cluster, schema, slurm_requests
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = schema.read(REPO / "config/schema.yaml")  # its sections' $refs inlined
 
 

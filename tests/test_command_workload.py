@@ -1,4 +1,4 @@
-"""The command workload: the user's own script through the runner (scalestudy.train.command.runner).
+"""The command workload: the user's own script through the runner (scalestudy.workloads.command.runner).
 
 Known answers for the window and the progress file; the contract's Reporter; the runner with tiny
 standard-library scripts (errors, checkpoint folder); and the example DDP script end to end with
@@ -25,20 +25,19 @@ from scalestudy import contract
 from scalestudy.analysis.aggregate import summary_row
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.train import program, steady
-from scalestudy.train.command import runner as command
-from scalestudy.train.command.progress import ProgressError, read_progress, step_results
+from scalestudy.workloads.command import runner as command
+from scalestudy.workloads.command import support
+from scalestudy.workloads.command.progress import ProgressError, read_progress, step_results
+from tests.conftest import REPO
+from tests.processes import launch_free_environ, without_launch_variables
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_script.py"
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 WINDOW = {"measure_warmup_steps": 3, "measure_steps": 8, "measure_intervals": 2}
 
 
 @pytest.fixture(autouse=True)
 def _no_launcher(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCH_VARIABLES or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
+    without_launch_variables(monkeypatch)
 
 
 def _run_config(tmp_path: Path, script, args=(), world_size=1, **changes) -> dict:
@@ -174,7 +173,7 @@ def test_no_step_line_is_an_error_naming_the_file(tmp_path):
 def test_a_line_cut_by_a_killed_writer_is_dropped_before_the_next_attempt(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"event": "step", "step": 0, "samples": 1, "seconds": 1}\n{"event": "st')
-    command.drop_cut_line(path)
+    support.drop_cut_line(path)
     assert path.read_text() == '{"event": "step", "step": 0, "samples": 1, "seconds": 1}\n'
 
 
@@ -342,16 +341,16 @@ def test_the_example_script_with_one_rank_makes_a_run_folder_the_catalog_takes(t
 
 
 def test_a_model_line_gives_the_parameters_and_flops_under_the_trainers_keys():
-    assert command.model_results({"parameters": 10, "train_flops_per_sample": 60.0}) == {
+    assert support.model_results({"parameters": 10, "train_flops_per_sample": 60.0}) == {
         "parameters": 10,
         "train_flops_per_image": 60.0,
         "forward_flops_per_image": 20.0,
     }
-    assert command.model_results({}) == {}
+    assert support.model_results({}) == {}
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
+    env = launch_free_environ()
     return {**env, "OMP_NUM_THREADS": "1"}
 
 
@@ -424,22 +423,22 @@ def test_killed_then_stopped_by_sigterm_the_run_resumes_twice_counting_every_ste
 
 
 def test_the_ranks_of_one_launch_share_a_report_folder_name_and_the_next_launch_gets_another():
-    assert command.launch_id({"TORCHELASTIC_RUN_ID": "ab/c"}, "h") == "torchrun-ab_c"
-    assert command.launch_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}, "h") == "slurm-7.2"
+    assert support.launch_id({"TORCHELASTIC_RUN_ID": "ab/c"}, "h") == "torchrun-ab_c"
+    assert support.launch_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}, "h") == "slurm-7.2"
     by_hand = {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "SCALESTUDY_ATTEMPT": "2"}
-    assert command.launch_id(by_hand, "h") == "n1-29500-2-h"
+    assert support.launch_id(by_hand, "h") == "n1-29500-2-h"
 
 
 def test_a_ranks_monitor_rows_are_moved_onto_rank_0s_clock():
     report = {"rank": 1, "rows": [[0.5, "host", 0], [1.5, "host", 0]]}
-    assert [row[0] for row in command.rebased(report, 2.0)["rows"]] == [2.5, 3.5]
+    assert [row[0] for row in support.rebased(report, 2.0)["rows"]] == [2.5, 3.5]
     # so are the sightings of a foreign process on its GPU (the window is on rank 0's clock)
     span = {"pid": 9, "first_s": 0.5, "last_s": 1.5, "samples": 2}
     report["gpus"] = [
         {"uuid": "GPU-a", "processes": {"foreign": [span]}},
         {"uuid": "GPU-b", "processes": None},
     ]
-    gpus = command.rebased(report, 2.0)["gpus"]
+    gpus = support.rebased(report, 2.0)["gpus"]
     assert gpus[0]["processes"]["foreign"] == [{**span, "first_s": 2.5, "last_s": 3.5}]
     assert gpus[1]["processes"] is None
 
@@ -467,10 +466,10 @@ def test_another_run_configs_checkpoint_dir_is_set_aside_not_deleted(tmp_path, f
     (ckpt / "state.json").write_text(json.dumps({"step": 5}))  # the other run's checkpoint
     out = tmp_path / "run"
     assert program.main(_argv(_run_config(tmp_path, fake, ["12", "ok"]), out)) == 0
-    kept = ckpt / command.SUPERSEDED / "0123456789abcdef"
+    kept = ckpt / support.SUPERSEDED / "0123456789abcdef"
     assert json.loads((kept / "state.json").read_text()) == {"step": 5}
     assert f"set aside as {kept}" in capsys.readouterr().err
     assert _summary(out)["results"]["steps"] == 12 and _summary(out)["results"]["resumes"] == []
     assert _summary(out)["results"]["superseded_checkpoints"] == [str(kept)]  # in the run catalog
     assert summary_row(out / "summary.json")["superseded_checkpoints"] == json.dumps([str(kept)])
-    assert sorted(p.name for p in ckpt.iterdir()) == [command.SUPERSEDED]  # finished: the rest emptied
+    assert sorted(p.name for p in ckpt.iterdir()) == [support.SUPERSEDED]  # finished: the rest emptied

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import commmodel, modelsize, settings
+from scalestudy.analysis import commmodel, commpredict, modelsize, settings
 from scalestudy.analysis.constructed_study import run_row
 
 ALPHA = 8e-6
@@ -27,7 +27,7 @@ def runs_from_model(
         for n in worlds:
             batch = 1024 // n if mode == "strong" else 256
             buckets = modelsize.bucket_count(GRAD, bucket)
-            clean = C * batch + float(commmodel.ring_allreduce_s(n, GRAD, buckets, alpha, beta))
+            clean = C * batch + float(commpredict.ring_allreduce_s(n, GRAD, buckets, alpha, beta))
             for r in range(repeats):
                 step = clean * (1 + noise * rng.standard_normal())
                 rows.append(
@@ -38,18 +38,18 @@ def runs_from_model(
     return pd.DataFrame(rows)
 
 
-def fit_of(runs: pd.DataFrame, fixed_alpha: float = 10e-6) -> commmodel.Fit:
+def fit_of(runs: pd.DataFrame, fixed_alpha: float = 10e-6) -> commpredict.Fit:
     points, compute = commmodel.fit_points(runs)
     return commmodel.fit(points, compute, fixed_alpha)
 
 
 def test_ring_formula():
-    assert float(commmodel.ring_allreduce_s(1, 1e9, 2, 1e-5, 1e-9)) == 0.0
+    assert float(commpredict.ring_allreduce_s(1, 1e9, 2, 1e-5, 1e-9)) == 0.0
     # N=2: 2(1)/2 * S * beta + 2 * 1 * k * alpha
-    assert float(commmodel.ring_allreduce_s(2, 1e9, 2, 1e-5, 1e-9)) == pytest.approx(1.0 + 4e-5)
+    assert float(commpredict.ring_allreduce_s(2, 1e9, 2, 1e-5, 1e-9)) == pytest.approx(1.0 + 4e-5)
     # nccl-tests: busbw = algbw * 2(N-1)/N, so the time of S bytes at bus bandwidth B is 2(N-1)/N S/B
     n, size, busbw = 8, 44.7e6, 100e9
-    assert float(commmodel.ring_allreduce_s(n, size, 1, 0.0, 1 / busbw)) == pytest.approx(
+    assert float(commpredict.ring_allreduce_s(n, size, 1, 0.0, 1 / busbw)) == pytest.approx(
         size / (busbw * n / (2 * (n - 1)))
     )
 
@@ -117,7 +117,7 @@ def test_overlap_derived_from_measured_bandwidth():
 def test_predictions():
     analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
     fit_table, residuals, prediction = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis)
-    assert set(prediction["curve"]) == {commmodel.FIT_CURVE} | {
+    assert set(prediction["curve"]) == {commpredict.FIT_CURVE} | {
         i["name"] for i in analysis["comm_model"]["interconnects"]
     }
     weak = prediction[prediction["mode"] == "weak"]
@@ -126,11 +126,11 @@ def test_predictions():
     for _, curve in weak.groupby("curve"):
         assert curve.sort_values("world_size")["efficiency"].is_monotonic_decreasing
     # Within one node every interconnect curve uses the intra-node link, so they coincide there.
-    links = weak[(weak["curve"] != commmodel.FIT_CURVE) & (weak["world_size"] == 8)]
+    links = weak[(weak["curve"] != commpredict.FIT_CURVE) & (weak["world_size"] == 8)]
     assert links["efficiency"].nunique() == 1
     # The fitted curve reproduces the measured points exactly (noise-free data).
-    fitted = weak[(weak["curve"] == commmodel.FIT_CURVE) & (weak["world_size"] == 4)]["efficiency"].iloc[0]
-    step4 = C * 256 + float(commmodel.ring_allreduce_s(4, GRAD, 2, ALPHA, BETA))
+    fitted = weak[(weak["curve"] == commpredict.FIT_CURVE) & (weak["world_size"] == 4)]["efficiency"].iloc[0]
+    step4 = C * 256 + float(commpredict.ring_allreduce_s(4, GRAD, 2, ALPHA, BETA))
     assert fitted == pytest.approx(C * 256 / step4)
     # Strong scaling stops where the global batch would give a GPU less than one image.
     strong = prediction[prediction["mode"] == "strong"]
@@ -193,23 +193,23 @@ MEASURED = bench_fit(
 
 
 def test_measured_links_take_the_largest_all_reduce_per_placement():
-    links = commmodel.measured_links(MEASURED)
+    links = commpredict.measured_links(MEASURED)
     assert set(links) == {"intra-node", "inter-node"}
     assert links["intra-node"]["world_size"] == 8 and links["intra-node"]["bandwidth_gb_s"] == 120.0
     assert links["inter-node"]["link_alpha_s"] == 6e-6
-    assert commmodel.measured_links(None) == {} and commmodel.measured_links(MEASURED.iloc[:0]) == {}
+    assert commpredict.measured_links(None) == {} and commpredict.measured_links(MEASURED.iloc[:0]) == {}
 
 
 def test_measured_curve_is_the_ring_model_with_the_measured_link():
     analysis = settings.resolved({"comm_model": {"max_world": 64, "gpus_per_node": 8}})
     _, _, prediction = commmodel.analyse(runs_from_model([1, 2, 4, 8]), analysis, MEASURED)
-    weak = prediction[(prediction["mode"] == "weak") & (prediction["curve"] == commmodel.MEASURED_CURVE)]
+    weak = prediction[(prediction["mode"] == "weak") & (prediction["curve"] == commpredict.MEASURED_CURVE)]
     weak = weak.set_index("world_size")
     grad, buckets = GRAD, modelsize.bucket_count(GRAD, 25.0)
     # measured_bandwidth_gb_s is null: phi comes from the benchmark's link at the largest size (8,
     # intra-node, 120 GB/s) and the fitted beta_eff (1/40 GB/s): 1 - 120/40 < 0 -> clipped to 0
     for n, (alpha, bandwidth) in {4: (3e-6, 120.0), 8: (3e-6, 120.0), 32: (6e-6, 40.0)}.items():
-        comm = float(commmodel.ring_allreduce_s(n, grad, buckets, alpha, 1 / (bandwidth * 1e9)))
+        comm = float(commpredict.ring_allreduce_s(n, grad, buckets, alpha, 1 / (bandwidth * 1e9)))
         assert weak.loc[n, "exposed_comm_s"] == pytest.approx(comm)
         assert weak.loc[n, "efficiency"] == pytest.approx(C * 256 / (C * 256 + comm))
 
@@ -222,7 +222,7 @@ def test_overlap_from_the_benchmark_when_not_configured():
     assert float(values.loc["overlap_fraction", "value"]) == pytest.approx(1 - 20 / 40)
     assert "from comm_bench, intra-node N=8" in values.loc["overlap_fraction", "note"]
     # only an intra-node size was measured: the curve says so and uses that link beyond a node too
-    assert f"{commmodel.MEASURED_CURVE}, intra-node link only" in set(prediction["curve"])
+    assert f"{commpredict.MEASURED_CURVE}, intra-node link only" in set(prediction["curve"])
     assert float(values.loc["measured_bandwidth[intra-node]", "value"]) == 20.0
     assert float(values.loc["measured_alpha[intra-node]", "value"]) == pytest.approx(3.0)
     configured = settings.resolved({"comm_model": {"gpus_per_node": 8, "measured_bandwidth_gb_s": 30.0}})
@@ -247,7 +247,7 @@ def test_profile_allreduce_beside_the_benchmarks_prediction():
     assert float(values["profile_allreduce_per_step[N=8]"]) == pytest.approx(5.0)  # (4 + 6) ms / 2 ranks
     assert float(values["profile_exposed_per_step[N=8]"]) == pytest.approx(2.0)
     buckets = modelsize.bucket_count(GRAD, 25.0)
-    expected = float(commmodel.ring_allreduce_s(8, GRAD, buckets, 3e-6, 1 / 120e9)) * 1e3
+    expected = float(commpredict.ring_allreduce_s(8, GRAD, buckets, 3e-6, 1 / 120e9)) * 1e3
     assert float(values["bench_allreduce_per_step[N=8]"]) == pytest.approx(expected)
     assert "profile_allreduce_per_step[N=1]" not in values  # one rank has no all-reduce
 
@@ -259,7 +259,7 @@ def test_cli_takes_the_benchmark_and_the_profile(tmp_path):
     args = ["--runs", str(tmp_path / "runs.csv"), "--bench-fit", str(tmp_path / "bench.csv")]
     args += [f"--{name}-out={path}" for name, path in out.items()]
     assert commmodel.main([*args, "--analysis-json", '{"comm_model": {"gpus_per_node": 8}}']) == 0
-    assert commmodel.MEASURED_CURVE in set(pd.read_csv(out["prediction"])["curve"])
+    assert commpredict.MEASURED_CURVE in set(pd.read_csv(out["prediction"])["curve"])
     MEASURED.drop(columns="link_alpha_s").to_csv(tmp_path / "bench.csv", index=False)
     with pytest.raises(ValueError, match="bench.csv: missing column.*link_alpha_s"):
         commmodel.main([*args, "--analysis-json", "{}"])
@@ -327,7 +327,9 @@ def test_gradient_bytes_come_from_the_parameters_or_the_resnet_width():
     lm = resnet.drop(columns="config.width").assign(parameters=1_853_568)
     assert commmodel.gradient_bytes(lm) == [4 * 1_853_568] * len(lm)
     assert commmodel.gradient_bytes(lm.assign(**{"config.comm_hook": "bf16"})) == [2 * 1_853_568] * len(lm)
-    with pytest.raises(ValueError, match="strong/w1_r0 has neither parameters nor config.width"):
+    with pytest.raises(
+        ValueError, match="strong/w1_r0 has neither parameters nor a closed form of its model"
+    ):
         commmodel.gradient_bytes(resnet.drop(columns="config.width"))
 
 
@@ -339,7 +341,7 @@ def lm_runs(worlds, parameters=2_000_000, tokens_per_sample=128, bucket=1.0) -> 
     for mode in ("strong", "weak"):
         for n in worlds:
             batch = 64 // n if mode == "strong" else 8
-            step = C * 100 * batch + float(commmodel.ring_allreduce_s(n, grad, buckets, ALPHA, BETA))
+            step = C * 100 * batch + float(commpredict.ring_allreduce_s(n, grad, buckets, ALPHA, BETA))
             tokens_per_s = batch * tokens_per_sample / step
             row = run_row("scaling", n, batch, step, mode=mode, **{"config.bucket_cap_mb": bucket})
             row.update(images_per_s_per_gpu=tokens_per_s, images_per_s=tokens_per_s * n, step_time_s=step)

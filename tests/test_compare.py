@@ -21,8 +21,9 @@ from scalestudy.analysis import constructed_study as constructed
 from scalestudy.compare import __main__ as compare_cli
 from scalestudy.compare import points, pooled, spread
 from scalestudy.plan import studyconfig
+from tests.compare_studies import scale_throughput
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SCALED = ("strong/w2_r", "weak/w1_r")  # the points whose throughput the copy scales by 0.8
 
 
@@ -174,38 +175,8 @@ def with_window(runs: pd.DataFrame, cv: float) -> pd.DataFrame:
     return runs
 
 
-def scale_throughput(runs: pd.DataFrame, rows: pd.Series, factor: float) -> pd.DataFrame:
-    """`runs` with the throughput of `rows` times `factor`: the window's rate, its sub-intervals' and
-    the whole run's (a study that ran that much slower or faster there)."""
-    for column in ("images_per_s", "images_per_s_per_gpu", "whole_run_images_per_s"):
-        if column in runs:
-            runs.loc[rows, column] = pd.to_numeric(runs.loc[rows, column], errors="coerce") * factor
-    if "interval_images_per_s" in runs:
-        runs["interval_images_per_s"] = runs["interval_images_per_s"].astype(object)
-        runs.loc[rows, "interval_images_per_s"] = [
-            json.dumps([factor * r for r in json.loads(cell)]) if isinstance(cell, str) else cell
-            for cell in runs.loc[rows, "interval_images_per_s"]
-        ]
-    return runs
-
-
 def slowed(runs: pd.DataFrame, factor: float = 0.8) -> pd.DataFrame:
     return scale_throughput(runs, runs["point"].str.startswith(SCALED), factor)
-
-
-def catalog_copy(results: Path, dest: Path, edit) -> Path:
-    """A study holding `results`' run catalog edited by `edit` (nothing else: the comparison reads
-    only runs.csv): dest/results."""
-    (dest / "results/tables").mkdir(parents=True)
-    runs = edit(pd.read_csv(results / "tables/runs.csv"))
-    runs.to_csv(dest / "results/tables/runs.csv", index=False)
-    return dest / "results"
-
-
-def log_spread(cell) -> float:
-    """The standard deviation of a run's log sub-interval rates (its runs.csv cell); NaN for none."""
-    rates = spread.interval_rates(cell)
-    return statistics.stdev(math.log(r) for r in rates) if len(rates) > 1 else math.nan
 
 
 def test_one_repeat_per_side_is_judged_on_each_runs_window_spread(once, tmp_path):

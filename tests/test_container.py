@@ -15,14 +15,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from packaging.utils import canonicalize_name
 
-from tests.conftest import copy_workflow, snakemake_env, stub_apptainer
+from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
+from tests.requirement_files import PIN, pins, requirement_lines
 
-REPO = Path(__file__).resolve().parent.parent
 DEFINITION = REPO / "containers/scalestudy.def"
-REQUIREMENTS = REPO / "envs/requirements.txt"
-PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)")
 
 
 def parse_definition(text: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -42,17 +39,6 @@ def parse_definition(text: str) -> tuple[dict[str, str], dict[str, str]]:
             key, _, value = line.partition(":")
             header[key.strip().lower()] = value.strip()
     return header, sections
-
-
-def requirement_lines(path: Path = REQUIREMENTS) -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
-    return [line for line in lines if line]
-
-
-def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
-    """{canonical name: version} of a requirements file's `name==version` lines."""
-    matches = (PIN.match(line) for line in requirement_lines(path))
-    return {canonicalize_name(match[1]): match[2] for match in matches if match}
 
 
 @pytest.fixture(scope="module")

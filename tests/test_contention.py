@@ -20,24 +20,10 @@ from scalestudy.plan.runfiles import MONITOR_COLUMNS
 from scalestudy.plots import scaling as scaling_plots
 from scalestudy.plots import sensitivity as sensitivity_plots
 from scalestudy.plots import style
-from tests.test_paper_draft import CONTEXT
-from tests.test_steady import _study
+from tests.contended_study import STRONG_2, STRONG_4, SWEEP_FASTEST, small_study
+from tests.paper_study import CONTEXT
 
-STRONG_2 = "results/runs/scaling/strong/w2_r0"  # a foreign process inside its window
-STRONG_4 = "results/runs/scaling/strong/w4_r0"  # one before its window opened: not contended
-SWEEP_FASTEST = "results/runs/sensitivity/bf16/bs256_bucket25"  # contended, and the fastest point
 SETTINGS = settings.resolved({"acceptance": {"strong_efficiency_world": 2}})
-
-
-def small_study() -> dict:
-    config = _study("config.yaml")
-    config["scaling"].update(world_sizes=[1, 2, 4], repeats=1)
-    config["sensitivity"]["axes"] = {
-        "precision": ["fp32", "bf16"],
-        "per_gpu_batch": [256],
-        "bucket_cap_mb": [25],
-    }
-    return config
 
 
 @pytest.fixture(scope="module")

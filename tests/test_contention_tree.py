@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 
 from scalestudy.analysis import contention
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
 from scalestudy.train import gpu_processes
-from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
+from scalestudy.train.gpu_monitor import GpuMonitor
 from tests import gpufake
 
 ME = os.getpid()

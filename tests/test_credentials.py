@@ -28,8 +28,8 @@ import yaml
 from scalestudy import tracking
 from scalestudy.plan import configcheck, credentials, studyconfig
 from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.file_server import http_server
 from tests.hostile_helpers import SCHEMA, STRING_SLOTS, filled_demo, names_key, put, slot_id
-from tests.test_fetch import http_server
 
 CANARY = "CANARYpw7f3k9q"
 # Each way a credential rides in a URL, and the words the refusal uses for it.
@@ -219,7 +219,7 @@ def test_the_fetch_rule_logs_in_to_a_private_mirror_with_the_variable_the_config
     the login to the mirror that asks (HTTP basic); neither the log, Snakemake's records nor the
     console hold it."""
     from scalestudy.data import synthetic_cifar
-    from tests.test_fetch import NAME, serving
+    from tests.file_server import NAME, serving
 
     archive = tmp_path / NAME
     synthetic_cifar.write_archive(archive, train_per_class=2, test_per_class=1, seed=0)

@@ -13,8 +13,10 @@ import pytest
 from scalestudy import atomic
 from scalestudy.analysis import energy
 from scalestudy.plan import runfiles
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
+from scalestudy.train import gpu_monitor_files
+from scalestudy.train.gpu_monitor import GpuMonitor
 from tests.monitor_helpers import UUIDS, FakeNvml
 
 TIMES = [round(0.1 * k, 1) for k in range(101)]  # 0 .. 10 s at the monitor's 0.1 s
@@ -56,7 +58,7 @@ def run_folder(tmp_path, nvml: FakeNvml, ranks=(0, 1)):
         for now in TIMES:
             node.sample(now)
         reports.append(node.stop())
-    monitor.write_outputs(tmp_path, reports, interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, reports, interval_s=0.1)
     return tmp_path
 
 
@@ -122,7 +124,7 @@ def test_the_power_integral_interpolates_at_the_window_bounds():
 
 def test_a_cpu_run_is_not_measured_with_the_reason_never_zero(tmp_path):
     node = monitor.for_device("cpu", 0.1).start()
-    monitor.write_outputs(tmp_path, [node.stop()], interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, [node.stop()], interval_s=0.1)
     keys = energy.of_folder(tmp_path, results(device="cpu"))
     assert keys["energy_source"].startswith("not measured: no NVIDIA GPU (device cpu)")
     assert "RAPL" in keys["energy_source"] and keys["energy_gpus"] == 0
@@ -149,7 +151,7 @@ def test_a_rank_without_its_gpu_leaves_the_run_not_measured(tmp_path):
     for now in TIMES:
         node.sample(now)
     lost = GpuMonitor(host="gpu02", rank=1, no_gpu_reason="no NVML GPU on gpu02 has UUID GPU-x").start()
-    monitor.write_outputs(tmp_path, [node.stop(), lost.stop()], interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, [node.stop(), lost.stop()], interval_s=0.1)
     keys = energy.of_folder(tmp_path, results())
     assert keys["energy_source"].startswith("not measured: not every rank sampled its GPU")
     assert "gpu02" in keys["energy_source"] and keys["energy_j"] is None and keys["energy_gpus"] == 0
@@ -243,6 +245,6 @@ def test_a_gpu_two_ranks_share_counts_once(tmp_path):
         for now in TIMES:
             node.sample(now)
         reports.append(node.stop())
-    monitor.write_outputs(tmp_path, reports, interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, reports, interval_s=0.1)
     keys = energy.of_folder(tmp_path, results())
     assert keys["energy_gpus"] == 1 and keys["energy_j"] == pytest.approx(COUNTER_W[0] * 10.0)

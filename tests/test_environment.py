@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_container import PIN, pins, requirement_lines
+from tests.conftest import REPO
+from tests.requirement_files import PIN, pins, requirement_lines
 
-REPO = Path(__file__).resolve().parents[1]
 ENVS = REPO / "envs"
 
 

@@ -9,7 +9,6 @@ or torchrun (1 and 2 ranks), and the venv's snakemake; the bad inputs and checkp
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,49 +18,24 @@ from pathlib import Path
 import pytest
 
 from scalestudy import contract
-from tests.test_faults_command import LAUNCH_VARIABLES, REPO, child_env
+from tests import lm_runs
+from tests.conftest import REPO
+from tests.inprocess import write_packed_text
+from tests.processes import LAUNCH_VARIABLES, STEP_LINE, child_env, global_step
+from tests.run_configs import lm_run
 
 # --- item 1: a damaged newest DCP checkpoint -------------------------------------------------------
 
-GPT = {"layers": 2, "heads": 2, "d_model": 32, "seq_len": 32, "vocab_size": None}
-LM = {
-    "workload": "gpt",
-    "gpt": GPT,
-    "epochs": 1,
-    "lr": 0.003,
-    "weight_decay": 0.1,
-    "grad_clip": 1.0,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 8,
-    "eval_max_batches": 2,
-    "checkpoint_every_steps": 3,
-    "log_every_steps": 1,
-    "monitor_interval_s": 5.0,
-    "measure_warmup_steps": 2,
-    "measure_steps": 4,
-    "measure_intervals": 2,
-    "keep_checkpoints": True,
-    "pg_timeout_s": 60,
-    "device": "cpu",
-}
-STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
+LM = lm_run(epochs=1, monitor_interval_s=5.0, measure_steps=4, device="cpu")
 
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory) -> Path:
-    from scalestudy.data import synthetic_text, tokenize
-
-    folder = tmp_path_factory.mktemp("lm")
-    synthetic_text.write_corpus(folder / "corpus.txt", 60_000, seed=3)
-    argv = ["--corpus", str(folder / "corpus.txt"), "--out-dir", str(folder / "packed"), "--seq-len", "32"]
-    assert tokenize.main(argv) == 0
-    return folder / "packed"
+    return write_packed_text(tmp_path_factory.mktemp("lm"), corpus_bytes=60_000)
 
 
 def _lm_config(tokens: Path, ckpt: Path, world_size: int, **changes) -> dict:
-    per_gpu = 16 // world_size
-    config = {**LM, "world_size": world_size, "per_gpu_batch": per_gpu, "global_batch": 16, "base_batch": 16}
+    config = {**LM, "world_size": world_size, "per_gpu_batch": LM["global_batch"] // world_size}
     return {**config, "data_dir": str(tokens), "checkpoint_dir": str(ckpt), **changes}
 
 
@@ -85,23 +59,12 @@ def _train(
     lines = []
     for line in process.stderr:
         lines.append(line)
-        match = STEP_LINE.search(line)
-        step = (int(match[1]) - 1) * int(match[3]) + int(match[2]) if match else None
+        step = global_step(line)
         if (stop_at_step is not None and step == stop_at_step) or (stop_at is not None and stop_at in line):
             process.send_signal(signal.SIGTERM)
             stop_at_step = stop_at = None
     process.wait(timeout=300)
     return process.returncode, "".join(lines)
-
-
-def _lm_weights(path: Path) -> dict:
-    import torch.distributed.checkpoint as dcp
-
-    from scalestudy.workloads.gpt import model as gpt_model
-
-    state = {"model": gpt_model.GPT(gpt_model.config_from(GPT, 256)).state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    return state["model"]
 
 
 @pytest.mark.parametrize(
@@ -134,8 +97,8 @@ def test_a_damaged_newest_dcp_checkpoint_is_set_aside_and_the_one_before_resumed
     resumed = json.loads((tmp_path / "run" / "summary.json").read_text())["results"]["resumes"]
     assert resumed == [int(older.name.split("-")[1])]
     ours, theirs = (
-        _lm_weights(sharded.latest(tmp_path / "ckpt")[1]),
-        _lm_weights(sharded.latest(tmp_path / "ref-ckpt")[1]),
+        lm_runs.weights_at(sharded.latest(tmp_path / "ckpt")[1]),
+        lm_runs.weights_at(sharded.latest(tmp_path / "ref-ckpt")[1]),
     )
     assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
 

@@ -2,7 +2,7 @@
 it: scripts that ignore SIGTERM or leave children behind, a runner or torchrun agent SIGKILLed, a
 failing script's stderr (items 3, 4 and 9). The trainer's and the workflow's: test_faults.py.
 
-Real processes: the command workload's runner (scalestudy.train.command under python -m
+Real processes: the command workload's runner (scalestudy.workloads.command under python -m
 scalestudy.train) at 1 rank, and under
 torchrun (gloo-free: the runner needs no process group) at 2 ranks.
 """
@@ -21,9 +21,9 @@ import pytest
 from scalestudy import contract
 from scalestudy.launch.distributed import process_running
 from scalestudy.train import program
+from tests import processes
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 GRACE_S = 2.0
 
 # A script whose rank starts a grandchild (ignoring SIGTERM too), writes both pids, then sleeps;
@@ -61,13 +61,12 @@ def tree(tmp_path) -> Path:
 
 
 def child_env(**extra) -> dict[str, str]:
-    """The environment of a process a test starts: no launcher's variables, one thread, a short grace."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
-    return {**env, "OMP_NUM_THREADS": "1", command_process_env(): str(GRACE_S), **extra}
+    """The environment of a process a test starts (tests/processes.py), with a short grace."""
+    return processes.child_env(**{command_process_env(): str(GRACE_S), **extra})
 
 
 def command_process_env() -> str:
-    from scalestudy.train.command.process import GRACE_ENV
+    from scalestudy.workloads.command.process import GRACE_ENV
 
     return GRACE_ENV
 
@@ -154,8 +153,7 @@ def test_a_script_ignoring_sigterm_is_killed_after_the_grace_resumable_only_if_i
 
 def test_a_bad_stop_grace_is_named_before_the_script_starts(tmp_path, tree, monkeypatch, capsys):
     monkeypatch.setenv(command_process_env(), "soon")
-    for name in LAUNCH_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    processes.without_launch_variables(monkeypatch)
     assert program.main(_argv(_run_config(tmp_path, tree, "ignore"), tmp_path / "run")) == 2
     assert "SCALESTUDY_STOP_GRACE_S='soon' must be a number of seconds > 0" in capsys.readouterr().err
     assert not (tmp_path / "pids0").exists()
@@ -251,7 +249,7 @@ def test_a_failing_script_is_logged_at_error_with_its_last_lines_of_stderr(tmp_p
     )
     assert result.returncode == 3
     error = result.stderr[
-        result.stderr.index("ERROR scalestudy.train.command: rank 0: script exited with 3") :
+        result.stderr.index("ERROR scalestudy.workloads.command: rank 0: script exited with 3") :
     ]
     assert "its last lines of stderr:\nstderr line 11\nstderr line 12\n" in error  # the last 20, in order
     assert "stderr line 29\nRuntimeError: the last words" in error

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy.analysis import aggregate, commmodel, metrics, settings
+from scalestudy.analysis import aggregate, commmodel, metrics, monitor_window, settings
 from scalestudy.analysis import constructed_study as synthetic
 from scalestudy.plan import studyconfig
 from scalestudy.plots import comm_model as model
@@ -57,7 +57,7 @@ DRAW = {
     "sensitivity": lambda s, png, pdf: sensitivity.heatmaps(s["sensitivity"], png, pdf),
     "accuracy": lambda s, png, pdf: curves.accuracy(curves.load_curves(s["metrics"]), png, pdf, 0.3),
     "monitor": lambda s, png, pdf: monitor.timelines(
-        *monitor.load(s["monitor"])[:1], png, pdf, SETTINGS["monitor"]
+        *monitor_window.load(s["monitor"])[:1], png, pdf, SETTINGS["monitor"]
     ),
     "comm_model": lambda s, png, pdf: model.model_vs_measurement(s["prediction"], s["scaling"], png, pdf),
     "energy": lambda s, png, pdf: energy.figure(s["scaling"], png, pdf),
@@ -72,7 +72,7 @@ def test_figure_renders_png_and_pdf(gpu_study, tmp_path, name):
 
 
 def test_monitor_without_gpu_says_why(cpu_study, tmp_path):
-    samples, reasons = monitor.load(cpu_study["monitor"])
+    samples, reasons = monitor_window.load(cpu_study["monitor"])
     assert samples.empty
     assert reasons == ["no NVIDIA GPU (device cpu)"]
     png, pdf = style.png_and_pdf(tmp_path / "monitor")
@@ -140,7 +140,7 @@ def test_monitor_names_a_file_missing_columns(tmp_path):
     path = tmp_path / "gpu_monitor.csv"
     path.write_text("time_s,host\n0,a\n")
     with pytest.raises(ValueError, match=rf"{path}: missing column\(s\) gpu_index"):
-        monitor.load([path])
+        monitor_window.load([path])
 
 
 def test_accuracy_rejects_a_path_that_is_not_a_scaling_run(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scalestudy.train import process
-from tests.inprocess import launch_free_environ
+from tests.processes import child_env
 from tests.trainer_runs import REPO, run_maker
 
 # The trainer's own command line (program.run_as_program) with a probe in front: every import of
@@ -57,7 +57,7 @@ def probed(tmp_path_factory):
         "probed", epochs=1, max_steps_per_epoch=3, measure_steps=1, measure_intervals=1
     )
     command = [sys.executable, str(script), "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1", "PROBE_OUT": str(events)}
+    env = child_env(PROBE_OUT=str(events))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in events.read_text().splitlines()]

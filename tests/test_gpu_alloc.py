@@ -305,7 +305,7 @@ def test_the_launch_spec_says_how_many_gpus_the_ranks_use():
     assert cpu_device["gpus_per_node"] == 0 and "device" not in cpu_device and cpu_device["gres"] == "gpu:2"
     cpu_nodes = cluster.launch_spec({"cluster": {"gpus_per_node": 0, "ranks_per_node": 2}}, 2)
     assert cpu_nodes["gpus_per_node"] == 0 and "device" not in cpu_nodes
-    with pytest.raises(launch.LaunchError, match="device must be auto, cuda or cpu"):
+    with pytest.raises(launch.LaunchError, match="device must be one of auto, cuda, cpu"):
         launch.check_spec({**spec, "device": "gpu"})
 
 

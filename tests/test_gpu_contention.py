@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from scalestudy.analysis import contention
+from scalestudy.plan.runfiles import MONITOR_COLUMNS
 from scalestudy.train import gpu_monitor as monitor
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and its NVML")
@@ -43,7 +44,7 @@ def _sampled(seconds: float, job_pid: int | None = None) -> tuple[pd.DataFrame, 
         node.sample()
         time.sleep(0.1)
     report = node.stop()
-    return pd.DataFrame(report["rows"], columns=monitor.COLUMNS), report
+    return pd.DataFrame(report["rows"], columns=MONITOR_COLUMNS), report
 
 
 def _holder(*prefix: str) -> tuple[subprocess.Popen, int]:

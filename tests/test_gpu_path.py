@@ -12,7 +12,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.train import optim, parallel, process
@@ -20,6 +19,7 @@ from scalestudy.train import torch_options as torchopts
 from scalestudy.train.parallel import ParallelSettings
 from scalestudy.train.state import StopRequest
 from scalestudy.workloads.gpt.model import GPT, GPTConfig
+from tests.op_log import OpLog
 
 HOST_SYNC_OPS = {"aten::_local_scalar_dense", "aten::item"}
 
@@ -246,18 +246,6 @@ def test_compiling_the_whole_model_after_fully_shard_graph_breaks(group, eager_c
 
 
 # --- 7. no host sync in an FSDP2 fp16 step --------------------------------------------------------
-
-
-class OpLog(TorchDispatchMode):
-    """The aten operators run while active (as tests/test_loader.py counts them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 def _fp16_fsdp_step_syncs(make_optimizer) -> int:

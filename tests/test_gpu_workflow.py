@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from tests import gpufake
-from tests.conftest import REPO, copy_workflow, snakemake_env
-from tests.test_slurm_dryrun import parse_jobs
+from tests.conftest import REPO, copy_workflow, parse_jobs, snakemake_env
 
 pytestmark = pytest.mark.slow
 

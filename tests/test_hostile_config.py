@@ -189,7 +189,7 @@ def test_the_project_check_refuses_booleans_itself():
         ("sensitivity.axes.lr", [0.1, -0.1], "sensitivity.axes.lr[1] = -0.1 must be a number > 0"),
         ("workload.name", "gpt", "data.source = 'cifar10' does not fit workload.name = 'gpt'"),
         ("workload.name", "command", "workload.command.script is required"),
-        ("data.source", "text", "data.url = 'https://www.cs.toronto.edu/~kriz/cifar-10-py"),
+        ("data.source", "text", "data.source = 'text' does not fit workload.name = 'resnet18-cifar10'"),
         ("scaling.parallelism", ["ddp", "fsdp"], "scaling.parallelism = fsdp is for the gpt workload"),
         ("train.parallelism", "fsdp", "train.parallelism = fsdp is for the gpt workload"),
         ("sensitivity.axes.parallelism", ["fsdp"], "sensitivity.axes.parallelism = fsdp is for the gpt"),
@@ -222,6 +222,18 @@ def test_a_setting_the_command_workload_ignores_is_refused_naming_it(key, value)
     message = refusal(config)
     assert message is not None and "\n" not in message, message
     assert f"{key} is ignored by workload.name = 'command' (gradient accumulation" in message, message
+
+
+def test_a_text_corpus_is_not_looked_for_under_cifar10s_address():
+    config = filled_demo()
+    config["workload"]["name"], config["data"]["source"] = "gpt", "text"
+    message = refusal(config)
+    assert "data.url = 'https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz' is CIFAR-10's" in message
+    assert (
+        "data.size_bytes = 170498071 is CIFAR-10's archive's (the default): give the text corpus's" in message
+    )
+    config["data"].update(url="https://example.org/corpus.txt", md5="0" * 32, size_bytes=1000)
+    assert refusal(config) is None
 
 
 def test_a_sweep_without_per_gpu_batch_is_refused():

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 PACKAGE = REPO / "scalestudy"
 WORKFLOW_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").rglob("*.smk"))]
 
@@ -33,16 +34,17 @@ def _is_type_checking(node: ast.If) -> bool:
 
 def imports_of(name: str, module_level_only: bool) -> list[tuple[str, int]]:
     """(imported name, line) of every import statement in a module: `import a.b` gives a.b;
-    `from a.b import c` gives a.b.c where that is a module, else a.b. Imports under
-    `if TYPE_CHECKING:` never run; with module_level_only, those in function bodies are left out
-    (a class body runs at import, so its imports count)."""
+    `from a.b import c` gives a.b.c where that is a module, else a.b. With module_level_only (what
+    importing the module runs), those in function bodies and under `if TYPE_CHECKING:` are left out
+    (a class body runs at import, so its imports count); without, every import counts, a type-only
+    one too (two modules that need each other's types are one idea split in two)."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if module_level_only and isinstance(child, ast.If) and _is_type_checking(child):
                 continue
             if module_level_only and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                 continue
@@ -104,11 +106,26 @@ def test_the_cycle_finder_finds_a_cycle_and_only_one_that_is_there():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_the_package_has_no_import_cycle_not_even_through_imports_inside_functions():
+def test_the_package_has_no_import_cycle_not_even_through_imports_inside_functions_or_for_types():
     edges = graph()
     assert len(edges) > 40 and edges["scalestudy.plan.grid"], "the graph was not built"
     cycle = find_cycle(edges)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_type_only_import_counts_for_cycles_but_not_at_import(tmp_path, monkeypatch):
+    """The commmodel <-> commpredict (Fit) and crate build <-> lineage (CrateBuilder) circles were
+    type-only: the graph sees such an import, what importing a module runs does not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from scalestudy.plan.grid import Point\n"
+    )
+    monkeypatch.setitem(MODULES, "scalestudy.probe", probe)
+    assert imports_of("scalestudy.probe", module_level_only=False) == [
+        ("typing", 1),
+        ("scalestudy.plan.grid", 3),
+    ]
+    assert imports_of("scalestudy.probe", module_level_only=True) == [("typing", 1)]
 
 
 def workflow_imports() -> set[str]:
@@ -219,7 +236,7 @@ FOLDERS = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py
 
 
 def unit_of(module: str) -> str:
-    """A module's folder (`train` for scalestudy.train.command.runner); a top-level module is its own
+    """A module's folder (`workloads` for scalestudy.workloads.command.runner); a top-level module is its own
     unit (`provenance`)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "scalestudy"
@@ -250,10 +267,11 @@ def test_the_folder_cycle_finder_counts_imports_inside_functions():
         "scalestudy.train.trainer": {"scalestudy.plan.grid"},
     }
     assert find_cycle(folder_graph(edges)) == ["plan", "train", "plan"]
-    inside = imports_of("scalestudy.workloads", module_level_only=False)
-    assert any(name == "scalestudy.plan.workloads" for name, _ in inside)  # imported in runtime()
-    at_import = imports_of("scalestudy.workloads", module_level_only=True)
-    assert not any(name == "scalestudy.plan.workloads" for name, _ in at_import)
+    runner = "scalestudy.workloads.command.runner"  # imports the analysis inside a function
+    inside = imports_of(runner, module_level_only=False)
+    assert any(name == "scalestudy.analysis.contention" for name, _ in inside)
+    at_import = imports_of(runner, module_level_only=True)
+    assert not any(name == "scalestudy.analysis.contention" for name, _ in at_import)
 
 
 HELPERS = ("atomic", "progress", "provenance", "contract", "commandline")  # top-level: every folder may use
@@ -281,9 +299,9 @@ def documented_diagram(text: str) -> str:
 
 
 def test_the_architecture_pages_import_diagram_is_the_import_graph():
-    """Redraw it with `python tests/test_import_graph.py --write` after an import between folders changes."""
+    """Redraw it with `python -m tests.test_import_graph --write` after an import between folders changes."""
     text = (REPO / "docs/architecture.md").read_text()
-    assert documented_diagram(text) == diagram(), "run: python tests/test_import_graph.py --write"
+    assert documented_diagram(text) == diagram(), "run: python -m tests.test_import_graph --write"
 
 
 def write_diagram() -> None:
@@ -299,10 +317,7 @@ def write_diagram() -> None:
 
 RULE_FILES = sorted((REPO / "rules").rglob("*.smk"))
 # the helpers every rule file may use (snakemake-workflows' layout), split by role under rules/common/
-SHARED_RULE_FILES = {
-    "rules/common.smk",
-    *(f"rules/common/{p.name}" for p in (REPO / "rules/common").glob("*.smk")),
-}
+SHARED_RULE_FILES = {f"rules/common/{p.name}" for p in (REPO / "rules/common").glob("*.smk")}
 
 
 def rule_file_name(path: Path) -> str:

@@ -1,6 +1,6 @@
 """The Snakefile includes the rule files in an order that is true: a rule file that names another
 file's rule (`rules.X.output`, evaluated when the file is read) comes after that file, and the
-shared helpers (rules/common.smk, rules/common/) come first, in the order the Snakefile states."""
+shared helpers (rules/common/) come first, in the order the Snakefile states."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ from tests.conftest import REPO
 
 RULE = re.compile(r"^\s*(?:rule|checkpoint)\s+(\w+)\s*:", re.M)
 REFERENCE = re.compile(r"\brules\.(\w+)\b")
-COMMON = [
-    "rules/common.smk",
-    *(f"rules/common/{role}.smk" for role in ("paths", "resources", "report", "hooks")),
-]
+COMMON = [f"rules/common/{role}.smk" for role in ("values", "paths", "resources", "report", "hooks")]
 
 
 def included(snakefile: Path = REPO / "Snakefile") -> list[str]:

@@ -21,19 +21,8 @@ from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import distributed, torchrun
 from scalestudy.launch import launcher as launch
 from scalestudy.plan import cluster
-
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = ["--run-config-json", '{"a": 1}', "--out-dir", "results/runs/x"]
-NO_SLURM: dict[str, str] = {}
-IN_JOB = {"SLURM_JOB_ID": "42"}  # the rule's shell in the batch step: the jobstep plugin keeps only this
-
-
-def spec(world: int = 1, **changes) -> dict:
-    config = {"cluster": {"gpus_per_node": 4, "cpus_per_rank": 6}, "container": {"binds": ["/data:/data:ro"]}}
-    return {
-        **cluster.launch_spec(config, world, containerized=changes.pop("containerized", False)),
-        **changes,
-    }
+from tests.conftest import REPO
+from tests.launch_specs import IN_JOB, NO_SLURM, TRAIN, spec
 
 
 def command(world=1, environ=NO_SLURM, prefix=(), **changes) -> list[str]:
@@ -149,7 +138,7 @@ def test_inherited_rendezvous_variables_do_not_reach_the_ranks():
     [
         ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
         ({"nodes": 1, "tasks_per_node": 2, "world_size": 3}, "world_size=3 does not fit"),
-        ({"launcher": "mpirun"}, "launcher must be auto, local or srun"),
+        ({"launcher": "mpirun"}, "launcher must be one of auto, local, srun, got 'mpirun'"),
         ({"env": {"NCCL_DEBUG": 1}}, "env must map variable names to strings"),
         ({"tasks": 3}, r"unknown launch spec key\(s\) \['tasks'\]"),
         ({"binds": "/data"}, "binds must be a list"),

@@ -5,11 +5,11 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalestudy.data.preprocess import load_packed
 from scalestudy.workloads.resnet_cifar import loader
 from scalestudy.workloads.resnet_cifar.loader import ClassicLoader, TensorLoader
+from tests.op_log import OpLog
 
 N_TRAIN, N_TEST = 203, 37  # not multiples of the batch or the world size, on purpose
 
@@ -222,18 +222,6 @@ def test_the_device_path_gives_the_cpu_path_batches(packed):
             pairs = zip(host.epoch(2, start_step), device.epoch(2, start_step), strict=True)
             for (x, y), (dx, dy) in pairs:
                 assert torch.equal(x, dx) and torch.equal(y, dy)
-
-
-class OpLog(TorchDispatchMode):
-    """The aten operators run while active (what a GPU would be asked to do)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 # Operators that synchronise with the host on CUDA or build a tensor from Python data

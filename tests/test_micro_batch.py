@@ -3,6 +3,8 @@ in chunks of half the per-GPU batch ends with the weights and loss curve of the 
 summation order apart), on one rank and on two DDP ranks; a killed accumulating run resumes bit
 for bit; a micro_batch that does not divide the per-GPU batch is refused naming both. CPU, tiny."""
 
+# ruff: noqa: F811 - the fixtures imported from tests/lm_runs.py are the tests' parameters
+
 from __future__ import annotations
 
 import math
@@ -13,36 +15,29 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from scalestudy import contract
 from scalestudy.benchmark import lm
 from scalestudy.contract import EXIT_BAD_CONFIG
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.plan import configcheck, runconfig
 from scalestudy.plan.grid import Point
 from scalestudy.train import accumulation
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
-from tests import test_lm
-from tests.test_lm import (
-    TWO_RANKS,
-    _initial_weights,
-    _main,
-    _metrics,
-    _relative_difference,
-    _results,
-    _SignalAtStep,
-    _torchrun,
-    _weights,
+from tests import lm_runs
+from tests.inprocess import SignalAtStep, one_process_one_thread  # noqa: F401 - autouse
+from tests.lm_runs import TWO_RANKS, data_dir, runs  # noqa: F401 - the LM's token data and run folders
+from tests.run_configs import resnet_run
+from tests.trainer_runs import main
+
+RESNET = resnet_run(  # ResNet-18 at width 8, two steps of 16 images
+    epochs=1,
+    max_steps_per_epoch=2,
+    eval_max_batches=1,
+    checkpoint_every_steps=0,
+    measure_warmup_steps=1,
+    measure_steps=1,
+    measure_intervals=1,
 )
-
-# test_lm's fixtures, as this module's: its token data, its run folders, one thread
-data_dir, runs, _one_thread = test_lm.data_dir, test_lm.runs, test_lm._one_thread
-
-RESNET = {  # ResNet-18 at width 8, two steps of 16 images
-    **{"world_size": 1, "per_gpu_batch": 16, "global_batch": 16, "base_batch": 16, "epochs": 1},
-    **{"width": 8, "precision": "fp32", "seed": 0, "deterministic": True, "max_steps_per_epoch": 2},
-    **{"eval_max_batches": 1, "checkpoint_every_steps": 0, "monitor_interval_s": 0.5},
-    **{"measure_warmup_steps": 1, "measure_steps": 1, "measure_intervals": 1},
-}
 SHORT = {"epochs": 1, "max_steps_per_epoch": 4}  # a few optimizer steps
 # SGD without clipping: its step is proportional to the gradient, so a chunk's loss weighed wrongly
 # shows in the weights (AdamW and clipping would normalise a gradient off by a constant factor away)
@@ -64,11 +59,11 @@ def _count_chunks(monkeypatch) -> list[int]:
 
 def _same_training(accumulated: tuple, whole: tuple) -> None:
     """The same weights (relative to how far they moved, 1e-5) and loss curve (rtol 1e-5)."""
-    ours, theirs = _weights(accumulated[1]), _weights(whole[1])
-    start = _initial_weights()
-    assert _relative_difference(ours, theirs, start) < 1e-5
+    ours, theirs = lm_runs.weights(accumulated[1]), lm_runs.weights(whole[1])
+    start = lm_runs.initial_weights()
+    assert lm_runs.relative_difference(ours, theirs, start) < 1e-5
     assert any(not torch.equal(theirs[key], start[key]) for key in start)  # they trained: not vacuous
-    got, want = _metrics(accumulated[0]), _metrics(whole[0])
+    got, want = lm_runs.metrics(accumulated[0]), lm_runs.metrics(whole[0])
     assert got["train_loss"].tolist() == pytest.approx(want["train_loss"].tolist(), rel=1e-5)
     assert got["train_acc"].tolist() == pytest.approx(want["train_acc"].tolist(), abs=1e-3)
 
@@ -78,7 +73,7 @@ def test_half_batch_chunks_train_the_one_pass_weights(runs, monkeypatch):
     done = {}
     for name, micro in (("whole", None), ("halves", 8)):
         out, ckpt, config = runs(f"micro_{name}", **SHORT, **SCALE_SENSITIVE, micro_batch=micro)
-        assert _main(out, config) == 0
+        assert main(out, config) == 0
         done[name] = (out, ckpt)
     assert split == [1] * 4 + [2] * 4  # the second run took each step in two chunks
     _same_training(done["halves"], done["whole"])
@@ -91,7 +86,7 @@ def test_fsdp2_accumulates_to_its_one_pass_weights(runs):
     for name, micro in (("whole", None), ("halves", 8)):
         changes = {"parallelism": "fsdp", **SHORT, **SCALE_SENSITIVE, "micro_batch": micro}
         out, ckpt, config = runs(f"micro_fsdp_{name}", **changes)
-        assert _main(out, config) == 0
+        assert main(out, config) == 0
         done[name] = (out, ckpt)
     _same_training(done["halves"], done["whole"])
 
@@ -102,12 +97,12 @@ def test_two_ddp_ranks_accumulate_to_the_one_pass_weights(runs):
         out, ckpt, config = runs(
             f"micro_ddp_{name}", parallelism="ddp", **TWO_RANKS, **SHORT, micro_batch=micro
         )
-        code, log = _torchrun(out, config)
+        code, log = lm_runs.torchrun(out, config)
         assert code == 0, log[-5000:]
         done[name] = (out, ckpt)
     _same_training(done["halves"], done["whole"])
     # DDP's static graph is off while accumulating: no_sync() fails its first iteration
-    static = {name: _results(out)["ddp_options"]["static_graph"] for name, (out, _) in done.items()}
+    static = {name: lm_runs.results(out)["ddp_options"]["static_graph"] for name, (out, _) in done.items()}
     assert static == {"whole": True, "halves": False}
 
 
@@ -116,15 +111,15 @@ def test_a_killed_accumulating_run_resumes_bit_exactly(runs):
     for name, stop in (("straight", None), ("stopped", 5)):
         out, ckpt, config = runs(f"micro_resume_{name}", epochs=2, max_steps_per_epoch=4, micro_batch=4)
         if stop:
-            with _SignalAtStep(stop):
-                assert _main(out, config) == train.EXIT_RESUMABLE
+            with SignalAtStep(stop):
+                assert main(out, config) == contract.EXIT_RESUMABLE
             assert sharded_checkpoint.latest(ckpt)[0]["position"]["global_step"] == stop
-        assert _main(out, config) == 0
-        finals[name] = (out, _weights(ckpt))
+        assert main(out, config) == 0
+        finals[name] = (out, lm_runs.weights(ckpt))
     (straight_out, straight), (stopped_out, stopped) = finals["straight"], finals["stopped"]
     assert [key for key in straight if not torch.equal(straight[key], stopped[key])] == []
-    assert _metrics(stopped_out).equals(_metrics(straight_out))
-    assert _results(stopped_out)["resumes"] == [5]
+    assert lm_runs.metrics(stopped_out).equals(lm_runs.metrics(straight_out))
+    assert lm_runs.results(stopped_out)["resumes"] == [5]
 
 
 def test_the_resnet_accumulates_with_batch_norm_over_each_chunk(tmp_path, monkeypatch):
@@ -139,8 +134,8 @@ def test_the_resnet_accumulates_with_batch_norm_over_each_chunk(tmp_path, monkey
     losses = {}
     for name, micro in (("whole", None), ("halves", 8)):
         config = {**RESNET, "data_dir": str(tmp_path), "checkpoint_dir": str(tmp_path / name / "ckpt")}
-        assert _main(tmp_path / name, {**config, "micro_batch": micro}) == 0
-        losses[name] = _metrics(tmp_path / name)["train_loss"].tolist()
+        assert main(tmp_path / name, {**config, "micro_batch": micro}) == 0
+        losses[name] = lm_runs.metrics(tmp_path / name)["train_loss"].tolist()
     assert split == [1] * 2 + [2] * 2
     assert all(math.isfinite(loss) for loss in losses["halves"]) and losses["halves"] != losses["whole"]
 

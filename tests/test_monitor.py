@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from scalestudy.train import energy_counter
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
+from scalestudy.train import energy_counter, gpu_monitor_files
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train.gpu_monitor import COLUMNS, GpuMonitor
+from scalestudy.train.gpu_monitor import GpuMonitor
 from tests.conftest import REPO
 from tests.gpufake import FAKE_NVML_DIR
 from tests.monitor_helpers import UUIDS, FakeNvml, rows_of, sampled
@@ -62,7 +63,7 @@ def test_without_nvml_the_run_folder_says_why(tmp_path):
     node = GpuMonitor(interval_s=0.01, host="gpu-node", gpu_uuids=[UUIDS[0]]).start()  # the real pynvml
     report = node.stop()
     assert not report["available"] and "NVML unavailable on gpu-node" in report["reason"]
-    monitor.write_outputs(tmp_path, [report, None], interval_s=0.01)
+    gpu_monitor_files.write_outputs(tmp_path, [report, None], interval_s=0.01)
     assert (tmp_path / "gpu_monitor.csv").read_text() == ",".join(COLUMNS) + "\n"
     summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
     assert summary["available"] is False and "gpu-node" in summary["reason"]
@@ -169,7 +170,7 @@ def test_ranks_are_merged_into_one_csv_and_grouped_by_node(tmp_path):
         GpuMonitor(host="gpu02", rank=2, no_gpu_reason="no NVIDIA GPU (device cpu)").start().stop()
     ]
     reports[2]["host"] = "gpu02"
-    monitor.write_outputs(tmp_path, [reports[1], None, reports[0], reports[2]], interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, [reports[1], None, reports[0], reports[2]], interval_s=0.1)
     merged = pd.read_csv(tmp_path / "gpu_monitor.csv")
     assert list(merged.columns) == list(COLUMNS) and len(merged) == 4
     assert merged.time_s.is_monotonic_increasing and list(merged.gpu_index[:2]) == [0, 1]
@@ -238,13 +239,15 @@ def test_a_gpu_without_the_counter_leaves_energy_empty_and_says_why(tmp_path):
     gpu = report["gpus"][0]
     assert gpu["energy"]["counter"] is False and "Not Supported" in gpu["energy"]["reason"]
     assert nvml.energy_calls[1] == 0 and gpu["errors"] == {}  # asked once at open, not at every sample
-    monitor.write_outputs(tmp_path, [report], interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, [report], interval_s=0.1)
     summary = json.loads((tmp_path / "gpu_monitor.json").read_text())
     assert summary["energy"].startswith("power samples integrated on " + UUIDS[1])
 
 
 def test_the_monitor_notes_the_counter_when_every_gpu_has_one(tmp_path):
-    monitor.write_outputs(tmp_path, [sampled(FakeNvml(), TIMES, gpu_uuids=[UUIDS[0]])], interval_s=0.1)
+    gpu_monitor_files.write_outputs(
+        tmp_path, [sampled(FakeNvml(), TIMES, gpu_uuids=[UUIDS[0]])], interval_s=0.1
+    )
     assert json.loads((tmp_path / "gpu_monitor.json").read_text())["energy"] == "NVML total energy counter"
 
 
@@ -256,7 +259,7 @@ def test_the_fake_pynvml_module_drives_the_monitor_in_a_subprocess(tmp_path):
     state.write_text(json.dumps({"gpus": [{**gpu, "energy_mj": 1_000_000, "power_mw": 400_000}]}))
     script = f"""
 import json, pathlib
-from scalestudy.train import gpu_monitor
+from scalestudy.train import gpu_monitor, gpu_monitor_files
 state = pathlib.Path({str(state)!r})
 node = gpu_monitor.GpuMonitor(interval_s=0.1, t0=0.0, host="gpu01", gpu_uuids=[{UUIDS[0]!r}])
 assert node.open(), node.reason
@@ -265,7 +268,7 @@ for now, mj in ((0.0, 1_000_000), (1.0, 1_400_000), (2.0, 1_800_000)):
     machine["gpus"][0]["energy_mj"] = mj
     state.write_text(json.dumps(machine))
     node.sample(now)
-gpu_monitor.write_outputs({str(tmp_path)!r}, [node.stop()], 0.1)
+gpu_monitor_files.write_outputs({str(tmp_path)!r}, [node.stop()], 0.1)
 """
     env = {
         **os.environ,

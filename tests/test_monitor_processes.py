@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import gpu_processes
+from scalestudy.train import gpu_monitor_files, gpu_processes
 from scalestudy.train.gpu_monitor import GpuMonitor
 from tests.monitor_helpers import UUIDS, FakeNvml, rows_of
 
@@ -103,7 +103,7 @@ def test_the_jobs_other_ranks_and_their_children_are_its_own(tmp_path):
             {"host": "gpu01", "pid": STRANGER + 5, "gpu_uuid": UUIDS[1]},  # another rank, another GPU
             {"host": "gpu02", "pid": OTHER, "gpu_uuid": UUIDS[0]},  # a rank of another host: not here
         ]
-        job = monitor.job_on_host(ranks, "gpu01")
+        job = gpu_processes.job_on_host(ranks, "gpu01")
         assert job.pids == {ME, STRANGER + 5} and job.expected_on(UUIDS[0]) == 1
         running = {0: [(ME, 10), (STRANGER + 5, 10), (child.pid, 10), (OTHER, 10), (outsider_pid, 10)]}
         report = _watched(ProcessNvml(), [(0.0, running)], job)
@@ -159,7 +159,7 @@ def test_without_a_process_query_the_columns_are_empty_and_the_report_says_why(t
     assert rows[["processes", "foreign_processes", "foreign_mem_mb"]].isna().all().all()  # never 0
     assert rows.power_w.notna().all() and report["process_query"].startswith("not listed: ")
     assert reason in report["process_query"]
-    monitor.write_outputs(tmp_path, [report], interval_s=0.1)
+    gpu_monitor_files.write_outputs(tmp_path, [report], interval_s=0.1)
     assert reason in json.loads((tmp_path / "gpu_monitor.json").read_text())["processes"]
 
 

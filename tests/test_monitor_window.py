@@ -9,7 +9,7 @@ import pytest
 
 from scalestudy import atomic
 from scalestudy.analysis import acceptance, monitor_window, settings
-from scalestudy.train.gpu_monitor import COLUMNS
+from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS
 from tests.monitor_helpers import UUIDS
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalestudy import paper
 from scalestudy.analysis import acceptance, commmodel, metrics, resources, settings
 from scalestudy.analysis.constructed_study import run_row
+from scalestudy.paper import tables
 from tests.conftest import REPO
 
 SETTINGS = settings.resolved({})
@@ -48,21 +48,19 @@ def scaling_table():
 
 
 def test_escape():
-    assert paper.escape("a_b & 50% #1 {x}") == r"a\_b \& 50\% \#1 \{x\}"
+    assert tables.escape("a_b & 50% #1 {x}") == r"a\_b \& 50\% \#1 \{x\}"
     # OT1 fonts print < and > as inverted ! and ?
-    assert paper.escape("N <= 8, n > 1") == r"N \textless{}= 8, n \textgreater{} 1"
-    assert (
-        paper.tables.relation("variation over N <= 8: <= 10%") == r"variation over N $\leq$ 8: $\leq$ 10\,\%"
-    )
+    assert tables.escape("N <= 8, n > 1") == r"N \textless{}= 8, n \textgreater{} 1"
+    assert tables.relation("variation over N <= 8: <= 10%") == r"variation over N $\leq$ 8: $\leq$ 10\,\%"
 
 
 def test_headers_name_what_a_rank_drives(scaling_table):
-    _, header, _ = parse_booktabs(paper.efficiency_table(scaling_table, unit="rank"))
+    _, header, _ = parse_booktabs(tables.efficiency_table(scaling_table, unit="rank"))
     assert header[1:3] == ["Ranks", "Batch/rank"]
 
 
 def test_efficiency_table_numbers_match(scaling_table):
-    _, header, body = parse_booktabs(paper.efficiency_table(scaling_table))
+    _, header, body = parse_booktabs(tables.efficiency_table(scaling_table))
     assert header[:2] == ["Mode", "GPUs"] and r"95\,\% CI" in header
     by_key = {(row[0], row[1]): dict(zip(header, row, strict=True)) for row in body}
     assert len(by_key) == len(scaling_table)
@@ -81,7 +79,7 @@ def test_efficiency_table_numbers_match(scaling_table):
 def test_acceptance_table_says_not_measured(scaling_table):
     sweep = pd.DataFrame(columns=["gain_vs_baseline", "images_per_s_per_gpu"])
     table = acceptance.evaluate(scaling_table, sweep, SETTINGS["acceptance"])
-    _, header, body = parse_booktabs(paper.acceptance_table(table))
+    _, header, body = parse_booktabs(tables.acceptance_table(table))
     cells = {row[0]: dict(zip(header, row, strict=True)) for row in body}
     strong = cells["strong-scaling efficiency at 8 GPUs"]
     assert strong["Status"] == "not measured (largest N=4)" and strong["Measured"] == "n/a"
@@ -96,7 +94,7 @@ def test_sensitivity_table_marks_the_best_point():
         for p, b, ips in (("fp32", 64, 800.0), ("bf16", 128, 1500.0))
     ]
     sweep = metrics.sensitivity_table(metrics.run_metrics(pd.DataFrame(rows), SETTINGS))
-    _, header, body = parse_booktabs(paper.sensitivity_table(sweep))
+    _, header, body = parse_booktabs(tables.sensitivity_table(sweep))
     assert [row[0] for row in body] == ["fp32", "bf16"]  # precision order, not alphabetical
     assert body[1][3] == r"\textbf{1{,}500}" and body[0][3] == "800"
     assert body[1][4] == r"50.0\,\%" and body[0][4] == r"-20.0\,\%"
@@ -107,7 +105,7 @@ def test_resource_table_leaves_not_applicable_cells_empty(scaling_table):
     table = resources.estimate(
         runs, scaling_table, pd.DataFrame(columns=["mode", "curve", "world_size", "step_s"]), SETTINGS
     )
-    _, header, body = parse_booktabs(paper.resource_table(table))
+    _, header, body = parse_booktabs(tables.resource_table(table))
     grid = dict(zip(header, body[0], strict=True))
     assert grid["GPUs"] == "" and grid["Wall (h)"] == "2" and grid["GPU-h"] == "4"
     assert len(body) == len(table)
@@ -117,7 +115,7 @@ def test_comm_model_table_labels():
     # excess step time: a pure latency term, so beta is clipped to 0 and the bandwidth is infinite
     runs = pd.DataFrame([run_row("scaling", n, 256, 0.1 + 0.01 * (n - 1), mode="weak") for n in (1, 2, 4, 8)])
     fit, _, _ = commmodel.analyse(runs, SETTINGS)
-    _, _, body = parse_booktabs(paper.comm_model_table(fit))
+    _, _, body = parse_booktabs(tables.comm_model_table(fit))
     cells = {row[0]: row for row in body}
     assert cells["method"][1] == "" and cells["method"][3] == "free, beta clipped to 0 (negative estimate)"
     assert cells[r"latency $\alpha_\mathrm{eff}$"][2] == r"$\mu$s"
@@ -127,7 +125,9 @@ def test_comm_model_table_labels():
 
 def test_cli_writes_every_table(scaling_table, tmp_path):
     scaling_table.to_csv(tmp_path / "scaling.csv", index=False)
-    assert paper.main(["--scaling", str(tmp_path / "scaling.csv"), "--out-dir", str(tmp_path / "paper")]) == 0
+    assert (
+        tables.main(["--scaling", str(tmp_path / "scaling.csv"), "--out-dir", str(tmp_path / "paper")]) == 0
+    )
     parse_booktabs((tmp_path / "paper" / "efficiency.tex").read_text())
     assert not (tmp_path / "paper" / "acceptance.tex").exists()  # not asked for
 
@@ -137,5 +137,5 @@ def test_rule_outputs_match_the_tables_the_module_writes():
     smk = (REPO / "rules" / "paper.smk").read_text()
     declared = re.search(r"PAPER_TABLES = \(([^)]*)\)", smk).group(1)
     assert {name.strip().strip('"') for name in declared.split(",") if name.strip()} == {
-        Path(filename).stem for filename, _ in paper.TABLES.values()
+        Path(filename).stem for filename, _ in tables.TABLES.values()
     }

@@ -1,9 +1,9 @@
 """The paper's PDF: compiled where TeX is installed, or installed by tests/tex/install.sh when the
-tests run as root with apt-get (the constructed study's numbers of test_paper_draft.py, the LM's
+tests run as root with apt-get (the constructed study's numbers of tests/paper_study.py, the LM's
 wording, a broken paper that leaves no PDF); without TeX the workflow plans paper.tex and leaves
 paper.pdf out with a note, unless asked for it always."""
 
-# ruff: noqa: F811 - the fixtures imported from test_paper_draft.py are the tests' parameters
+# ruff: noqa: F811 - the fixtures imported from tests/paper_study.py are the tests' parameters
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import yaml
 
 from scalestudy.paper import build, draft, numbers, tables
 from tests.conftest import REPO, snakemake_env
-from tests.test_paper_draft import (  # noqa: F401 - study_tables, study_numbers: module-scoped fixtures
+from tests.paper_study import (  # noqa: F401 - study_tables, study_numbers: module-scoped fixtures
     BIB,
     CONTEXT,
     TEMPLATE,

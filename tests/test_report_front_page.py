@@ -15,11 +15,11 @@ import pytest
 
 from scalestudy.analysis import execution
 from scalestudy.plan import paths
+from tests.conftest import REPO
 
 jinja2 = pytest.importorskip("jinja2")
 docutils_core = pytest.importorskip("docutils.core")
 
-REPO = Path(__file__).resolve().parent.parent
 INCLUDE = f".. include:: {paths.REPORT_TEXT}"
 PARAMS = {"unit": "GPU", "sample_unit": "images", "metric": "accuracy", "workload": "resnet18-cifar10"}
 

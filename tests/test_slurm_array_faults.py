@@ -31,21 +31,22 @@ import pytest
 
 from scalestudy.benchmark import slurm_sweep
 from scalestudy.launch import attempt_logs as attemptlog
-from tests.conftest import copy_workflow
+from tests.conftest import copy_workflow, write_config
 from tests.slurm_cluster import (  # noqa: F401 - clusters: the module fixture, shared
     FAST_POLLING,
     Cluster,
     clusters,
     mlflow_run,
     mlflow_store,
+    profile_command,
     run_in,
     status_history,
     store_runs,
     submitted,
     summaries,
-    write_config,
+    sweep_targets,
 )
-from tests.test_slurm_scale import profile_command, submissions, sweep_targets
+from tests.slurm_cluster import controller_submissions as submissions
 
 pytestmark = pytest.mark.slurm
 

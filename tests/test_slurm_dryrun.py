@@ -22,7 +22,7 @@ import yaml
 
 from scalestudy.plan import grid, slurm_requests
 from tests import gpufake
-from tests.conftest import REPO, copy_workflow, snakemake_env, stub_apptainer
+from tests.conftest import REPO, copy_workflow, parse_jobs, snakemake_env, stub_apptainer
 
 TRAINING_RULES = {"baseline_run", "scaling_run", "sensitivity_run", "profile_run"}
 GPUS_PER_NODE = 4  # config/config.yaml
@@ -34,29 +34,6 @@ def study_config() -> dict:
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, str(REPO / "config/schema.yaml"))
     return config
-
-
-def parse_jobs(output: str) -> list[dict]:
-    """Snakemake's dry-run job blocks: rule, wildcards, resources, shell command."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", output):
-        head = re.match(r"(?:local)?rule (\w+):\n", block)
-        if not head:
-            continue
-        fields = dict(re.findall(r"^    (\w+): (.*)$", block, re.M))
-        shell = re.search(r"^Shell command: (.*)$", block, re.M)
-        jobs.append(
-            {
-                "rule": head[1],
-                "wildcards": dict(
-                    item.split("=", 1) for item in fields.get("wildcards", "").split(", ") if item
-                ),
-                "resources": dict(item.split("=", 1) for item in fields["resources"].split(", ")),
-                "threads": fields.get("threads"),
-                "shell": shell[1] if shell else "",
-            }
-        )
-    return jobs
 
 
 @pytest.fixture(scope="module")

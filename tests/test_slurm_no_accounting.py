@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from scalestudy.plan import cluster, slurm_requests
-from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.conftest import REPO, copy_workflow, snakemake_env, write_config
 from tests.slurm_cluster import (  # noqa: F401 - the cluster fixtures, taken as arguments
     CLUSTER_SH,
     SLURM_STATE,
@@ -29,7 +29,6 @@ from tests.slurm_cluster import (  # noqa: F401 - the cluster fixtures, taken as
     snakemake,
     submitted,
     summaries,
-    write_config,
 )
 
 pytestmark = pytest.mark.slurm

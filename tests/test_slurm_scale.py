@@ -25,18 +25,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from scalestudy.plan import grid, runfiles
-from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.conftest import REPO, copy_workflow, snakemake_env, write_config
 from tests.slurm_cluster import (  # noqa: F401 - clusters: the module fixture, shared
     Cluster,
     assert_learns_what_the_local_executor_learns,
     clusters,
+    profile_command,
     run_in,
     shorter_demo,
     summaries,
-    write_config,
+    sweep_targets,
 )
 from tests.slurm_cluster import controller_submissions as submissions
 
@@ -184,14 +183,6 @@ def test_in_one_allocation_the_study_learns_what_the_local_executor_learns(alloc
 # ----------------------------------------------------------------------------- job arrays
 
 
-def sweep_targets(workdir: Path, configfile: str) -> list[str]:
-    config = yaml.safe_load((workdir / configfile).read_text())
-    return [
-        f"results/runs/sensitivity/{point.name}/{runfiles.SUMMARY}"
-        for point in grid.sensitivity_points(config)
-    ]
-
-
 @pytest.fixture(scope="module")
 def array_sweep(clusters, tmp_path_factory):  # noqa: F811
     """A copy of the workflow whose config makes the demo's sensitivity sweep array-safe (8 points
@@ -204,12 +195,6 @@ def array_sweep(clusters, tmp_path_factory):  # noqa: F811
         config["cluster"]["ranks_per_node"] = 2  # world 2 on one node: an array-safe shape
 
     return slurm, workdir, write_config(workdir, "slurm-arrays.yaml", change)
-
-
-def profile_command(configfile: str, *args: str) -> list[str]:
-    """profiles/slurm-noapptainer as it is (its polling too); targets before --configfile."""
-    profile = ["--profile", "profiles/slurm-noapptainer"]
-    return [sys.executable, "-m", "snakemake", *profile, *args, "--configfile", configfile]
 
 
 def test_a_setting_that_mixes_shapes_is_refused_before_anything_is_submitted(array_sweep):

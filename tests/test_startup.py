@@ -10,7 +10,7 @@ import pytest
 
 from scalestudy.launch import launcher as launch
 from scalestudy.train import startup
-from tests.test_launch import NO_SLURM, TRAIN, spec
+from tests.launch_specs import NO_SLURM, TRAIN, spec
 
 MARKS = {  # seconds since the epoch, as the trainer passes each stage
     "imports": 103.0,

@@ -140,8 +140,8 @@ def test_bad_sizes_are_refused():
 
 
 def _study(name: str) -> dict:
-    from scalestudy.benchmark.studyconfig import REPO
     from scalestudy.plan.studyconfig import load as load_config
+    from tests.conftest import REPO
 
     return load_config(REPO / "config" / name)
 

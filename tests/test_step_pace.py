@@ -10,12 +10,11 @@ import json
 
 import pytest
 
+from scalestudy import contract
 from scalestudy.plan import runconfig
-from scalestudy.train import program
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import single_file as checkpoint
-from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
-from tests.trainer_runs import BASE
+from tests.inprocess import SignalAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
+from tests.trainer_runs import BASE, main
 
 PACE_S = 0.6  # several times a step here (~0.05 s idle, 0.16 s beside two busy loops)
 RUN = {  # tests/trainer_runs.py's run, smaller: 6 steps of 8 at width 4, one epoch
@@ -33,8 +32,7 @@ def data_dir(tmp_path_factory):
 
 def _run(folder, data_dir, **changes) -> int:
     config = {**RUN, "data_dir": str(data_dir), "checkpoint_dir": str(folder / "ckpt"), **changes}
-    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(folder / "run"), "--log-level", "INFO"]
-    return program.main(argv)
+    return main(folder / "run", config, log_level="INFO")
 
 
 def _window(folder) -> dict:
@@ -50,11 +48,11 @@ def test_every_step_lasts_at_least_the_pace_and_the_run_says_its_rate_is_the_pac
 
 
 def test_a_sigterm_in_a_paced_run_stops_after_that_step_with_its_checkpoint(tmp_path, data_dir):
-    """SigtermAtStep sends the signal when step 2's line is logged (after its wait): the handler only
+    """SignalAtStep sends the signal when step 2's line is logged (after its wait): the handler only
     records it, and the run stops at step 2, checkpointed (exit 75), then resumes to the end."""
-    with SigtermAtStep(2):
+    with SignalAtStep(2):
         code = _run(tmp_path / "stopped", data_dir, min_step_s=PACE_S)
-    assert code == train.EXIT_RESUMABLE
+    assert code == contract.EXIT_RESUMABLE
     state, _ = checkpoint.load_latest(tmp_path / "stopped" / "ckpt")
     assert state["position"]["global_step"] == 2
     assert _run(tmp_path / "stopped", data_dir, min_step_s=PACE_S) == 0  # and it resumes to the end

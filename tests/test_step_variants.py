@@ -5,38 +5,25 @@ FSDP2's per-block compile)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from scalestudy.plan import runconfig
-from scalestudy.train import optim, program
+from scalestudy.train import optim
 from scalestudy.train.checkpoint import single_file as checkpoint
 from tests.inprocess import one_process_one_thread, write_packed_cifar  # noqa: F401
+from tests.run_configs import resnet_run
+from tests.trainer_runs import main
 
-BASE = {
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 1,
-    "width": 8,
-    "precision": "fp32",
-    "channels_last": False,
-    "warmup_epochs": 0,
-    "lr": 0.05,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 8,
-    "checkpoint_every_steps": 0,
-    "log_every_steps": 0,
-    "monitor_interval_s": 0.5,
-    "keep_checkpoints": True,
-    "measure_warmup_steps": 2,
-    "measure_steps": 4,
-    "measure_intervals": 2,
-}
+BASE = resnet_run(
+    epochs=1,
+    max_steps_per_epoch=8,
+    checkpoint_every_steps=0,
+    log_every_steps=0,
+    measure_warmup_steps=2,
+    measure_steps=4,
+    measure_intervals=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +37,7 @@ def trained(tmp_path_factory):
         if name not in done:
             folder = root / name
             config = {**BASE, "data_dir": str(data), "checkpoint_dir": str(folder / "ckpt"), **changes}
-            argv = ["--run-config-json", json.dumps(config), "--out-dir", str(folder / "run")]
-            assert program.main([*argv, "--log-level", "WARNING"]) == 0
+            assert main(folder / "run", config) == 0
             done[name] = checkpoint.load_latest(folder / "ckpt")[0]["model"]
         return done[name]
 

@@ -16,7 +16,7 @@ import pytest
 from scalestudy.data import synthetic_text as textcorpus
 from scalestudy.data import tokenize as tokenizing
 from scalestudy.data.fetch import Expected, fetch, part_path
-from tests.test_fetch import FAST, FileServer, serving
+from tests.file_server import FAST, FileServer, serving
 
 CORPUS = "corpus.txt"
 
@@ -190,7 +190,10 @@ def test_fetch_command_line_text_tries_the_mirror_first_then_the_url(corpus_serv
 
 
 def _tokenize_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "scalestudy.data.tokenize", *args]
+    """The command line as the preprocess rule runs it: --seq-len always given (the demo preset's
+    128 unless `args` name another)."""
+    seq_len = () if "--seq-len" in args else ("--seq-len", "128")
+    command = [sys.executable, "-m", "scalestudy.data.tokenize", *args, *seq_len]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
@@ -256,9 +259,9 @@ def test_command_line_end_to_end(tmp_path):
         (
             b"x" * 1000,
             ("--test-fraction", "1.0"),
-            "--test-fraction must lie strictly between 0 and 1, got 1.0",
+            "--test-fraction must be a number > 0 and < 1, got 1.0",
         ),
-        (b"x" * 1000, ("--test-fraction", "0"), "--test-fraction must lie strictly between 0 and 1, got 0.0"),
+        (b"x" * 1000, ("--test-fraction", "0"), "--test-fraction must be a number > 0 and < 1, got 0.0"),
         (b"x" * 1000, ("--tokenizer", "gpt2"), "unknown tokenizer 'gpt2': one of bytes"),
         (b"x" * 1000, ("--seq-len", "0"), "--seq-len must be at least 1, got 0"),
     ],

@@ -4,6 +4,8 @@ checks of the demo's store (called by tests/test_workflow.py). The run folder tr
 (one rank, a few steps). The smoke tests and the collective benchmark: test_tracking_preflight.py;
 the live journal and follower: test_tracking_live.py and test_tracking_train.py."""
 
+# ruff: noqa: F811 - the fixtures imported from tests/tracking_runs.py are the tests' parameters
+
 from __future__ import annotations
 
 import json
@@ -12,89 +14,27 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from scalestudy import provenance, tracking
-from scalestudy.data.synthetic_cifar import generate_arrays
 
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-BASE = {
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 2,
-    "width": 8,
-    "lr": 0.05,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 6,
-    "checkpoint_every_steps": 3,
-    "log_every_steps": 1,
-    "step_timing_every": 4,
-    "monitor_interval_s": 0.5,
-    "target_accuracy": 0.05,
-    "measure_warmup_steps": 2,
-    "measure_steps": 4,
-    "measure_intervals": 2,
-}
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-def clean_environ() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k not in LAUNCH_VARIABLES and not k.startswith(("SLURM_", tracking.ENV, "APPTAINERENV_"))
-    }
-
-
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch):
-    for name in set(os.environ) - set(clean_environ()):
-        monkeypatch.delenv(name)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("packed")
-    arrays = generate_arrays(16, 8, seed=0)
-    for name, array in zip(
-        ("train_images", "train_labels", "test_images", "test_labels"), arrays, strict=True
-    ):
-        np.save(folder / f"{name}.npy", array)
-    return folder
-
-
-def settings_for(root: Path, **changes) -> dict:
-    config = {"study": {"name": "t"}, "tracking": {"enabled": True, **changes}}
-    return tracking.settings(config, root)
-
-
-def make_run(root: Path, data_dir: Path, point: str, **changes) -> tuple[Path, dict]:
-    """A run folder results/runs/<point> under `root`, trained here; (folder, run config)."""
-    out = root / "results/runs" / point
-    config = {**BASE, "data_dir": str(data_dir), "checkpoint_dir": str(root / "ckpt" / point), **changes}
-    return out, config
-
-
-def train(out: Path, config: dict) -> int:
-    try:
-        from scalestudy.train import program as trainer
-    except ImportError:  # before the trainer's split into program and Trainer
-        from scalestudy.train import trainer
-
-    return trainer.main(
-        ["--run-config-json", json.dumps(config), "--out-dir", str(out), "--log-level", "WARNING"]
-    )
+from scalestudy.train import journal  # noqa: E402
+from tests.conftest import REPO
+from tests.tracking_runs import (  # noqa: F401 - data_dir: a fixture, one_tracking_process: autouse
+    all_metrics,
+    clean_environ,
+    data_dir,
+    make_run,
+    one_tracking_process,
+    settings_for,
+)
+from tests.trainer_runs import main as train
 
 
 @pytest.fixture(scope="module")
@@ -113,22 +53,14 @@ def finished(tmp_path_factory, data_dir):
     return root, out, config
 
 
-def all_metrics(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    run = client.get_run(run_id)
-    return {
-        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        for key in run.data.metrics
-    }
-
-
 # --- settings --------------------------------------------------------------------------------------
 
 
 def test_tracking_off_gives_no_settings_and_no_variables():
     assert tracking.settings({"tracking": {"enabled": False}}) is None
     assert tracking.to_environ(None) == {}
-    assert tracking.from_environ({}) is None
-    assert tracking.from_environ({tracking.ENV: "not json"}) is None
+    assert journal.from_environ({}) is None
+    assert journal.from_environ({tracking.ENV: "not json"}) is None
 
 
 def test_the_default_store_is_an_sqlite_file_under_results(tmp_path):
@@ -141,7 +73,7 @@ def test_the_default_store_is_an_sqlite_file_under_results(tmp_path):
         "mine",
         None,
     )
-    assert tracking.from_environ(tracking.to_environ(server)) == server
+    assert journal.from_environ(tracking.to_environ(server)) == server
 
 
 def test_a_run_config_is_flattened_into_params():
@@ -164,7 +96,7 @@ OPEN_AT_ONCE = """
 import pathlib, sys, time
 from scalestudy.tracking import store
 import mlflow  # imported before the start: the processes open the store together
-settings = {"uri": sys.argv[1], "experiment": "at-once"}
+settings = {"uri": sys.argv[1], "experiment": "at-once", "timeout_s": 5.0}  # as tracking.settings gives it
 folder = pathlib.Path(sys.argv[2])
 (folder / f"ready-{sys.argv[3]}").touch()
 while not (folder / "go").exists():
@@ -290,7 +222,7 @@ def test_a_scheduled_run_starts_when_its_job_started_not_when_it_was_scheduled(f
     start, end = time.time() + 60, time.time() + 76  # a 16 s run that waited a minute in the queue
     records = [{"kind": "start", "at": start}, {"kind": "end", "at": end, "status": "FINISHED"}]
     text = "".join(json.dumps({**item, "config_hash": config_hash}) + "\n" for item in records)
-    (folder / tracking.JOURNAL).write_text(text)
+    (folder / journal.JOURNAL).write_text(text)
     sync.sync(settings, study / "results/runs", [], study)
     (run,) = store.find_runs(client, experiment, "scaling/strong-w1_r0")
     assert run.info.run_id != scheduled.info.run_id
@@ -341,11 +273,10 @@ def test_a_stage_run_spans_its_own_points_not_the_study(finished, tmp_path):
 def test_a_contended_run_carries_the_mark_and_its_evidence_as_tags(tmp_path):
     """A run whose GPU held a foreign process while it measured (a constructed run folder, judged
     from its monitor files as the trainer judges them): tags contended and the evidence."""
-    import numpy as np
 
     from scalestudy.analysis import constructed_study as synthetic
     from scalestudy.plan import grid
-    from tests.test_contention import STRONG_2, small_study
+    from tests.contended_study import STRONG_2, small_study
 
     config = small_study()
     point = next(p for p in grid.scaling_points(config) if p.run_dir == STRONG_2)
@@ -392,118 +323,3 @@ def test_the_command_line_names_a_bad_setting(tmp_path):
 
     assert main(["sync", "--tracking-json", "{", "--runs-dir", str(tmp_path)]) == 2
     assert main(["schedule", "--tracking-json", '{"uri": "x"}', "--points-json", str(tmp_path / "no")]) == 2
-
-
-# --- the demo (called by tests/test_workflow.py with its demo run) -------------------------------
-
-
-def check_demo_store(workdir: Path) -> None:
-    """The demo's embedded store: one FINISHED run per run folder (found by mlflow.search_runs) with
-    its params, tags, per-step and per-epoch metrics and artifacts, the numbers summary.json's; one
-    per smoke test and per world size of the collective benchmark (check_demo_preflight_runs); the
-    study's run with the tables and figures."""
-    import mlflow
-
-    settings = tracking.settings({"study": {"name": "demo"}}, workdir)
-    mlflow.set_tracking_uri(settings["uri"])
-    runs = mlflow.search_runs(experiment_names=[settings["experiment"]], output_format="list")
-    by_point = {}
-    for run in runs:
-        by_point.setdefault(run.data.tags[tracking.TAG_POINT], []).append(run)
-    folders = sorted(path.parent for path in (workdir / "results/runs").glob("**/summary.json"))
-    stages = ("baseline/", "scaling/", "sensitivity/", "profile/")  # besides: the study, smoke tests
-    assert sorted(tracking.point_of(folder) for folder in folders) == sorted(
-        p for p in by_point if p.startswith(stages)
-    )
-    assert by_point["study"][0].info.status == "FINISHED"
-    client = store.client(settings)
-    for folder in folders:
-        (run,) = by_point[tracking.point_of(folder)]
-        summary = json.loads((folder / "summary.json").read_text())
-        assert run.info.status == "FINISHED" and run.data.tags["stage"] == summary["run"]["stage"]
-        assert run.data.tags[tracking.TAG_HASH] == summary["provenance"]["config_hash"]
-        assert run.data.params == tracking.flatten(summary["run"])
-        assert (
-            run.data.metrics.get("summary_images_per_s") == summary["results"]["images_per_s"]
-        )  # None: unfilled
-        epochs = pd.read_csv(folder / "metrics.csv")
-        history = sorted(
-            (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_test_acc")
-        )
-        assert history == list(zip(epochs.epoch, epochs.test_acc, strict=True))
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s")]
-        assert steps and len(steps) == len(set(steps))
-        artifacts = {info.path for info in client.list_artifacts(run.info.run_id)}
-        assert {"summary.json", "metrics.csv", "logs"} <= artifacts
-    (study,) = by_point["study"]
-    assert {"tables", "figures"} <= {info.path for info in client.list_artifacts(study.info.run_id)}
-    check_demo_preflight_runs(workdir, by_point, client)
-    check_stage_spans(client, store.experiment_id(client, settings), by_point)
-    # live: the study's follower (not only rule track) replayed every training job's journal
-    followed = (workdir / "results/logs/tracking" / tracking.FOLLOWER_LOG).read_text()
-    for folder in folders:
-        assert f"{tracking.point_of(folder)}: " in followed, tracking.point_of(folder)
-
-
-def check_stage_spans(client, experiment: str, by_point: dict[str, list]) -> None:
-    """Each stage's run lasts from its first point's start to its last point's end (a stage's run
-    is made when the grid is scheduled, at the study's start, and ends with the sync)."""
-    stages = [point for point in by_point if point.startswith(f"{tracking.STUDY_POINT}/")]
-    assert {"study/baseline", "study/scaling", "study/smoke", "study/comm_bench"} <= set(stages)
-    for point in stages:
-        (stage,) = by_point[point]
-        ran = store.children(client, experiment, stage.info.run_id)
-        assert ran and all(run.info.status == "FINISHED" for run in ran), point
-        span = (min(run.info.start_time for run in ran), max(run.info.end_time for run in ran))
-        assert (stage.info.start_time, stage.info.end_time) == span, point
-
-
-def check_demo_preflight_runs(workdir: Path, by_point: dict[str, list], client) -> None:
-    """One FINISHED run per smoke test (results/smoke/*.json) and per world size of the collective
-    benchmark (results/comm/w*.csv), tagged with its stage, its metrics the files' numbers."""
-    smoke_files = sorted((workdir / "results/smoke").glob("*.json"))
-    comm_files = sorted((workdir / "results/comm").glob("w*.csv"))
-    assert {path.stem for path in smoke_files} >= {"io", "train_w1", "train_w2"} and comm_files
-    expected = [f"smoke/{path.stem}" for path in smoke_files] + [
-        f"comm_bench/{path.stem}" for path in comm_files
-    ]
-    assert sorted(p for p in by_point if p.startswith(("smoke/", "comm_bench/"))) == sorted(expected)
-    for path in smoke_files:
-        (run,) = by_point[f"smoke/{path.stem}"]
-        record = json.loads(path.read_text())
-        assert (run.info.status, run.data.tags["stage"]) == ("FINISHED", "smoke")
-        assert run.data.tags[tracking.TAG_HASH] == record["provenance"]["config_hash"]
-        assert run.data.params == tracking.flatten(record["run_config"])
-        figures = record["loader"] if record["check"] == "io" else record
-        key = "smoke_loader_images_per_s" if record["check"] == "io" else "smoke_images_per_s"
-        assert run.data.metrics[key] == figures["images_per_s"]
-        assert path.name in {info.path for info in client.list_artifacts(run.info.run_id)}
-        if record["check"] == "io":  # replayed: the job's own times, not the sync's
-            check_recorded_times(
-                run, record["provenance"]["timestamp"], workdir / "results/benchmarks/smoke/io.tsv"
-            )
-    for path in comm_files:
-        (run,) = by_point[f"comm_bench/{path.stem}"]
-        rows = pd.read_csv(path)
-        assert (run.info.status, run.data.tags["stage"]) == ("FINISHED", "comm_bench")
-        assert run.data.tags["world_size"] == str(rows.world_size[0])
-        assert run.data.tags[tracking.TAG_HASH] == rows["provenance.config_hash"][0]
-        for collective, group in rows.dropna(subset=["busbw_gb_s"]).groupby("collective"):
-            history = client.get_metric_history(run.info.run_id, f"{collective}_busbw_gb_s")
-            assert sorted((m.step, m.value) for m in history) == list(
-                zip(group.bytes, group.busbw_gb_s, strict=True)
-            )
-        logs = {Path(info.path).name for info in client.list_artifacts(run.info.run_id, "logs")}
-        assert {f"{path.stem}.log", f"{path.stem}.tsv"} <= logs  # the rule's log and benchmark file
-        benchmark = workdir / f"results/benchmarks/comm/{path.stem}.tsv"
-        check_recorded_times(run, rows["provenance.timestamp"][0], benchmark)
-
-
-def check_recorded_times(run, timestamp: str, benchmark: Path) -> None:
-    """A replayed run ended when its result's provenance was taken and lasted the wall time
-    Snakemake's benchmark measured of its job."""
-    import datetime
-
-    ended = round(datetime.datetime.fromisoformat(timestamp).timestamp() * 1000)
-    wall_ms = round(float(pd.read_csv(benchmark, sep="\t")["s"].iloc[-1]) * 1000)
-    assert (run.info.start_time, run.info.end_time) == (ended - wall_ms, ended), run.data.tags

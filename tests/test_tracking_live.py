@@ -24,6 +24,7 @@ from scalestudy.train import journal as job_journal
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import follow, store  # noqa: E402
+from tests.tracking_runs import wait_for
 
 GIVEN = {"world_size": 2, "per_gpu_batch": 16, "mode": "strong", "nested": {"a": 1}}
 POINT = "scaling/strong-w2_r0"
@@ -103,7 +104,7 @@ def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(embedded, tmp_
     assert sorted(epochs) == [(1, 0.1), (2, 0.2)]  # epoch 1 once
     assert "epoch_epoch_time_s" not in run.data.metrics  # only metrics.csv's learning columns
     assert run.data.params["nested.a"] == "1" and run.data.tags["world_size"] == "2"
-    journal = (trainer.out_dir / tracking.JOURNAL).read_text().splitlines()
+    journal = (trainer.out_dir / job_journal.JOURNAL).read_text().splitlines()
     assert len([line for line in journal if '"step"' in line]) == 8 + 8  # the run folder keeps all
 
 
@@ -128,7 +129,7 @@ def test_other_ranks_and_tracking_off_journal_nothing(embedded, tmp_path, monkey
 
 
 def test_a_line_cut_by_a_killed_job_waits_for_its_end(tmp_path):
-    path = tmp_path / tracking.JOURNAL
+    path = tmp_path / job_journal.JOURNAL
     path.write_text('{"kind": "step", "config_hash": "h", "at": [1, {}, 0]}\n{"kind": "st')
     reader = follow.Follower({}, [tmp_path], None, None)
     assert [r["at"][0] for r in reader._read(path)] == [1]
@@ -138,21 +139,6 @@ def test_a_line_cut_by_a_killed_job_waits_for_its_end(tmp_path):
 
 
 # --- the follower as a process --------------------------------------------------------------------
-
-
-def wait_for(predicate, timeout_s: float = 600):
-    """The follower runs at nice 19 (training comes first), its start included (importing mlflow,
-    2.4 CPU-s): its first pass took 5 s on an idle machine, 34 to 112 s in the full suite (two test
-    workers and the Slurm tests on 2 cores), and waited for the first idle moment beside 6 busy loops."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if value := predicate():
-                return value
-        except Exception:  # noqa: BLE001 - the store is being created by the follower
-            pass
-        time.sleep(0.2)
-    raise AssertionError("timed out")
 
 
 def status_of(settings, point=POINT) -> str | None:
@@ -249,7 +235,7 @@ def test_an_unreachable_server_costs_the_follower_one_warning(tmp_path, monkeypa
     assert follower.returncode == 0
     warnings = [line for line in errors.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0], errors
-    journal = (trainer.out_dir / tracking.JOURNAL).read_text().splitlines()
+    journal = (trainer.out_dir / job_journal.JOURNAL).read_text().splitlines()
     assert len(journal) == 1 + 20 + 2 + 1  # everything is in the run folder for rule track
 
 
@@ -268,7 +254,7 @@ def test_a_replaced_journal_is_read_anew_and_the_old_ones_unsent_steps_dropped(e
     and the old journal's steps still waiting for their batch are not sent."""
     trainer = fake_trainer(tmp_path)
     follower = follow.Follower(embedded, [tmp_path / "results/runs"], None, None)
-    journal = trainer.out_dir / tracking.JOURNAL
+    journal = trainer.out_dir / job_journal.JOURNAL
     run = job_journal.JournalRun({"v": 1}, trainer.out_dir, trainer.config["checkpoint_dir"])
     for step in range(1, 4):
         run.step(step, {"samples_per_s": 1.0})

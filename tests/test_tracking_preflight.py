@@ -21,12 +21,12 @@ from scalestudy import provenance, tracking
 from scalestudy.data.synthetic_cifar import generate_arrays
 from scalestudy.launch import slurm_job
 from scalestudy.plan import studyconfig
-from tests.test_tracking import (  # noqa: F401 - autouse
-    REPO,
-    _one_process,
+from tests.conftest import REPO
+from tests.tracking_runs import (  # noqa: F401 - autouse
     all_metrics,
     check_recorded_times,
     clean_environ,
+    one_tracking_process,
     settings_for,
 )
 

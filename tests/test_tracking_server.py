@@ -3,6 +3,8 @@ the study's follower sends its journal) still finishes with a complete run folde
 follower and rule track's sync fill MLflow afterwards with nothing lost and nothing twice. (The
 demo against a server, and its runs in the MLflow UI in headless Chromium: tests/test_slurm.py.)"""
 
+# ruff: noqa: F811 - the fixtures imported from tests/tracking_runs.py are the tests' parameters
+
 from __future__ import annotations
 
 import json
@@ -18,19 +20,20 @@ import pytest
 
 from scalestudy import tracking
 from tests.mlflow_server import free_port, start_server, stop_server
-from tests.test_tracking import clean_environ, data_dir, make_run  # noqa: F401 - fixture
-from tests.test_tracking_train import global_step
+from tests.processes import global_step
+from tests.tracking_runs import clean_environ, data_dir, make_run  # noqa: F401 - fixture
 
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
+from scalestudy.train.journal import JOURNAL  # noqa: E402
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, data_dir):  # noqa: F811
+def study(tmp_path_factory, data_dir):
     """Two points trained against a server that is killed while the first one trains; then the
     server restarted on the same store and the sync run. (root, settings, run folders, port)."""
     root = tmp_path_factory.mktemp("served")
@@ -97,7 +100,7 @@ def test_the_server_killed_mid_run_loses_nothing_and_doubles_nothing(study):
         point = tracking.point_of(folder)
         (run,) = store.find_runs(client, experiment, point)
         assert run.info.status == "FINISHED", point
-        journal = [json.loads(line) for line in (folder / tracking.JOURNAL).read_text().splitlines()]
+        journal = [json.loads(line) for line in (folder / JOURNAL).read_text().splitlines()]
         wanted = sorted(item["at"][0] for item in journal if item["kind"] == "step")
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "samples_per_s"))
         assert steps == wanted and len(set(steps)) == len(steps), point  # every step, once

@@ -4,10 +4,11 @@ then FINISHED, each step once; with a server unreachable from the start the job 
 and the run folder is the one tracking off writes (plus the journal); the sync afterwards adds
 only what the follower sent already."""
 
+# ruff: noqa: F811 - the fixtures imported from tests/tracking_runs.py are the tests' parameters
+
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -19,15 +20,23 @@ import pandas as pd
 import pytest
 
 from scalestudy import tracking
-from tests.test_tracking import BASE, clean_environ, data_dir, make_run, train  # noqa: F401 - fixture
-from tests.test_tracking_live import wait_for
+from tests.processes import global_step
+from tests.tracking_runs import (  # noqa: F401 - data_dir: a fixture, one_tracking_process: autouse
+    BASE,
+    clean_environ,
+    data_dir,
+    make_run,
+    one_tracking_process,
+    wait_for,
+)
+from tests.trainer_runs import main as train
 
 pytest.importorskip("mlflow")
 
 from scalestudy.tracking import store, sync  # noqa: E402
+from scalestudy.train import journal  # noqa: E402
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
-STEP_LINE = re.compile(r"epoch (\d+)/\d+ step (\d+)/(\d+) ")
 # summary.json results that are clocks or memory, not the training's outcome
 # measured, not computed: times, rates, memory, GPU-hours and energy (wall time), the step parts
 TIMING = re.compile(
@@ -35,22 +44,11 @@ TIMING = re.compile(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch):
-    for name in set(os.environ) - set(clean_environ()):
-        monkeypatch.delenv(name)
-
-
 def embedded(root: Path) -> dict:
     return tracking.settings({"study": {"name": "t"}}, root)
 
 
-def global_step(line: str) -> int | None:
-    match = STEP_LINE.search(line)
-    return (int(match[1]) - 1) * int(match[3]) + int(match[2]) if match else None
-
-
-def test_a_job_stopped_by_sigterm_and_resumed_is_one_run_killed_running_finished(tmp_path, data_dir):  # noqa: F811
+def test_a_job_stopped_by_sigterm_and_resumed_is_one_run_killed_running_finished(tmp_path, data_dir):
     settings = embedded(tmp_path)
     out, config = make_run(tmp_path, data_dir, "scaling/strong-w1_r0", max_steps_per_epoch=10)
     env = {**clean_environ(), "OMP_NUM_THREADS": "1", **tracking.to_environ(settings)}
@@ -88,7 +86,7 @@ def test_a_job_stopped_by_sigterm_and_resumed_is_one_run_killed_running_finished
     assert sorted(steps) == list(range(1, 21))
 
 
-def test_an_unreachable_server_changes_no_result(tmp_path, data_dir, monkeypatch, capfd):  # noqa: F811
+def test_an_unreachable_server_changes_no_result(tmp_path, data_dir, monkeypatch, capfd):
     off, config_off = make_run(tmp_path / "off", data_dir, "baseline/default")
     assert train(off, config_off) == 0
     with socket.socket() as probe:
@@ -103,9 +101,7 @@ def test_an_unreachable_server_changes_no_result(tmp_path, data_dir, monkeypatch
     assert train(on, config_on) == 0
     warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
     assert warnings == []  # the job never talks to the server (the follower warns: test_tracking_live)
-    assert sorted(p.name for p in on.iterdir()) == sorted(
-        [*(p.name for p in off.iterdir()), tracking.JOURNAL]
-    )
+    assert sorted(p.name for p in on.iterdir()) == sorted([*(p.name for p in off.iterdir()), journal.JOURNAL])
     learning = ["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr"]
     pd.testing.assert_frame_equal(
         pd.read_csv(on / "metrics.csv")[learning], pd.read_csv(off / "metrics.csv")[learning]

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalestudy import provenance
+from scalestudy import contract, provenance
 from scalestudy.plan import runconfig
 from scalestudy.plan.runfiles import METRICS_COLUMNS
-from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import policy
 from tests.inprocess import (
     SignalAtStep,
@@ -178,10 +177,10 @@ def test_the_window_restarts_after_a_fresh_warm_up_when_a_run_resumes_inside_it(
     few: the run reports attempt 1's window, kept in the checkpoints, without monitor times."""
     out, ckpt, config = runs("window_resume", **WINDOW_RESUME)
     with SignalAtStep(6):
-        assert main(out, config) == train.EXIT_RESUMABLE
+        assert main(out, config) == contract.EXIT_RESUMABLE
     assert final(ckpt)["history"]["steady_window"] is None
     with SignalAtStep(20):
-        assert main(out, config) == train.EXIT_RESUMABLE
+        assert main(out, config) == contract.EXIT_RESUMABLE
     kept = final(ckpt)["history"]["steady_window"]
     assert (kept["measure_attempt"], kept["measure_start_step"], kept["window_filled"]) == (1, 8, True)
     assert kept["measure_start_s"] is not None
@@ -198,7 +197,7 @@ def test_the_window_restarts_after_a_fresh_warm_up_when_a_run_resumes_inside_it(
 def test_a_resumed_attempt_that_fills_its_window_reports_it_with_its_times(runs):
     out, ckpt, config = runs("window_resume_last", **WINDOW_RESUME)
     with SignalAtStep(3, signal.SIGUSR1):
-        assert main(out, config) == train.EXIT_RESUMABLE
+        assert main(out, config) == contract.EXIT_RESUMABLE
     assert main(out, config) == 0
     r = summary_results(out)
     assert (r["measure_attempt"], r["measure_start_step"], r["measured_steps"]) == (1, 5, 8)
@@ -252,7 +251,7 @@ def test_runs_stopped_by_signals_at_random_steps_resume_to_identical_weights(run
     out, ckpt, config = runs(f"signals{trial}")
     for stop, signum in zip(stops, (signal.SIGTERM, signal.SIGUSR1), strict=True):
         with SignalAtStep(stop, signum):
-            assert main(out, config) == train.EXIT_RESUMABLE
+            assert main(out, config) == contract.EXIT_RESUMABLE
         assert final(ckpt)["position"]["global_step"] == stop
         assert not out.exists()  # an interrupted attempt writes nothing into the run folder
     assert main(out, config) == 0
@@ -272,7 +271,7 @@ def test_sigterm_mid_step_in_a_real_process_then_resume(runs, reference):
     out, ckpt, config = runs("sigterm_process")
     process = start_trainer(out, config)
     log = signal_at_step(process, step, signal.SIGTERM)
-    assert process.returncode == train.EXIT_RESUMABLE, log
+    assert process.returncode == contract.EXIT_RESUMABLE, log
     assert step <= last_step(log) == final(ckpt)["position"]["global_step"]  # the step it was in, no further
     assert main(out, config) == 0
     assert_same_weights(final(ckpt)["model"], final(reference[1])["model"])

@@ -14,43 +14,35 @@ import pandas as pd
 import pytest
 import torch
 
-from scalestudy.data import synthetic_text as textcorpus
-from scalestudy.data import tokenize
-from scalestudy.train import program
+from scalestudy import contract
 from scalestudy.train import trainer as train
 from scalestudy.train.checkpoint import dcp as sharded_checkpoint
 from scalestudy.train.state import EpochProgress, RunState
-from tests.inprocess import SigtermAtStep, without_launch_variables, write_packed_cifar
-from tests.test_lm import BASE as LM_BASE
+from tests.inprocess import SignalAtStep, write_packed_cifar, write_packed_text
+from tests.processes import without_launch_variables
+from tests.run_configs import lm_run, resnet_run
+from tests.trainer_runs import main
 
-LM = {  # test_lm's tiny LM, its log steps and window placed around each other
-    **LM_BASE,
-    "checkpoint_every_steps": 0,
-    "log_every_steps": 4,  # log steps: global steps 3, 7, 11, 15 (from 0)
-    "measure_warmup_steps": 4,  # the window: steps 4, 5, 6, between two log steps
-    "measure_steps": 3,
-    "measure_intervals": 1,
-}
+LM = lm_run(  # the tiny LM of test_lm's runs, its log steps and window placed around each other
+    epochs=2,
+    monitor_interval_s=0.5,
+    checkpoint_every_steps=0,
+    log_every_steps=4,  # log steps: global steps 3, 7, 11, 15 (from 0)
+    measure_warmup_steps=4,  # the window: steps 4, 5, 6, between two log steps
+    measure_steps=3,
+    measure_intervals=1,
+)
 TOKENS_PER_STEP = 16 * 32
 LOG_STEPS = [3, 7, 11, 15]
-RESNET = {
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 1,
-    "width": 8,
-    "lr": 0.05,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 6,
-    "checkpoint_every_steps": 0,
-    "log_every_steps": 3,
-    "monitor_interval_s": 0.5,
-    "measure_warmup_steps": 1,  # the window: steps 1..4
-    "measure_steps": 4,
-    "measure_intervals": 1,
-}
+RESNET = resnet_run(
+    epochs=1,
+    max_steps_per_epoch=6,
+    checkpoint_every_steps=0,
+    log_every_steps=3,
+    measure_warmup_steps=1,  # the window: steps 1..4
+    measure_steps=4,
+    measure_intervals=1,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,11 +53,6 @@ def _one_process_one_thread():
         torch.set_num_threads(1)
         yield
         torch.set_num_threads(threads)
-
-
-def _main(out: Path, config: dict) -> int:
-    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(out), "--log-level", "WARNING"]
-    return program.main(argv)
 
 
 class _ArgmaxPerStep:
@@ -101,7 +88,7 @@ class _ArgmaxPerStep:
 def _run_counting(out: Path, config: dict) -> list[int]:
     with pytest.MonkeyPatch.context() as patch:
         counter = _ArgmaxPerStep(patch)
-        assert _main(out, config) == 0
+        assert main(out, config) == 0
     return counter.steps
 
 
@@ -113,11 +100,7 @@ def _window(out: Path) -> range:
 
 @pytest.fixture(scope="module")
 def lm_data(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("text")
-    textcorpus.write_corpus(folder / "corpus.txt", 120_000, seed=3)
-    argv = ["--corpus", str(folder / "corpus.txt"), "--out-dir", str(folder / "packed"), "--seq-len", "32"]
-    assert tokenize.main(argv) == 0
-    return folder / "packed"
+    return write_packed_text(tmp_path_factory.mktemp("text"))
 
 
 def _lm_config(root: Path, data: Path, name: str) -> tuple[Path, Path, dict]:
@@ -155,12 +138,12 @@ def test_a_resumed_lm_carries_the_counted_samples_bit_for_bit(lm_reference, tmp_
     """Stopped after global step 4 of 8 in the epoch: the checkpoint's correct count is over step 3's
     tokens only; the resumed run's metrics.csv is the uninterrupted one's."""
     out, ckpt, config = _lm_config(tmp_path, lm_data, "killed")
-    with SigtermAtStep(4):
-        assert _main(out, config) == train.EXIT_RESUMABLE
+    with SignalAtStep(4):
+        assert main(out, config) == contract.EXIT_RESUMABLE
     progress = sharded_checkpoint.latest(ckpt)[0]["epoch_progress"]
     assert progress["images"] == 4 * TOKENS_PER_STEP and progress["counted"] == TOKENS_PER_STEP
     assert 0 <= progress["correct"] <= TOKENS_PER_STEP
-    assert _main(out, config) == 0
+    assert main(out, config) == 0
     columns = ["epoch", "train_loss", "train_acc", "test_loss", "test_acc"]
     reference = pd.read_csv(lm_reference[0] / "metrics.csv")[columns]
     pd.testing.assert_frame_equal(pd.read_csv(out / "metrics.csv")[columns], reference, check_exact=True)

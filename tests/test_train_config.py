@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scalestudy.plan import runconfig
+from scalestudy.plan import runconfig, schema
 from scalestudy.train import optim, program
 
 VALID = {
@@ -182,8 +182,6 @@ PROBES = (
 def _schema_accepts(key, value) -> bool:
     import jsonschema
 
-    from scalestudy.plan import schema
-
     path = {**runconfig.STUDY_KEYS, "epochs": ("train", "epochs"), "workload": ("workload", "name")}.get(key)
     entry = schema.node(*path) if path else schema.definition("run_config")["properties"][key]
     document = {"$defs": schema.load()["$defs"], **entry}
@@ -232,11 +230,16 @@ def test_the_run_config_module_gives_no_range_or_choices_of_its_own():
 
 
 def test_a_schema_entry_the_trainer_cannot_check_is_refused():
-    with pytest.raises(ValueError, match="runconfig cannot check"):
-        runconfig.rule_of({"type": "number", "exclusiveMaximum": 1})
-    with pytest.raises(ValueError, match="runconfig cannot check"):
-        runconfig.rule_of({"type": "string"})  # a string the trainer takes is a non-empty one
-    assert runconfig.rule_of({"$ref": "#/$defs/positive_int"}) == runconfig.Rule("integer", minimum=1)
+    with pytest.raises(ValueError, match="a Rule cannot check"):
+        schema.rule_of({"type": "number", "multipleOf": 2})
+    with pytest.raises(ValueError, match="a Rule cannot check"):
+        schema.rule_of({"type": "string"})  # a string the trainer takes is a non-empty one
+    with pytest.raises(ValueError, match="a Rule cannot check"):
+        schema.rule_of({"type": "array"})
+    assert schema.rule_of({"$ref": "#/$defs/positive_int"}) == schema.Rule("integer", minimum=1)
+    share = schema.rule_of({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})
+    assert share.accepts(0.5) and not share.accepts(1) and not share.accepts(0)
+    assert share.describe() == "a number > 0 and < 1"
 
 
 def test_several_bad_keys_are_named_in_one_message():

@@ -16,14 +16,12 @@ import pandas as pd
 import pytest
 import torch
 
+from scalestudy import contract
 from scalestudy.launch import distributed
-from scalestudy.train import trainer as train
 from scalestudy.train.parallel import COMM_HOOKS
 from scalestudy.train.process import seed_everything
 from scalestudy.workloads.resnet_cifar import model
-from tests.inprocess import (
-    one_process_one_thread,  # noqa: F401 (autouse)
-)
+from tests.inprocess import one_process_one_thread  # noqa: F401 (autouse)
 from tests.trainer_runs import (
     BASE,
     assert_same_weights,
@@ -159,7 +157,7 @@ def test_srun_style_ranks_stop_together_on_a_signal_to_one_and_resume_exactly(ru
     rank0, rank1 = _srun_style_ranks(out, config, job_id, tmp_path / "rank1.log")
     log = signal_at_step(rank0, step, signal.SIGTERM, target_pid=rank1.pid)
     rank1.wait(timeout=120)
-    assert (rank0.returncode, rank1.returncode) == (train.EXIT_RESUMABLE,) * 2, log
+    assert (rank0.returncode, rank1.returncode) == (contract.EXIT_RESUMABLE,) * 2, log
     stopped_at = final(ckpt)["position"]["global_step"]
     assert step <= stopped_at == last_step(log)
     ranks = _srun_style_ranks(out, config, job_id, tmp_path / "rank1.log")
@@ -193,7 +191,7 @@ def test_two_ranks_stopped_after_an_epochs_last_step_resume_to_the_same_metrics_
     # ranks stop after step 10, before the epoch's evaluation or right after it
     log = signal_at_step(rank0, DDP_STEPS_PER_EPOCH - 1, signal.SIGTERM, target_pid=rank1.pid)
     rank1.wait(timeout=120)
-    assert (rank0.returncode, rank1.returncode) == (train.EXIT_RESUMABLE,) * 2, log
+    assert (rank0.returncode, rank1.returncode) == (contract.EXIT_RESUMABLE,) * 2, log
     assert final(ckpt)["position"]["global_step"] == DDP_STEPS_PER_EPOCH
     ranks = _srun_style_ranks(out, config, job_id, tmp_path / "rank1.log")
     log = ranks[0].communicate(timeout=300)[1]

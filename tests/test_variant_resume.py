@@ -11,35 +11,23 @@ import json
 import pytest
 import torch
 
-from scalestudy.train import program
-from scalestudy.train import trainer as train
+from scalestudy import contract
 from scalestudy.train.checkpoint import single_file as checkpoint
-from tests.inprocess import SigtermAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
+from tests.inprocess import SignalAtStep, one_process_one_thread, write_packed_cifar  # noqa: F401
+from tests.run_configs import resnet_run
+from tests.trainer_runs import main
 
-BASE = {
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 2,
-    "width": 8,
-    "precision": "fp32",
-    "channels_last": False,
-    "warmup_epochs": 0,
-    "lr": 0.05,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 4,
-    "eval_max_batches": 1,
-    "checkpoint_every_steps": 0,
-    "log_every_steps": 1,  # the step lines the signal is sent on
-    "step_timing_every": 0,
-    "monitor_interval_s": 0.5,
-    "keep_checkpoints": True,
-    "measure_warmup_steps": 1,
-    "measure_steps": 2,
-    "measure_intervals": 1,
-}
+BASE = resnet_run(
+    epochs=2,
+    max_steps_per_epoch=4,
+    eval_max_batches=1,
+    checkpoint_every_steps=0,
+    log_every_steps=1,  # the step lines the signal is sent on
+    step_timing_every=0,
+    measure_warmup_steps=1,
+    measure_steps=2,
+    measure_intervals=1,
+)
 STOPS = (2, 5)  # global steps: mid epoch 1, mid epoch 2
 VARIANTS = {
     "sgd-auto": {"optimizer": "sgd", "optimizer_impl": "auto"},
@@ -55,11 +43,6 @@ VARIANTS = {
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return write_packed_cifar(tmp_path_factory.mktemp("packed"), 16, 4)
-
-
-def _main(folder, config) -> int:
-    argv = ["--run-config-json", json.dumps(config), "--out-dir", str(folder / "run")]
-    return program.main([*argv, "--log-level", "WARNING"])
 
 
 def _final(folder) -> dict:
@@ -92,10 +75,10 @@ def _run_and_resume(tmp_path, data_dir, changes: dict) -> tuple[dict, dict]:
         folder = tmp_path / name
         config = {**BASE, "data_dir": str(data_dir), "checkpoint_dir": str(folder / "ckpt"), **changes}
         for stop in stops:
-            with SigtermAtStep(stop):
-                assert _main(folder, config) == train.EXIT_RESUMABLE
+            with SignalAtStep(stop):
+                assert main(folder / "run", config) == contract.EXIT_RESUMABLE
             assert _final(folder)["position"]["global_step"] == stop
-        assert _main(folder, config) == 0
+        assert main(folder / "run", config) == 0
         finals.append(_final(folder))
     straight, stopped = finals
     summary = json.loads((tmp_path / "stopped/run/summary.json").read_text())["results"]

@@ -148,7 +148,7 @@ def test_the_reference_names_every_column_of_the_demos_tables_and_every_figure(d
 
 
 def test_the_demo_fills_the_embedded_mlflow_store(demo_run):
-    from tests.test_tracking import check_demo_store
+    from tests.tracking_runs import check_demo_store
 
     check_demo_store(demo_run)
 
@@ -238,7 +238,7 @@ def test_the_demos_waterfall_adds_up_from_its_raw_measurements_and_the_paper_quo
     quotes numbers.tex's macros, naming a remainder beyond 10 % of the loss."""
     import pandas as pd
 
-    from tests.test_waterfall import check_cpu_waterfall, check_cpu_waterfall_paper
+    from tests.waterfall_checks import check_cpu_waterfall, check_cpu_waterfall_paper
 
     tables, paper = demo_run / "results/tables", demo_run / "results/paper"
     waterfall = pd.read_csv(tables / "waterfall.csv")
@@ -534,7 +534,7 @@ def _gpu_like(runs):
     """The demo's catalog as a one-GPU study would write it: nccl, cuda, width 64, 30x the throughput."""
     import pandas as pd
 
-    from tests.test_compare import scale_throughput
+    from tests.compare_studies import scale_throughput
 
     runs["config.backend"], runs["config.device"], runs["config.width"] = "nccl", "cuda", 64
     return scale_throughput(runs, pd.Series(True, index=runs.index), 30.0)
@@ -552,7 +552,7 @@ def test_a_slowed_copy_of_the_demo_is_judged_on_its_windows_and_named(demo_run, 
     from scalestudy.analysis.stats import t_quantile
     from scalestudy.compare import __main__ as compare_cli
     from scalestudy.compare import points, spread
-    from tests.test_compare import catalog_copy, log_spread, scale_throughput
+    from tests.compare_studies import catalog_copy, log_spread, scale_throughput
 
     results = demo_run / "results"
     runs = pd.read_csv(results / "tables/runs.csv")
@@ -616,7 +616,7 @@ def test_a_copy_of_the_demo_slower_everywhere_fails_the_gate_and_the_demo_itself
 
 def test_a_gpu_study_against_the_demo_is_refused_in_one_line_or_warned_once(demo_run, tmp_path, capsys):
     from scalestudy.compare import __main__ as compare_cli
-    from tests.test_compare import catalog_copy
+    from tests.compare_studies import catalog_copy
 
     results = demo_run / "results"
     gpu = catalog_copy(results, tmp_path / "h100", _gpu_like)
@@ -635,7 +635,7 @@ def test_a_gpu_study_against_the_demo_is_refused_in_one_line_or_warned_once(demo
 
 def test_the_compare_rule_refuses_another_experiment_unless_allowed(demo_run, tmp_path):
     """Run after the comparison above (it leaves the demo's comparison with the GPU-like copy)."""
-    from tests.test_compare import catalog_copy
+    from tests.compare_studies import catalog_copy
 
     gpu = catalog_copy(demo_run / "results", tmp_path / "h100", _gpu_like)
     config = yaml.safe_load((demo_run / "config/demo.yaml").read_text())

@@ -12,7 +12,7 @@ from scalestudy.analysis import metrics
 from scalestudy.analysis.constructed_study import run_row
 from scalestudy.plots import curves, memory, monitor, scaling, sensitivity, style
 from scalestudy.plots.__main__ import main as plots_main
-from tests.test_workload_analysis import MIB, SETTINGS, T1, scaling_of, series_runs, sweep_rows
+from tests.workload_runs import MIB, SETTINGS, T1, scaling_of, series_runs, sweep_rows
 
 
 @pytest.fixture(autouse=True)

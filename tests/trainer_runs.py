@@ -23,35 +23,23 @@ import torch
 
 from scalestudy.train import program
 from scalestudy.train.checkpoint import single_file as checkpoint
-from tests.inprocess import global_step, launch_free_environ, write_packed_cifar
+from tests.conftest import REPO
+from tests.inprocess import write_packed_cifar
+from tests.processes import child_env, global_step
+from tests.run_configs import resnet_run
 
-REPO = Path(__file__).resolve().parent.parent
-BASE = {
-    "world_size": 1,
-    "per_gpu_batch": 16,
-    "global_batch": 16,
-    "base_batch": 16,
-    "epochs": 2,
-    "width": 8,
-    # what these tests compare runs in (the study's defaults, bf16 and channels_last, are the schema's)
-    "precision": "fp32",
-    "channels_last": False,
-    "warmup_epochs": 0,
-    "lr": 0.05,
-    "seed": 0,
-    "deterministic": True,
-    "max_steps_per_epoch": 12,
-    "checkpoint_every_steps": 5,
-    "log_every_steps": 1,
-    "step_timing_every": 4,
-    "monitor_interval_s": 0.5,
-    "target_accuracy": 0.05,
-    "keep_checkpoints": True,  # the tests compare the finished runs' weights
+BASE = resnet_run(
+    epochs=2,
+    max_steps_per_epoch=12,
+    checkpoint_every_steps=5,
+    log_every_steps=1,
+    step_timing_every=4,
+    target_accuracy=0.05,
     # the measurement window: steps 4..19 of 24, across the epoch boundary at 12
-    "measure_warmup_steps": 4,
-    "measure_steps": 16,
-    "measure_intervals": 4,
-}
+    measure_warmup_steps=4,
+    measure_steps=16,
+    measure_intervals=4,
+)
 STEPS_PER_EPOCH = 12
 
 
@@ -69,10 +57,10 @@ def run_maker(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[P
     return make
 
 
-def main(out_dir, config) -> int:
+def main(out_dir, config, log_level: str = "WARNING") -> int:
     """One rank of the run in this process; its exit status."""
     return program.main(
-        ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", "WARNING"]
+        ["--run-config-json", json.dumps(config), "--out-dir", str(out_dir), "--log-level", log_level]
     )
 
 
@@ -102,7 +90,7 @@ def start_trainer(out, config, env=None, stderr=subprocess.PIPE) -> subprocess.P
     return subprocess.Popen(
         [*command, "--out-dir", str(out)],
         cwd=REPO,
-        env={**launch_free_environ(), "OMP_NUM_THREADS": "1", **(env or {})},
+        env=child_env(**(env or {})),
         stderr=stderr,
         text=True,
     )
@@ -131,6 +119,7 @@ def torchrun_to_the_end(out, config, timeout: float = 300) -> None:
     """A 2-rank run under torchrun --standalone that must finish."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += ["-m", "scalestudy.train", "--run-config-json", json.dumps(config), "--out-dir", str(out)]
-    env = {**launch_free_environ(), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stderr[-5000:]

@@ -1,5 +1,5 @@
 # The report's tables and the figures' command lines: a table with its caption, a figure's inputs as
-# `--<name> <files>` arguments (the analysis: settings a rule reads are analysis_json's, common.smk).
+# `--<name> <files>` arguments (the analysis: settings a rule reads are analysis_json's, values.smk).
 
 import shlex
 from typing import NamedTuple

@@ -20,27 +20,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, contention, metrics, modelsize, series
-from scalestudy.analysis.commpredict import (  # noqa: F401 - the model's names, imported from here
-    FIT_CURVE,
+from scalestudy.analysis import cli, contention, metrics, mfu, modelsize, series
+from scalestudy.analysis.commpredict import (
     GB,
-    INTER,
-    INTRA,
-    MEASURED_CURVE,
     PREDICTION_COLUMNS,
     US,
+    Fit,
     bench_rows,
     link_of,
     measured_links,
     predict,
-    ring_allreduce_s,
-    world_grid,
 )
 from scalestudy.analysis.tableio import read_csv, require_columns
 
@@ -71,31 +65,6 @@ def design(points: pd.DataFrame) -> np.ndarray:
             2.0 * (n - 1.0) * points["buckets"].to_numpy(float),
         ]
     )
-
-
-@dataclass
-class Fit:
-    method: str
-    alpha_s: float
-    beta_s_per_byte: float
-    n_points: int
-    dof: int
-    rms_residual_s: float = math.nan
-    alpha_se_s: float = math.nan
-    beta_se: float = math.nan
-    compute_s_per_image: dict = field(default_factory=dict)
-    residuals: pd.DataFrame | None = None
-
-    @property
-    def bandwidth_gb_s(self) -> float:
-        return 1.0 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else math.inf
-
-    @property
-    def bandwidth_se_gb_s(self) -> float:
-        """Standard error of 1/beta by the delta method: se(beta) / beta^2."""
-        if not self.beta_s_per_byte > 0:
-            return math.nan
-        return self.beta_se / self.beta_s_per_byte**2 / GB
 
 
 def fit_points(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -140,7 +109,9 @@ def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     """The runs whose gradient bytes are known (a user's script that reports no parameter count,
     scalestudy.contract's "model" line, cannot be modelled): the others are named and
     left out."""
-    known = _numeric(scaling, "parameters").notna() | _numeric(scaling, "config.width").notna()
+    known = pd.Series(
+        [count is not None for count in parameter_counts(scaling)], index=scaling.index, dtype=bool
+    )
     if not known.all():
         points = scaling.loc[~known, "point"] if "point" in scaling else scaling.index[~known]
         log.warning(
@@ -151,23 +122,31 @@ def _with_known_size(scaling: pd.DataFrame) -> pd.DataFrame:
     return scaling[known]
 
 
-def gradient_bytes(runs: pd.DataFrame) -> list[float]:
-    """Bytes each run's all-reduce moves per step: its `parameters` (any workload) or, in a catalog
-    without them, the ResNet-18's closed form of config.width; fp32 or 16-bit (comm hook)."""
-    hooks = runs["config.comm_hook"] if "config.comm_hook" in runs else pd.Series("none", runs.index)
+def parameter_counts(runs: pd.DataFrame) -> list[int | None]:
+    """Each run's parameters: its own count (any workload), else its workload's closed form
+    (mfu.closed_form: the ResNet's of its width, for a catalog without counts); None: unknown."""
     counted = _numeric(runs, "parameters")
-    width = _numeric(runs, "config.width")
-    grad = []
-    for index, hook in hooks.items():
+    found: list[int | None] = []
+    for index, r in runs.iterrows():
         if pd.notna(counted[index]):
-            parameters = int(counted[index])
-        elif pd.notna(width[index]):
-            parameters = modelsize.parameters(int(width[index]))
+            found.append(int(counted[index]))
         else:
+            size = mfu.closed_form(r)
+            found.append(None if size is None else int(size[0]))
+    return found
+
+
+def gradient_bytes(runs: pd.DataFrame) -> list[float]:
+    """Bytes each run's all-reduce moves per step: from its parameters (parameter_counts); fp32 or
+    16-bit (comm hook)."""
+    hooks = runs["config.comm_hook"] if "config.comm_hook" in runs else pd.Series("none", runs.index)
+    grad = []
+    for (index, hook), parameters in zip(hooks.items(), parameter_counts(runs), strict=True):
+        if parameters is None:
             point = runs["point"][index] if "point" in runs else index
             raise ValueError(
-                f"runs: scaling run {point} has neither parameters nor config.width: its gradient bytes "
-                "are unknown"
+                f"runs: scaling run {point} has neither parameters nor a closed form of its model: its "
+                "gradient bytes are unknown"
             )
         grad.append(modelsize.gradient_bytes_of(parameters, str(hook)))
     return grad

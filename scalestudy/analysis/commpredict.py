@@ -1,19 +1,16 @@
-"""The communication model's ring all-reduce and its predictions (scalestudy.analysis.commmodel fits
-it): the time of a ring all-reduce, efficiency vs N per mode for the fitted curve, each configured
-interconnect and the collective benchmark's measured links, and the fit table's rows comparing the
-benchmark with the profile's measured all-reduce time."""
+"""The communication model's ring all-reduce, its parameters (Fit: scalestudy.analysis.commmodel
+fits them) and its predictions: the time of a ring all-reduce, efficiency vs N per mode for the
+fitted curve, each configured interconnect and the collective benchmark's measured links, and the
+fit table's rows comparing the benchmark with the profile's measured all-reduce time."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
-if TYPE_CHECKING:
-    from scalestudy.analysis.commmodel import Fit
 
 US = 1e-6
 GB = 1e9
@@ -21,6 +18,31 @@ FIT_CURVE = "fit (as measured)"
 MEASURED_CURVE = "measured collectives (comm_bench)"
 INTRA, INTER = "intra-node", "inter-node"  # scalestudy.preflight.collectives's placements
 PREDICTION_COLUMNS = ("mode", "curve", "world_size", "compute_s", "exposed_comm_s", "step_s", "efficiency")
+
+
+@dataclass
+class Fit:
+    method: str
+    alpha_s: float
+    beta_s_per_byte: float
+    n_points: int
+    dof: int
+    rms_residual_s: float = math.nan
+    alpha_se_s: float = math.nan
+    beta_se: float = math.nan
+    compute_s_per_image: dict = field(default_factory=dict)
+    residuals: pd.DataFrame | None = None
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        return 1.0 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else math.inf
+
+    @property
+    def bandwidth_se_gb_s(self) -> float:
+        """Standard error of 1/beta by the delta method: se(beta) / beta^2."""
+        if not self.beta_s_per_byte > 0:
+            return math.nan
+        return self.beta_se / self.beta_s_per_byte**2 / GB
 
 
 def ring_allreduce_s(world, grad_bytes, buckets, alpha_s, beta_s_per_byte):

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic, commandline
-from scalestudy.analysis import commmodel, contention, energy, modelsize
+from scalestudy.analysis import commmodel, commpredict, contention, energy, modelsize
 from scalestudy.plan import grid, runfiles, studyconfig
 from scalestudy.plan.runfiles import GPU_MONITOR, METRICS, MONITOR_COLUMNS, SUMMARY
 
@@ -83,7 +83,7 @@ def exposed_comm_s(truth: Truth, run: dict) -> float:
     grad = modelsize.gradient_bytes(run["width"], run["comm_hook"])
     buckets = modelsize.bucket_count(grad, run["bucket_cap_mb"])
     return float(
-        commmodel.ring_allreduce_s(run["world_size"], grad, buckets, truth.alpha_s, truth.beta_s_per_byte)
+        commpredict.ring_allreduce_s(run["world_size"], grad, buckets, truth.alpha_s, truth.beta_s_per_byte)
     )
 
 
@@ -130,9 +130,9 @@ def comm_bench_fit(truth: Truth, config: dict) -> pd.DataFrame:
             "collective": "all_reduce",
             "world_size": world,
             "nodes": math.ceil(world / truth.gpus_per_node),
-            "placement": commmodel.INTRA if world <= truth.gpus_per_node else commmodel.INTER,
+            "placement": commpredict.INTRA if world <= truth.gpus_per_node else commpredict.INTER,
             "link_alpha_s": truth.alpha_s / hidden,
-            "bandwidth_gb_s": hidden / truth.beta_s_per_byte / commmodel.GB,
+            "bandwidth_gb_s": hidden / truth.beta_s_per_byte / commpredict.GB,
             "r2": 1.0,
         }
         for world in config["scaling"]["world_sizes"]

@@ -25,9 +25,10 @@ summary.json's images_per_s; scalestudy/train/steady.py):
 * weak scaling (fixed per-GPU batch): E_w(N) = T(1) / T(N) with T the time per step at that fixed
   per-GPU work = x(N) / x(1) = S(N) / N as well. Throughput is used rather than epoch_time_s so that
   capped epochs (max_steps_per_epoch) and the shrinking weak-scaling epoch compare like for like;
-* MFU = x * training FLOPs per image / the device's peak FLOP/s at the run's precision
-  (scalestudy.analysis.mfu: only against a peak known for the device or configured; else empty,
-  with `mfu_note` saying why);
+* MFU = x * training FLOPs per sample / the device's peak FLOP/s at the run's precision
+  (scalestudy.analysis.mfu: the workload's closed form where its spec has one, else what its trainer
+  counted; only against a peak known for the device or configured; else empty, with `mfu_note`
+  saying why);
 * memory per rank: the median over repeats of peak_memory_bytes (max over ranks; CUDA's peak
   allocation, or the CPU's peak RSS: peak_memory_source) and model_state_bytes_per_rank;
 * repeat statistics: mean, sample std and a Student-t interval at analysis.confidence; one repeat
@@ -93,7 +94,6 @@ OPTIONAL_RUN_COLUMNS = (
     "measured_steps",
     "whole_run_images_per_s",
     "whole_run_images_per_s_per_gpu",
-    "config.width",
     "peak_memory_bytes",
     "model_state_bytes_per_rank",
     "peak_memory_source",

@@ -1,8 +1,9 @@
 """Model FLOPs utilisation of a run, only against a peak that is known for its device or configured.
 
 MFU = x * training FLOPs per sample / the device's peak FLOP/s at the run's precision, x the
-samples/s of one rank: the ResNet's FLOPs from its width (the closed form of modelsize), another
-workload's from what its trainer counted (the LM's 6N + attention per token). The peak is
+samples/s of one rank: the workload's closed form where its spec has one (`closed_form`: the
+ResNet-18's of its width) times analysis.train_flops_factor, else the training FLOPs its trainer
+counted (the LM's 6N + attention per token); never a formula guessed from a column. The peak is
 analysis.peak_tflops's entry for the device (`find_peak_tflops`). Where there is none, or it is the
 schema's `cpu` entry (PLACEHOLDER_PEAKS: a number for the LM benchmark's table, no CPU's peak) and
 the config did not set another value, MFU is empty and `mfu_note` says why: a CPU study's MFU
@@ -16,8 +17,7 @@ import math
 
 import pandas as pd
 
-from scalestudy.analysis import modelsize
-from scalestudy.plan import schema
+from scalestudy.plan import schema, workloads
 
 log = logging.getLogger("scalestudy.analysis.metrics")
 
@@ -60,13 +60,35 @@ def known_peak(peaks: dict, device_name: object, device: object, precision: str)
     return peak, ""
 
 
+def closed_form(r: pd.Series) -> tuple[int, float] | None:
+    """(parameters, forward FLOPs per sample) of a run's model from its workload's closed form (its
+    spec's model_size over the run's config.* columns: the ResNet's of its width); None where the
+    workload has none (the LM, a script: their trainers count) or the run lacks what it needs. A
+    catalog without a workload column is the default workload's (the ResNet study's)."""
+    name = r.get("workload")
+    spec = workloads.WORKLOADS.get(workloads.DEFAULT if _missing(name) else name)
+    if spec is None or spec.model_size is None:
+        return None
+    run = {key.removeprefix("config."): value for key, value in r.items() if key.startswith("config.")}
+    return spec.closed_form({key: value for key, value in run.items() if not _missing(value)})
+
+
+def closed_form_flops(runs: pd.DataFrame) -> pd.Series:
+    """The forward FLOPs per sample of each run's closed form (closed_form); NaN where there is none."""
+    sizes = [closed_form(r) for _, r in runs.iterrows()]
+    return pd.Series([math.nan if size is None else size[1] for size in sizes], index=runs.index, dtype=float)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def of_run(r: pd.Series, settings: dict) -> tuple[float, str]:
-    """A run's (MFU, why empty): the ResNet's from its width, another workload's from the training
-    FLOPs per sample its trainer counted, else NaN."""
-    if pd.notna(r["config.width"]):
-        flops = modelsize.train_flops_per_image(int(r["config.width"]), settings["train_flops_factor"])
-    else:
-        flops = r.get("train_flops_per_image")
+    """A run's (MFU, why empty): from its closed form's training FLOPs per sample (forward x
+    analysis.train_flops_factor) where its workload has one, else from those its trainer counted;
+    else NaN."""
+    size = closed_form(r)
+    flops = settings["train_flops_factor"] * size[1] if size else r.get("train_flops_per_image")
     if flops is None or pd.isna(flops):
         return math.nan, NO_FLOPS
     peak, why = known_peak(settings["peak_tflops"], r["device_name"], r["device"], r["precision"])
@@ -82,22 +104,22 @@ def of_runs(runs: pd.DataFrame, settings: dict) -> tuple[pd.Series, pd.Series]:
         (log.info if why == NO_FLOPS or "placeholder" in why else log.warning)(
             "MFU left empty for %d run(s): %s", count, why
         )
-    check_flops(runs)
+    check_flops(runs, closed_form_flops(runs))
     return values, notes
 
 
-def check_flops(runs: pd.DataFrame) -> None:
-    """MFU uses the closed form of modelsize; say so if the trainer's flop counter disagrees."""
+def check_flops(runs: pd.DataFrame, forward: pd.Series) -> None:
+    """MFU uses the workload's closed form; say so if the trainer's flop counter disagrees."""
     if "forward_flops_per_image" not in runs:
         return
-    for _, r in runs.dropna(subset=["forward_flops_per_image", "config.width"]).iterrows():
-        formula = modelsize.forward_flops_per_image(int(r["config.width"]))
-        if abs(r["forward_flops_per_image"] / formula - 1.0) > 0.05:
+    counted = pd.to_numeric(runs["forward_flops_per_image"], errors="coerce")
+    for index in runs.index[counted.notna() & forward.notna()]:
+        r = runs.loc[index]
+        if abs(counted[index] / forward[index] - 1.0) > 0.05:
             log.warning(
-                "%s/%s: the trainer counted %.4g forward FLOPs per image, the width-%d formula %.4g",
+                "%s/%s: the trainer counted %.4g forward FLOPs per sample, the workload's closed form %.4g",
                 r["stage"],
                 r["point"],
-                r["forward_flops_per_image"],
-                r["config.width"],
-                formula,
+                counted[index],
+                forward[index],
             )

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import cli, commmodel, energy, metrics, series
+from scalestudy.analysis import cli, commpredict, energy, metrics, series
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plan.runfiles import NOT_MEASURED
 
@@ -250,7 +250,7 @@ def power_per_gpu(scaling: pd.DataFrame) -> float | None:
 def model_curve(prediction: pd.DataFrame, settings: dict) -> tuple[str, str]:
     """(curve, source): the measured collectives' prediction if there is one, else the first
     configured interconnect's."""
-    measured = [c for c in prediction["curve"].unique() if str(c).startswith(commmodel.MEASURED_CURVE)]
+    measured = [c for c in prediction["curve"].unique() if str(c).startswith(commpredict.MEASURED_CURVE)]
     if measured:
         return measured[0], f"model: {measured[0]}"
     link = settings["comm_model"]["interconnects"][0]["name"]

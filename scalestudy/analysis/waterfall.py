@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 
 from scalestudy import atomic
-from scalestudy.analysis import above_ideal, cli, commmodel, metrics, modelsize, series
+from scalestudy.analysis import above_ideal, cli, commmodel, commpredict, metrics, modelsize, series
 from scalestudy.analysis.tableio import read_csv
 from scalestudy.plan import runconfig
 from scalestudy.plan.runfiles import NOT_MEASURED
@@ -241,7 +241,7 @@ class ExposedComm:
     def __init__(self, settings: dict, comm_fit=None, bench_fit=None, overlap=None) -> None:
         self.model = settings["comm_model"]
         self.profiled = profiled_exposed(overlap)
-        self.links = commmodel.measured_links(bench_fit)
+        self.links = commpredict.measured_links(bench_fit)
         self.phi, self.phi_how = measured_overlap(overlap, comm_fit, self.model)
 
     def of(self, runs: pd.DataFrame, index) -> tuple[float, str]:
@@ -254,7 +254,7 @@ class ExposedComm:
             grad, runconfig.DEFAULTS["bucket_cap_mb"] if pd.isna(bucket_mb) else bucket_mb
         )
         alpha, beta, where = self.link(world)
-        raw = float(commmodel.ring_allreduce_s(world, grad, buckets, alpha, beta))
+        raw = float(commpredict.ring_allreduce_s(world, grad, buckets, alpha, beta))
         return (
             1.0 - self.phi
         ) * raw, f"ring all-reduce model ({where}) x (1 - {self.phi:.3g}), {self.phi_how}"
@@ -262,13 +262,13 @@ class ExposedComm:
     def link(self, world: int) -> tuple[float, float, str]:
         """(alpha per ring step, seconds per byte, where they come from) for a ring of `world`."""
         if self.links:
-            link = commmodel.link_of(self.links, world, self.model["gpus_per_node"])
-            beta = 1.0 / (float(link["bandwidth_gb_s"]) * commmodel.GB)
+            link = commpredict.link_of(self.links, world, self.model["gpus_per_node"])
+            beta = 1.0 / (float(link["bandwidth_gb_s"]) * commpredict.GB)
             return float(link["link_alpha_s"]), beta, f"comm_bench {link['placement']} alpha and bandwidth"
         inside = world <= self.model["gpus_per_node"]
         link = self.model["intra_node"] if inside else self.model["interconnects"][0]
-        beta = 1.0 / (link["bandwidth_gb_s"] * commmodel.GB)
-        return link["alpha_us"] * commmodel.US, beta, f"configured link {link['name']}"
+        beta = 1.0 / (link["bandwidth_gb_s"] * commpredict.GB)
+        return link["alpha_us"] * commpredict.US, beta, f"configured link {link['name']}"
 
 
 # --- the waterfall ------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from scalestudy.benchmark.report import (
     write_csv,
 )
 from scalestudy.benchmark.studyconfig import DEMO_CONFIG, REPO, STUDY_CONFIG
+from scalestudy.plan import schema
 
 SECTIONS = ("matmul", "pipeline", "training", "fixed_cost")
 CPU_TARGETS = (
@@ -76,7 +77,7 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, help="training steps per sample (default: 20 cpu, 100 cuda)")
     parser.add_argument(
-        "--precisions", help="project trainer precisions (default: fp32 cpu, fp32,bf16,fp16 cuda)"
+        "--precisions", help="project trainer precisions (default: fp32 cpu; on cuda the schema's but tf32)"
     )
     parser.add_argument(
         "--channels-last",
@@ -119,6 +120,12 @@ def default_config(device: str) -> Path:
     return STUDY_CONFIG if use_cuda(device) else DEMO_CONFIG
 
 
+def gpu_precisions() -> list[str]:
+    """The precisions the study config may ask for (the schema's enum) but tf32, which is fp32 with
+    TF32 math (the reference's own on a GPU)."""
+    return [precision for precision in schema.definition("precision")["enum"] if precision != "tf32"]
+
+
 def choose_settings(args: argparse.Namespace, config: dict):
     import torch
 
@@ -126,7 +133,7 @@ def choose_settings(args: argparse.Namespace, config: dict):
     from scalestudy.benchmark.suite import Settings, project_variants
 
     cuda = use_cuda(args.device)
-    precisions = (args.precisions or ("fp32,bf16,fp16" if cuda else "fp32")).split(",")
+    precisions = args.precisions.split(",") if args.precisions else gpu_precisions() if cuda else ["fp32"]
     config_channels_last = config["model"]["channels_last"]
     return Settings(
         device=torch.device("cuda" if cuda else "cpu"),

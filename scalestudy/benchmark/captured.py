@@ -35,8 +35,7 @@ from typing import Any
 import torch
 
 from scalestudy import atomic, contract
-from scalestudy import workloads as workload_code
-from scalestudy.plan import runconfig
+from scalestudy.plan import runconfig, workloads
 from scalestudy.train import bookkeeping, optim
 from scalestudy.train.process import autocast_dtype, device_name, process_settings
 
@@ -100,7 +99,7 @@ class Step:
 def measure(
     config: dict[str, Any], device: torch.device, warmup: int, check: int, steps: int
 ) -> dict[str, Any]:
-    runtime = workload_code.runtime(config["workload"])
+    runtime = workloads.get(config["workload"]).runtime_module()
     train, _ = runtime.build_data(config, 0, 1, device)
     model = runtime.build_model(config, device).model.train()
     factor = optim.lr_schedule(round(config["warmup_epochs"] * train.steps_per_epoch), 10**9)

@@ -53,8 +53,8 @@ from scalestudy.benchmark.measure import median
 from scalestudy.benchmark.studyconfig import REPO
 from scalestudy.data import tokenize
 from scalestudy.plan import runfiles
-from scalestudy.plan.workloads import GPT_PRESETS
 from scalestudy.progress import setup_logging
+from scalestudy.workloads.gpt.presets import PRESETS
 
 log = logging.getLogger("scalestudy.benchmark.lm")
 
@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m scalestudy.benchmark.lm",
         description="GPT training throughput (tokens/s per rank) and MFU, DDP vs FSDP2.",
     )
-    parser.add_argument("--preset", choices=tuple(GPT_PRESETS), default="demo", help="the model")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="demo", help="the model")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--precision", choices=("fp32", "bf16"), help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--per-gpu-batch", type=int, default=16, help="sequences per rank and step (16)")
@@ -152,7 +152,7 @@ def use_cuda(device: str) -> bool:
 
 
 def seq_len(preset: str) -> int:
-    return GPT_PRESETS[preset]["seq_len"]
+    return PRESETS[preset]["seq_len"]
 
 
 def write_token_data(folder: Path, args: argparse.Namespace) -> Path:
@@ -167,7 +167,7 @@ def write_token_data(folder: Path, args: argparse.Namespace) -> Path:
     rng = np.random.default_rng(CORPUS_SEED)
     rng.integers(0, 256, train_tokens + test_tokens, dtype=np.uint8).tofile(corpus)
     test_fraction = test_tokens / (train_tokens + test_tokens)
-    tokenize.tokenize(corpus, folder / "packed", test_fraction, "bytes", seq_len(args.preset))
+    tokenize.tokenize(corpus, folder / "packed", test_fraction, "bytes", seq_len=seq_len(args.preset))
     return folder / "packed"
 
 

@@ -21,7 +21,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from scalestudy.train.command import progress as command_progress
+from scalestudy.workloads.command import progress as command_progress
 
 LIMIT_BYTES = 100 * 1024**2
 CONFIG = {

@@ -181,7 +181,7 @@ class CrateBuilder:
         if run.get("startTime"):
             organize["startTime"] = run["startTime"]
         self.crate.add(ContextEntity(self.crate, "#organize-snakemake", organize))
-        lineage.describe_products(self, study_jobs)
+        lineage.describe_products(self.files, self.file_refs, study_jobs)
 
     def _workflow(self, config_files: list[str]):
         workflow = self.files[MAIN_WORKFLOW]

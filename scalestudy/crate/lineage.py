@@ -4,13 +4,12 @@ and names the jobs in its description; the job's CreateAction has the product as
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from scalestudy.plan import paths
 
 if TYPE_CHECKING:
-    from scalestudy.crate.build import CrateBuilder
     from scalestudy.crate.jobs import Job
 
 PRODUCT_FOLDERS = (paths.FIGURES_DIR, paths.TABLES_DIR, paths.PAPER_DIR, paths.COMPARE_DIR, paths.PROFILE_DIR)
@@ -43,14 +42,18 @@ def upstream_runs(job: Job, made_by: dict[str, Job]) -> list[Job]:
     return [found[key] for key in sorted(found)]
 
 
-def describe_products(builder: CrateBuilder, jobs: list[Job]) -> None:
+def describe_products(
+    files: Mapping[str, Any], file_refs: Callable[[Iterable[str]], list], jobs: list[Job]
+) -> None:
+    """Each product among the crate's `files` (path -> its entity) based on the files of its job's
+    inputs (`file_refs`: their references) and described by its job and training runs."""
     made_by = producers(jobs)
     for path, job in made_by.items():
-        entity = builder.files.get(path)
+        entity = files.get(path)
         if entity is None or not is_product(path):
             continue
         runs = upstream_runs(job, made_by)
-        sources = builder.file_refs(job.inputs)
+        sources = file_refs(job.inputs)
         if sources:
             entity["isBasedOn"] = sources
         entity["description"] = f"made by job #job-{job.key}" + (

@@ -28,21 +28,24 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from scalestudy.atomic import atomic_path
 from scalestudy.data import auth, file_digests
-from scalestudy.plan import credentials
+from scalestudy.plan import credentials, schema
 from scalestudy.progress import Progress, setup_logging
 
 log = logging.getLogger("scalestudy.data.fetch")
 
-OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
-OFFICIAL_SIZE = 170_498_071
+# The defaults of the command line and of fetch(): the schema's data section (its url, md5 and
+# size_bytes are the official CIFAR-10 archive's), and of its synthetic data.
+DEFAULTS = schema.defaults("data")
+SYNTHETIC = schema.defaults("data", "synthetic")
+SYNTHETIC_TEXT = schema.defaults("data", "synthetic_text")
 
 CHUNK_BYTES = 1 << 20
 MAX_BACKOFF_S = 60.0
@@ -118,8 +121,8 @@ def fetch(
     sources: Sequence[str],
     out: str | os.PathLike,
     expected: Expected,
-    timeout_s: float = 60.0,
-    retries: int = 5,
+    timeout_s: float = DEFAULTS["timeout_s"],
+    retries: int = DEFAULTS["retries"],
     backoff_s: float = 1.0,
     credentials_env: str | None = None,
 ) -> Path:
@@ -217,8 +220,8 @@ def download(
     url: str,
     out: Path,
     expected: Expected,
-    timeout_s: float = 60.0,
-    retries: int = 5,
+    timeout_s: float = DEFAULTS["timeout_s"],
+    retries: int = DEFAULTS["retries"],
     backoff_s: float = 1.0,
     credentials_env: str | None = None,
 ) -> None:
@@ -394,6 +397,20 @@ def make_synthetic_text(out: Path, n_bytes: int, seed: int, expected: Expected) 
     return out
 
 
+def download_args(data: Mapping[str, Any]) -> list[str]:
+    """This command's arguments after --out for a download described by a study config's `data:`
+    section (mirrors first, then its URL, checked against its size and checksums)."""
+    args = ["--url", data["url"], "--md5", data["md5"], "--size", data["size_bytes"]]
+    args += ["--timeout", data["timeout_s"], "--retries", data["retries"]]
+    if data["sha256"]:
+        args += ["--sha256", data["sha256"]]
+    for mirror in data["mirrors"]:
+        args += ["--mirror", mirror]
+    if data["credentials_env"]:  # the variable's name: fetch reads the login from the environment
+        args += ["--credentials-env", data["credentials_env"]]
+    return [str(arg) for arg in args]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scalestudy.data.fetch", description=__doc__.split("\n")[0]
@@ -411,15 +428,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--sha256", help="expected sha256")
     parser.add_argument("--size", type=int, help="expected size in bytes")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds without data before a retry")
-    parser.add_argument("--retries", type=int, default=5, help="extra attempts per HTTP source")
     parser.add_argument(
-        "--train-per-class", type=int, default=5000, help="synthetic: training images per class"
+        "--timeout", type=float, default=DEFAULTS["timeout_s"], help="seconds without data before a retry"
     )
-    parser.add_argument("--test-per-class", type=int, default=1000, help="synthetic: test images per class")
-    parser.add_argument("--seed", type=int, default=1234, help="synthetic, synthetic-text: generator seed")
     parser.add_argument(
-        "--text-bytes", type=int, default=600_000, help="synthetic-text: corpus size in bytes"
+        "--retries", type=int, default=DEFAULTS["retries"], help="extra attempts per HTTP source"
+    )
+    parser.add_argument(
+        "--train-per-class",
+        type=int,
+        default=SYNTHETIC["train_per_class"],
+        help="synthetic: training images per class",
+    )
+    parser.add_argument(
+        "--test-per-class",
+        type=int,
+        default=SYNTHETIC["test_per_class"],
+        help="synthetic: test images per class",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=SYNTHETIC["seed"], help="synthetic, synthetic-text: generator seed"
+    )
+    parser.add_argument(
+        "--text-bytes", type=int, default=SYNTHETIC_TEXT["bytes"], help="synthetic-text: corpus size in bytes"
     )
     parser.add_argument(
         "--credentials-env",
@@ -434,13 +465,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _expected_from(args: argparse.Namespace) -> Expected:
     given = Expected(size=args.size, md5=args.md5, sha256=args.sha256)
     if args.source == "cifar10" and given == Expected():
-        return Expected(size=OFFICIAL_SIZE, md5=OFFICIAL_MD5)  # nothing given: the official archive
+        return Expected(size=DEFAULTS["size_bytes"], md5=DEFAULTS["md5"])  # nothing given: the official one
     return given
 
 
 def _sources(args: argparse.Namespace) -> list[str]:
     """The mirrors in order, then the URL (cifar10's official one when none is given)."""
-    url = args.url or (OFFICIAL_URL if args.source == "cifar10" else None)
+    url = args.url or (DEFAULTS["url"] if args.source == "cifar10" else None)
     if url is None and not args.mirror:
         raise FetchError(
             f"--source {args.source} needs --url or --mirror: a text corpus has no default address"

@@ -1,7 +1,7 @@
 """Tokenise a text corpus into packed uint16 token arrays for the LM.
 
     python -m scalestudy.data.tokenize --corpus results/data/corpus.txt \\
-        --out-dir results/data/packed [--test-fraction 0.1] [--tokenizer bytes] [--seq-len 128]
+        --out-dir results/data/packed --seq-len 128 [--test-fraction 0.1] [--tokenizer bytes]
 
 writes train_tokens.npy and test_tokens.npy (1-D uint16, np.save format; the LAST test_fraction of
 the corpus's bytes is the test split, so no test text is seen in training) and manifest.json
@@ -32,7 +32,7 @@ from scalestudy import provenance
 from scalestudy.atomic import atomic_path, write_json
 from scalestudy.data import file_digests
 from scalestudy.data.preprocess import _file_record
-from scalestudy.plan import schema, workloads
+from scalestudy.plan import schema
 from scalestudy.plan.paths import PACKED_MANIFEST as MANIFEST
 from scalestudy.progress import Progress, setup_logging
 
@@ -41,7 +41,6 @@ log = logging.getLogger("scalestudy.data.tokenize")
 SPLITS = ("train", "test")
 TOKEN_DTYPE = np.uint16
 DEFAULT_TEST_FRACTION = schema.node("data", "test_fraction")["default"]
-DEFAULT_SEQ_LEN = workloads.gpt_seq_len(None)  # the default preset's
 _CHUNK_BYTES = 1 << 22
 
 
@@ -89,8 +88,9 @@ def split_bytes(size: int, test_fraction: float) -> dict[str, range]:
 
 def plan(corpus: Path, test_fraction: float, tokenizer: Tokenizer, seq_len: int) -> dict[str, range]:
     """Check everything that can be checked before work starts; return the splits' byte ranges."""
-    if not 0 < test_fraction < 1:
-        raise CorpusError(f"--test-fraction must lie strictly between 0 and 1, got {test_fraction}")
+    share = schema.rule_of(schema.node("data", "test_fraction"))  # the schema's range: (0, 1)
+    if not share.accepts(test_fraction):
+        raise CorpusError(f"--test-fraction must be {share.describe()}, got {test_fraction}")
     if seq_len < 1:
         raise CorpusError(f"--seq-len must be at least 1, got {seq_len}")
     if not corpus.exists():
@@ -134,7 +134,8 @@ def tokenize(
     out_dir: str | Path,
     test_fraction: float = DEFAULT_TEST_FRACTION,
     tokenizer_name: str = "bytes",
-    seq_len: int = DEFAULT_SEQ_LEN,
+    *,
+    seq_len: int,
 ) -> dict[str, Any]:
     """Write the token arrays and manifest.json to `out_dir`; return the manifest."""
     corpus, out_dir = Path(corpus), Path(out_dir)
@@ -208,14 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--seq-len",
         type=int,
-        default=DEFAULT_SEQ_LEN,
+        required=True,
         help="the model's sequence length: each split must hold at least one sequence (seq_len + 1 tokens)",
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     args = parser.parse_args(argv)
     setup_logging(getattr(logging, args.log_level))
     try:
-        tokenize(args.corpus, args.out_dir, args.test_fraction, args.tokenizer, args.seq_len)
+        tokenize(args.corpus, args.out_dir, args.test_fraction, args.tokenizer, seq_len=args.seq_len)
     except (CorpusError, OSError) as error:  # OSError: e.g. an unreadable corpus, an unwritable folder
         print(f"tokenize: error: {error}", file=sys.stderr)
         return 1

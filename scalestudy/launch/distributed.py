@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalestudy.launch.launcher import LAUNCHER_PID_ENV  # stdlib only, like this module
+from scalestudy.plan import schema
 
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -227,8 +228,9 @@ def select_device(device: str, local_rank: int):
     """The rank's device: with "auto", the GPU of its local rank (or the only visible one), else the CPU."""
     import torch
 
-    if device not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"run config device must be auto, cuda or cpu, got device={device!r}")
+    allowed = schema.rule_of(schema.node("train", "device"))
+    if not allowed.accepts(device):
+        raise ValueError(f"run config device must be {allowed.describe()}, got device={device!r}")
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -41,6 +41,7 @@ from typing import Any
 
 from scalestudy import contract
 from scalestudy.launch.container_image import IMAGE_ENV, IMAGE_SHA256_ENV
+from scalestudy.plan import schema
 
 TRAINER_MODULE = "scalestudy.train"
 TORCHRUN_MODULE = "scalestudy.launch.torchrun"  # torchrun, exiting 75 where the ranks stopped resumably
@@ -53,18 +54,24 @@ LAUNCH_TIME_ENV = "SCALESTUDY_LAUNCH_TIME"
 NOT_A_STEP = {"", "batch", "extern", "interactive", "4294967294", "4294967291", "4294967292"}
 
 SPEC_DEFAULTS: dict[str, Any] = {
-    "launcher": "auto",
     "nodes": 1,
     "tasks_per_node": None,
     "cpus_per_task": 1,
     "gpus_per_node": 0,  # GPUs the ranks of one node use, one per rank; 0: CPU ranks
-    "device": "auto",  # with GPUs: cuda (required) or auto (the CPU where the machine has none)
     "gres": None,
     "image": None,
     "apptainer_args": [],
     "binds": [],
     "python": "python",
     "env": {},
+}
+# The spec's keys that are study settings: the schema's entry says what each accepts and gives the
+# default of those SPEC_DEFAULTS leaves out. device: with GPUs, cuda (required) or auto (the CPU
+# where the machine has none).
+SPEC_SETTINGS = {
+    "launcher": ("cluster", "launcher"),
+    "device": ("train", "device"),
+    "gpus_per_node": ("cluster", "gpus_per_node"),
 }
 
 
@@ -76,19 +83,20 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec with defaults filled in; a LaunchError names any bad key."""
     if not isinstance(spec, Mapping):
         raise LaunchError(f"the launch spec must be a JSON object, got {spec!r}")
-    unknown = sorted(set(spec) - set(SPEC_DEFAULTS) - {"world_size"})
+    unknown = sorted(set(spec) - set(SPEC_DEFAULTS) - set(SPEC_SETTINGS) - {"world_size"})
     if unknown:
         raise LaunchError(f"unknown launch spec key(s) {unknown}")
     if "world_size" not in spec:
         raise LaunchError("the launch spec has no world_size")
-    full = {**SPEC_DEFAULTS, **spec}
+    settings = {key: schema.node(*path) for key, path in SPEC_SETTINGS.items()}
+    defaults = {key: entry["default"] for key, entry in settings.items() if key not in SPEC_DEFAULTS}
+    full = {**defaults, **SPEC_DEFAULTS, **spec}
     for key in ("world_size", "nodes", "cpus_per_task"):
         _positive_int(full, key)
-    gpus = full["gpus_per_node"]
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise LaunchError(f"gpus_per_node must be an integer >= 0, got {gpus!r}")
-    if full["device"] not in ("auto", "cuda", "cpu"):
-        raise LaunchError(f"device must be auto, cuda or cpu, got {full['device']!r}")
+    for key, entry in settings.items():
+        rule = schema.rule_of(entry)
+        if not rule.accepts(full[key]):
+            raise LaunchError(f"{key} must be {rule.describe()}, got {full[key]!r}")
     if full["tasks_per_node"] is None:
         full["tasks_per_node"] = -(-full["world_size"] // full["nodes"])
     _positive_int(full, "tasks_per_node")
@@ -97,8 +105,6 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
             f"world_size={full['world_size']} does not fit on nodes={full['nodes']} x "
             f"tasks_per_node={full['tasks_per_node']}"
         )
-    if full["launcher"] not in ("auto", "local", "srun"):
-        raise LaunchError(f"launcher must be auto, local or srun, got {full['launcher']!r}")
     if not isinstance(full["python"], str) or not full["python"]:
         raise LaunchError(f"python must be a non-empty string, got {full['python']!r}")
     for key in ("image", "gres"):
@@ -122,8 +128,9 @@ def _positive_int(spec: dict[str, Any], key: str) -> None:
 
 
 def resolve_launcher(spec: Mapping[str, Any], environ: Mapping[str, str]) -> str:
-    """'srun' or 'local': "auto" is srun in a Slurm allocation's batch step, local elsewhere."""
-    launcher = spec.get("launcher", "auto")
+    """'srun' or 'local' for a checked spec (check_spec): "auto" is srun in a Slurm allocation's
+    batch step, local elsewhere."""
+    launcher = spec["launcher"]
     if launcher != "auto":
         return launcher
     in_allocation = bool(environ.get("SLURM_JOB_ID"))

@@ -4,31 +4,3 @@ written from the template in report/paper/ (draft) and its PDF (build).
 `python -m scalestudy.paper` writes the tables (scalestudy.paper.tables); the other stages have their
 own entry points: `python -m scalestudy.paper.numbers|draft|build`.
 """
-
-from scalestudy.paper.tables import (
-    TABLES,
-    acceptance_table,
-    booktabs,
-    comm_model_table,
-    efficiency_table,
-    escape,
-    main,
-    number,
-    percent,
-    resource_table,
-    sensitivity_table,
-)
-
-__all__ = [
-    "TABLES",
-    "acceptance_table",
-    "booktabs",
-    "comm_model_table",
-    "efficiency_table",
-    "escape",
-    "main",
-    "number",
-    "percent",
-    "resource_table",
-    "sensitivity_table",
-]

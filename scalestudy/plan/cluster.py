@@ -25,6 +25,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from scalestudy import contract
 from scalestudy.plan import patterns, schema
 
 # The resources of a training job; every call returns every key. A value of None means "not set"
@@ -53,7 +54,6 @@ LIGHT_RESOURCE_KEYS: tuple[str, ...] = (
     "qos",
 )
 
-LAUNCHERS = ("auto", "local", "srun")
 # Slurm names (partition, account, qos, GRES type) and features, image paths and the ranks'
 # environment values: no whitespace or shell syntax (the patterns and why: scalestudy.plan.patterns).
 _NAME = re.compile(patterns.SLURM_NAME)
@@ -69,35 +69,22 @@ _ENV_VALUE = re.compile(patterns.ENV_VALUE)
 def settings(config: dict) -> dict[str, Any]:
     """The `cluster:` section with its defaults filled in, checked; errors name the key."""
     merged = _merged(config, "cluster")
-    _check_numbers(merged)
+    problems = schema.value_problems("cluster", merged)  # types, ranges, the launcher's enum
+    if problems:
+        raise ValueError("; ".join(problems))
+    _check_across(merged)
     for key in ("partition", "cpu_partition", "account", "qos", "gpu_type"):
         _check_optional(merged, key, _NAME)
     _check_optional(merged, "constraint", _CONSTRAINT)
-    if merged["launcher"] not in LAUNCHERS:
-        raise ValueError(f"cluster.launcher must be one of {LAUNCHERS}, got {merged['launcher']!r}")
-    if not isinstance(merged["exclusive"], bool):
-        raise ValueError(f"cluster.exclusive must be true or false, got {merged['exclusive']!r}")
     _check_strings(merged, "sbatch_extra")
     _check_strings(merged, "submit_host_rules")
     return merged
 
 
-def _check_numbers(cluster: dict[str, Any]) -> None:
-    _check_int(cluster, "gpus_per_node", minimum=0)
-    _check_int(cluster, "signal_lead_s", minimum=0)
-    _check_int(cluster, "submit_retry_minutes", minimum=0)
-    for key in ("cpus_per_rank", "mem_mb_per_rank", "runtime_minutes", "max_runtime_minutes"):
-        _check_int(cluster, key, minimum=1)
-    for key in ("light_cpus", "light_mem_mb", "light_runtime_minutes"):
-        _check_int(cluster, key, minimum=1)
-    if cluster["ranks_per_node"] is not None:
-        _check_int(cluster, "ranks_per_node", minimum=1)
-    elif cluster["gpus_per_node"] == 0:
+def _check_across(cluster: dict[str, Any]) -> None:
+    """What the schema cannot say of one key alone."""
+    if cluster["ranks_per_node"] is None and cluster["gpus_per_node"] == 0:
         raise ValueError("cluster.ranks_per_node must be set when cluster.gpus_per_node is 0 (CPU nodes)")
-    for key in ("runtime_growth", "mem_growth"):
-        value = cluster[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
-            raise ValueError(f"cluster.{key} must be a number >= 1, got {value!r}")
     if cluster["signal_lead_s"] >= 60 * cluster["runtime_minutes"]:
         raise ValueError(
             f"cluster.signal_lead_s={cluster['signal_lead_s']} must be shorter than "
@@ -147,12 +134,6 @@ def _merged(config: dict, section: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown {section} setting(s) {unknown}; known: {sorted(defaults)}")
     return {**defaults, **given}
-
-
-def _check_int(values: dict, key: str, minimum: int) -> None:
-    value = values[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"cluster.{key} must be an integer >= {minimum}, got {value!r}")
 
 
 def _check_optional(values: dict, key: str, pattern: re.Pattern) -> None:
@@ -271,7 +252,9 @@ def slurm_extra(cluster: dict, tasks_per_node: int) -> str:
     options = [f"--ntasks-per-node={tasks_per_node}"]
     if cluster["signal_lead_s"]:
         # To every job step (the ranks), not the batch shell (Snakemake) -- hence no "B:".
-        options.append(f"--signal=USR1@{cluster['signal_lead_s']}")
+        options.append(
+            f"--signal={contract.WARNING_SIGNAL.name.removeprefix('SIG')}@{cluster['signal_lead_s']}"
+        )
     if cluster["exclusive"]:
         options.append("--exclusive")
     options.extend(cluster["sbatch_extra"])

@@ -35,6 +35,7 @@ from typing import Any
 
 from scalestudy.plan import credentials, grid, runconfig, schema, workloads
 from scalestudy.plan.patterns import MEANINGS
+from scalestudy.plan.workload_spec import GENERATED_SOURCE
 
 
 class ConfigError(ValueError):
@@ -148,17 +149,21 @@ def _axis_value_problem(rule: Any, value: Any) -> str | None:
 
 
 def workload_problems(config: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
-    """The data source fits the workload; a command workload names its script; a text corpus is
-    not looked for under CIFAR-10's URL and checksum (the defaults of data.url, md5, size_bytes)."""
-    section = config.get("workload") or {}
-    name = section.get("name", workloads.DEFAULT)
+    """What the workload's spec asks of the config (_spec_problems); a file fetched from a URL is not
+    looked for under the defaults of data.url, md5 and size_bytes unless they name it (CIFAR-10's
+    archive: a text corpus must be given its own)."""
+    name = (config.get("workload") or {}).get("name", workloads.DEFAULT)
+    if name not in workloads.WORKLOADS:
+        return []
+    spec = workloads.get(name)
     data = config.get("data") or {}
-    source = data.get("source")
-    problems = _spec_problems(config, workloads.get(name)) if name in workloads.WORKLOADS else []
-    if source == "text":
+    problems = _spec_problems(config, spec)
+    kind, source = spec.data, data.get("source")
+    fetched = kind.raw_file and source != GENERATED_SOURCE and source in (kind.sources or (source,))
+    if fetched and not kind.default_download:
         defaults = given.get("properties", {}).get("data", {}).get("properties", {})
         problems += [
-            f"data.{key} = {data[key]!r} is CIFAR-10's archive's (the default): give the text corpus's"
+            f"data.{key} = {data[key]!r} is CIFAR-10's archive's (the default): give {spec.paper.dataset}'s"
             for key in ("url", "md5", "size_bytes")
             if key in data and data[key] == defaults.get(key, {}).get("default")
         ]

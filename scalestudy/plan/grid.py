@@ -266,7 +266,7 @@ def point_by_name(config: dict, stage: str, name: str, points: dict[str, Point] 
 def run_config(config: dict, point: Point) -> dict[str, Any]:
     """The trainer's run config for one grid point (see docs/reference/files.md)."""
     workload = workloads.of_config(config)
-    run: dict[str, Any] = {key: config["train"][key] for key in runconfig.TRAIN_KEYS}
+    run: dict[str, Any] = {key: config["train"][key] for key in runconfig.train_keys()}
     run.update({key: _model_value(config, key, workload) for key in workload.model_keys})
     measure = config["train"].get("measure", {})
     measured = runconfig.MEASURE_KEYS.items()
@@ -313,27 +313,11 @@ def _same(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
 
 
-def gpt_seq_len(config: dict) -> int:
-    """The LM's sequence length: model.gpt.seq_len, else its preset's."""
-    return workloads.gpt_seq_len(config["model"].get("gpt"))
-
-
 def samples_per_epoch(config: dict) -> int | None:
-    """Training samples per epoch, in what per_gpu_batch counts: CIFAR-10's 50,000 images or the
-    synthetic archive's; for the LM the sequences (windows of seq_len + 1 tokens) of the synthetic
-    corpus's training share (one token per byte). None where only preprocessing or the user's
-    script can tell (a downloaded corpus, the command workload)."""
-    data = config["data"]
-    kind = workloads.of_config(config).data
-    if kind == workloads.CIFAR10:
-        if data["source"] == "synthetic":
-            return 10 * data.get("synthetic", {}).get("train_per_class", 5000)
-        return 50_000
-    if kind == workloads.TEXT and data["source"] == "synthetic":
-        seq_len = gpt_seq_len(config)
-        corpus = data.get("synthetic_text", {}).get("bytes", 600_000)
-        return int(corpus * (1 - data.get("test_fraction", 0.1))) // (seq_len + 1)
-    return None
+    """Training samples per epoch, in what per_gpu_batch counts, as the workload's spec tells them
+    (CIFAR-10's images, the LM's sequences of a synthetic corpus); None where only preprocessing or
+    the user's script can tell (a downloaded corpus, the command workload)."""
+    return workloads.of_config(config).epoch_samples(config)
 
 
 def window_problems(config: dict) -> list[str]:

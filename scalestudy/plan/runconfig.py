@@ -15,10 +15,8 @@ import functools
 import importlib
 import json
 import logging
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +26,6 @@ log = logging.getLogger("scalestudy.train")
 
 REQUIRED = ("data_dir", "checkpoint_dir", "world_size", "per_gpu_batch", "global_batch", "epochs")
 
-# The run-config keys that are study settings, and where the study config holds each: their defaults
-# are the schema's (scalestudy/plan/schema.yaml, the one home of every default), whoever starts the
-# trainer (Snakemake, `python -m scalestudy.train`, the benchmark). The grid copies them from the config.
-TRAIN_KEYS = (  # config["train"][key]
-    "epochs",
-    "max_steps_per_epoch",
-    "eval_max_batches",
-    "lr",
-    "base_batch",
-    "lr_scaling",
-    "warmup_epochs",
-    "momentum",
-    "nesterov",
-    "weight_decay",
-    "label_smoothing",
-    "precision",
-    "bucket_cap_mb",
-    "comm_hook",
-    "loader",
-    "num_workers",
-    "device",
-    "backend",
-    "seed",
-    "deterministic",
-    "checkpoint_every_steps",
-    "target_accuracy",
-    "step_timing_every",
-    "log_every_steps",
-    "pg_timeout_s",
-    "monitor_interval_s",
-)
 # config["train"][key] too, written into a run config only where it differs from its default
 OPTIONAL_TRAIN_KEYS = (
     *("parallelism", "reshard_after_forward", "optimizer", "grad_clip"),
@@ -78,29 +45,6 @@ MEASURE_KEYS = {
 }
 # config["model"][key] of one value, over the workloads (their specs' model_keys; the ResNet's)
 MODEL_KEYS = workloads.model_keys()
-STUDY_KEYS: dict[str, tuple[str, ...]] = {
-    **{key: ("train", key) for key in (*TRAIN_KEYS, *OPTIONAL_TRAIN_KEYS) if key not in REQUIRED},
-    **{run_key: ("train", "measure", key) for key, run_key in MEASURE_KEYS.items()},
-    **{key: ("model", key) for key in MODEL_KEYS},
-}
-# The run config's own keys, which no study setting gives: labels the trainer records, its own choices.
-OWN_DEFAULTS: dict[str, Any] = {
-    "stage": None,  # stage, point, mode, repeat, nodes: recorded, not used
-    "point": None,
-    "mode": None,
-    "repeat": 0,
-    "nodes": 1,
-    "norm": "batch",  # not in the grid's run config (yet): "frozen" serves the equivalence test
-    "profile": None,
-    "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
-    "compile_cache_load": None,  # the compile key's artifacts to load (scalestudy.train.compiled)
-    "compile_cache_save": None,  # where a compile job saves its artifacts
-    "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
-    "workload": workloads.DEFAULT,  # what is trained (scalestudy.workloads)
-    # a workload's section: its model's (gpt: scalestudy.workloads.gpt.model.config_from), its own
-    # (command: the script, args and sample_unit)
-    **{key: None for key in workloads.run_sections()},
-}
 
 
 class _FromSchema(Mapping):
@@ -125,6 +69,46 @@ class _FromSchema(Mapping):
         return len(self._values)
 
 
+def train_keys() -> tuple[str, ...]:
+    """config["train"][key] every run config holds: the schema's train section but the optional
+    keys and the measurement window's section (MEASURE_KEYS)."""
+    return tuple(
+        key for key in schema.node("train")["properties"] if key not in (*OPTIONAL_TRAIN_KEYS, "measure")
+    )
+
+
+def _study_keys() -> dict[str, tuple[str, ...]]:
+    return {
+        **{key: ("train", key) for key in (*train_keys(), *OPTIONAL_TRAIN_KEYS) if key not in REQUIRED},
+        **{run_key: ("train", "measure", key) for key, run_key in MEASURE_KEYS.items()},
+        **{key: ("model", key) for key in MODEL_KEYS},
+    }
+
+
+# The run-config keys that are study settings, and where the study config holds each: their defaults
+# are the schema's (scalestudy/plan/schema.yaml, the one home of every default), whoever starts the
+# trainer (Snakemake, `python -m scalestudy.train`, the benchmark). The grid copies them from the config.
+STUDY_KEYS: Mapping[str, tuple[str, ...]] = _FromSchema(_study_keys)
+# The run config's own keys, which no study setting gives: labels the trainer records, its own choices.
+OWN_DEFAULTS: dict[str, Any] = {
+    "stage": None,  # stage, point, mode, repeat, nodes: recorded, not used
+    "point": None,
+    "mode": None,
+    "repeat": 0,
+    "nodes": 1,
+    "norm": "batch",  # not in the grid's run config (yet): "frozen" serves the equivalence test
+    "profile": None,
+    "inductor_cache_dir": None,  # TORCHINDUCTOR_CACHE_DIR with compile, unless the environment sets it
+    "compile_cache_load": None,  # the compile key's artifacts to load (scalestudy.train.compiled)
+    "compile_cache_save": None,  # where a compile job saves its artifacts
+    "keep_checkpoints": False,  # leave a finished run's checkpoints (its weights); never resumed
+    "workload": workloads.DEFAULT,  # what is trained (scalestudy.workloads)
+    # a workload's section: its model's (gpt: scalestudy.workloads.gpt.model.config_from), its own
+    # (command: the script, args and sample_unit)
+    **{key: None for key in workloads.run_sections()},
+}
+
+
 def schema_default(path: tuple[str, ...]) -> Any:
     """The default schema.yaml gives the study setting at `path` ("train", "measure", "steps")."""
     return copy.deepcopy(schema.node(*path).get("default"))
@@ -138,91 +122,17 @@ def _defaults() -> dict[str, Any]:
 DEFAULTS: Mapping[str, Any] = _FromSchema(_defaults, copied=True)
 
 
-@dataclass(frozen=True)
-class Rule:
-    """What one key accepts: a kind ("integer", "number", "boolean", "string", "choice", "object"),
-    an inclusive range (`above` is an exclusive lower bound), the choices, and whether null is allowed."""
-
-    kind: str
-    minimum: float | None = None
-    maximum: float | None = None
-    above: float | None = None
-    choices: tuple[str, ...] = ()
-    nullable: bool = False
-
-    def accepts(self, value: Any) -> bool:
-        if value is None:
-            return self.nullable
-        if self.kind == "choice":
-            return isinstance(value, str) and value in self.choices
-        if self.kind == "boolean":
-            return isinstance(value, bool)
-        if self.kind == "string":
-            return isinstance(value, str) and bool(value)
-        if self.kind == "object":
-            return isinstance(value, dict)
-        numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if not numeric or (self.kind == "integer" and not isinstance(value, int)) or not math.isfinite(value):
-            return False
-        return (
-            (self.minimum is None or value >= self.minimum)
-            and (self.maximum is None or value <= self.maximum)
-            and (self.above is None or value > self.above)
-        )
-
-    def describe(self) -> str:
-        if self.kind == "choice":
-            text = f"one of {', '.join(self.choices)}"
-        else:
-            limits = ((">=", self.minimum), (">", self.above), ("<=", self.maximum))
-            bounds = " and ".join(f"{sign} {limit}" for sign, limit in limits if limit is not None)
-            text = f"{KIND_NAMES[self.kind]} {bounds}".strip()
-        return f"{text} or null" if self.nullable else text
-
-
-KIND_NAMES = {
-    "integer": "an integer",
-    "number": "a number",
-    "boolean": "true or false",
-    "string": "a non-empty string",
-    "object": "a JSON object",
-}
-
-
-def rule_of(node: Mapping[str, Any]) -> Rule:
-    """The Rule of a schema entry (its type, enum, minimum, exclusiveMinimum and maximum; a local $ref
-    followed): the schema says what a key accepts, this module only checks it."""
-    node = schema.resolved(node)
-    types = node.get("type", "object")
-    types = [types] if isinstance(types, str) else list(types)
-    nullable, kinds = "null" in types, [kind for kind in types if kind != "null"]
-    unknown = set(node) & {"exclusiveMaximum", "pattern", "maxLength", "multipleOf"}
-    if kinds == ["string"] and "enum" not in node and node.get("minLength") != 1:
-        unknown.add("minLength")  # Rule's "string" is a non-empty one
-    if len(kinds) != 1 or unknown:
-        raise ValueError(f"{schema.PATH}: runconfig cannot check {dict(node)}")
-    if "enum" in node:
-        return Rule("choice", choices=tuple(c for c in node["enum"] if c is not None), nullable=nullable)
-    return Rule(
-        kinds[0],
-        minimum=node.get("minimum"),
-        maximum=node.get("maximum"),
-        above=node.get("exclusiveMinimum"),
-        nullable=nullable,
-    )
-
-
-def _rules() -> dict[str, Rule]:
+def _rules() -> dict[str, schema.Rule]:
     own = schema.definition("run_config")["properties"]
     study = {key: schema.node(*path) for key, path in {**STUDY_KEYS, "epochs": ("train", "epochs")}.items()}
     # the workload's name: the study's workload.name, one of scalestudy.plan.workloads.WORKLOADS
     study["workload"] = schema.node("workload", "name")
-    return {key: rule_of(node) for key, node in {**own, **study}.items()}
+    return {key: schema.rule_of(node) for key, node in {**own, **study}.items()}
 
 
 # What each run-config key accepts: the schema's entry of the study setting it copies (STUDY_KEYS),
 # or $defs/run_config's for the trainer's own keys. JSON's true/false never pass as numbers.
-RULES: Mapping[str, Rule] = _FromSchema(_rules)
+RULES: Mapping[str, schema.Rule] = _FromSchema(_rules)
 
 
 class RunConfigError(ValueError):

@@ -17,9 +17,11 @@ import copy
 import functools
 import importlib.resources
 import json
+import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +154,17 @@ def node(*path: str) -> dict[str, Any]:
     return found
 
 
+def setting(config: Mapping[str, Any], *path: str) -> Any:
+    """The config's value at `path` ("data", "synthetic", "seed"), else the schema's default there
+    (for a config, or a part of one, that the schema's defaults were not filled into)."""
+    found: Any = config
+    for part in path:
+        if not isinstance(found, Mapping) or part not in found:
+            return copy.deepcopy(node(*path).get("default"))
+        found = found[part]
+    return found
+
+
 def definition(name: str) -> dict[str, Any]:
     """The schema's $defs entry `name` ("positive_int", "run_config"), read-only: not a copy."""
     try:
@@ -169,11 +182,105 @@ def resolved(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What one key accepts: a kind ("integer", "number", "boolean", "string", "choice", "object"),
+    an inclusive range (`above` and `below` are exclusive bounds), the choices, and whether null is
+    allowed."""
+
+    kind: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices
+        if self.kind == "boolean":
+            return isinstance(value, bool)
+        if self.kind == "string":
+            return isinstance(value, str) and bool(value)
+        if self.kind == "object":
+            return isinstance(value, dict)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if not numeric or (self.kind == "integer" and not isinstance(value, int)) or not math.isfinite(value):
+            return False
+        return (
+            (self.minimum is None or value >= self.minimum)
+            and (self.maximum is None or value <= self.maximum)
+            and (self.above is None or value > self.above)
+            and (self.below is None or value < self.below)
+        )
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            text = f"one of {', '.join(self.choices)}"
+        else:
+            limits = ((">=", self.minimum), (">", self.above), ("<=", self.maximum), ("<", self.below))
+            bounds = " and ".join(f"{sign} {limit}" for sign, limit in limits if limit is not None)
+            text = f"{KIND_NAMES[self.kind]} {bounds}".strip()
+        return f"{text} or null" if self.nullable else text
+
+
+KIND_NAMES = {
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "string": "a non-empty string",
+    "object": "a JSON object",
+}
+
+
+def rule_of(node: Mapping[str, Any]) -> Rule:
+    """The Rule of a schema entry (its type, enum, minimum, maximum and their exclusive forms; a local
+    $ref followed): the schema says what a key accepts, the code only checks it."""
+    node = resolved(node)
+    types = node.get("type", "object")
+    types = [types] if isinstance(types, str) else list(types)
+    nullable, kinds = "null" in types, [kind for kind in types if kind != "null"]
+    unknown = set(node) & {"pattern", "maxLength", "multipleOf"}
+    if kinds == ["string"] and "enum" not in node and node.get("minLength") != 1:
+        unknown.add("minLength")  # Rule's "string" is a non-empty one
+    if len(kinds) != 1 or kinds[0] not in KIND_NAMES or unknown:
+        raise ValueError(f"{PATH}: a Rule cannot check {dict(node)}")
+    if "enum" in node:
+        return Rule("choice", choices=tuple(c for c in node["enum"] if c is not None), nullable=nullable)
+    return Rule(
+        kinds[0],
+        minimum=node.get("minimum"),
+        maximum=node.get("maximum"),
+        above=node.get("exclusiveMinimum"),
+        below=node.get("exclusiveMaximum"),
+        nullable=nullable,
+    )
+
+
+def value_problems(section: str, values: Mapping[str, Any]) -> list[str]:
+    """One line, `<section>.<key> must be <what>, got <value>`, for each of a section's values that
+    its schema entry refuses, over the entries a Rule can check (a pattern, a list: the caller's
+    own check)."""
+    problems = []
+    for key, entry in node(section)["properties"].items():
+        try:
+            rule = rule_of(entry)
+        except ValueError:
+            continue
+        if key in values and not rule.accepts(values[key]):
+            problems.append(f"{section}.{key} must be {rule.describe()}, got {values[key]!r}")
+    return problems
+
+
 def section(name: str) -> dict[str, Any]:
     """The schema of one top-level section of the config ("cluster", "analysis", ...), a copy."""
     return copy.deepcopy(node(name))
 
 
-def defaults(name: str) -> dict[str, Any]:
-    """{key: default} of a section's settings, as its schema/*.yaml gives them (None where it gives none)."""
-    return {key: copy.deepcopy(spec.get("default")) for key, spec in node(name)["properties"].items()}
+def defaults(*path: str) -> dict[str, Any]:
+    """{key: default} of a section's settings ("cluster"; or a section inside one: "data",
+    "synthetic"), as its schema/*.yaml gives them (None where it gives none)."""
+    return {key: copy.deepcopy(spec.get("default")) for key, spec in node(*path)["properties"].items()}

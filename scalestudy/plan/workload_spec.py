@@ -7,22 +7,43 @@ paths, resolved when a rank runs (`resolve`)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
-from scalestudy.plan.paths import PACKED_DIR, PACKED_MANIFEST, RAW_DATA_DIR
+from scalestudy.plan.paths import PACKED_DIR, RAW_DATA_DIR
+
+# The data.source that makes a workload's data offline (every other source fetches a file).
+GENERATED_SOURCE = "synthetic"
 
 
 @dataclass(frozen=True)
 class DataKind:
-    """The data a workload reads: the fetched file, the packed files preprocessing writes, and the
-    data.source values it can be fetched from (empty: any, the workload brings its own data)."""
+    """The data a workload reads and how the workflow makes it: the file fetch writes (under
+    RAW_DATA_DIR), the packed files preprocess writes (under PACKED_DIR, manifest.json last), the
+    data.source values it can be made from (empty: any), and its two jobs (rules/fetch.smk,
+    rules/preprocess.smk), each one command:
+
+        python -m <fetch> --source <S> --out <raw file> <ARGS>
+        python -m <preprocess> --<raw_option> <raw file> --out-dir <packed folder> [--<option> <value>]...
+
+    where (S, [ARGS]) = fetch_args(config) and {option: value} = preprocess_options(config) (an
+    option's name with - for _), both "module:function" paths of standard-library functions of the
+    study config (the Snakefile calls them when it parses the workflow)."""
 
     name: str
     raw_file: str | None  # under RAW_DATA_DIR; None: the workload brings its own data
     packed_files: tuple[str, ...]  # under PACKED_DIR, manifest.json last
     sources: tuple[str, ...] = ()
+    fetch: str = "scalestudy.data.fetch"
+    fetch_args: str | None = None
+    preprocess: str | None = None
+    raw_option: str = "archive"
+    preprocess_options: str | None = None
+    # data.url, md5 and size_bytes default to this kind's file (CIFAR-10's archive); another kind
+    # fetched from a URL must be given its own (scalestudy.plan.configcheck)
+    default_download: bool = False
 
     @property
     def raw_path(self) -> str | None:
@@ -32,17 +53,15 @@ class DataKind:
     def packed_paths(self) -> list[str]:
         return [f"{PACKED_DIR}/{name}" for name in self.packed_files]
 
+    def fetch_command(self, config: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """(--source, the arguments after --out) of the fetch job."""
+        return resolve(self.fetch_args)(config) if self.fetch_args else (config["data"]["source"], [])
 
-CIFAR10 = DataKind(
-    "cifar10",
-    "cifar-10-python.tar.gz",
-    tuple(f"{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels"))
-    + (PACKED_MANIFEST,),
-    ("cifar10", "synthetic"),
-)
-TEXT = DataKind(
-    "text", "corpus.txt", ("train_tokens.npy", "test_tokens.npy", PACKED_MANIFEST), ("text", "synthetic")
-)
+    def preprocess_command(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """{option: value} of the preprocess job beyond its input and output."""
+        return resolve(self.preprocess_options)(config) if self.preprocess_options else {}
+
+
 NO_DATA = DataKind("none", None, ())
 
 
@@ -106,9 +125,27 @@ class WorkloadSpec:
     # train.<key> settings its runs would ignore, (key, why): the config check refuses one that is set
     # (train.<key> not null, or a sensitivity axis), naming it, rather than run a study that ignores it
     ignores: tuple[tuple[str, str], ...] = ()
+    # "module:function" (study config) -> the training samples of an epoch in what per_gpu_batch
+    # counts, or None where only preprocessing or the script can tell (standard library: the grid
+    # plans with it); None: never known before the run
+    samples_per_epoch: str | None = None
+    # "module:function" (run config) -> (parameters, forward FLOPs per sample) of the model's closed
+    # form, or None where the run config lacks what it needs (standard library: the analysis's MFU
+    # and communication model); None: the analysis uses what the trainer counted
+    model_size: str | None = None
 
     def with_unit(self, unit: str) -> WorkloadSpec:
         return WorkloadSpec(**{**self.__dict__, "sample_unit": unit})
+
+    def runtime_module(self) -> ModuleType:
+        """The module with build_data and build_model (imports torch)."""
+        return importlib.import_module(self.runtime)
+
+    def epoch_samples(self, config: Mapping[str, Any]) -> int | None:
+        return resolve(self.samples_per_epoch)(config) if self.samples_per_epoch else None
+
+    def closed_form(self, run: Mapping[str, Any]) -> tuple[int, float] | None:
+        return resolve(self.model_size)(run) if self.model_size else None
 
 
 def resolve(path: str) -> Callable[..., Any]:

@@ -9,7 +9,7 @@ workload, hands its run config to that).
 
     resnet18-cifar10  the reference study: ResNet-18 (CIFAR stem) on CIFAR-10, images
     gpt               a GPT-style decoder LM on a byte-tokenised text corpus, tokens
-    command           the user's own training script (scalestudy.train.command.runner), in its unit
+    command           the user's own training script (scalestudy.workloads.command.runner), in its unit
 """
 
 from __future__ import annotations
@@ -20,25 +20,9 @@ import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
-from scalestudy.plan.workload_spec import CIFAR10, NO_DATA, TEXT, DataKind, WorkloadSpec
-
-__all__ = ["CIFAR10", "NO_DATA", "TEXT", "DataKind", "WorkloadSpec"]  # from workload_spec, for the rules
+from scalestudy.plan.workload_spec import WorkloadSpec
 
 DEFAULT = "resnet18-cifar10"
-Workload = WorkloadSpec  # the older name
-
-GPT_PRESETS: dict[str, dict[str, Any]] = {
-    # ~1.9 M parameters: trains on a CPU in the offline demo (byte vocabulary)
-    "demo": {"vocab_size": 256, "seq_len": 128, "layers": 4, "heads": 4, "d_model": 192},
-    # GPT-2 small (124 M parameters; the vocabulary padded to 50304 as nanoGPT does)
-    "gpt2-small": {"vocab_size": 50304, "seq_len": 1024, "layers": 12, "heads": 12, "d_model": 768},
-}
-
-
-def gpt_seq_len(section: dict[str, Any] | None) -> int:
-    """The sequence length of a `model.gpt` / run-config `gpt` section: its own, else its preset's."""
-    section = section or {}
-    return section.get("seq_len") or GPT_PRESETS[section.get("preset") or "demo"]["seq_len"]
 
 
 def discover(packages: str = "scalestudy.workloads") -> list[WorkloadSpec]:
@@ -107,9 +91,9 @@ def run_sections() -> tuple[str, ...]:
 
 
 def default_optimizer(name: str | None) -> str | None:
-    """The optimizer of a run config whose `optimizer` is null (None: a workload names none)."""
-    spec = WORKLOADS.get(name or DEFAULT)
-    return spec.default_optimizer if spec else None
+    """The optimizer of a run config whose `optimizer` is null: its workload's (the default
+    workload's for a name the registry lacks; None: a workload whose script chooses)."""
+    return WORKLOADS.get(name or DEFAULT, WORKLOADS[DEFAULT]).default_optimizer
 
 
 def schema_problems(node: Mapping[str, Any]) -> list[str]:

@@ -77,9 +77,10 @@ def _accuracy(args, settings):
 
 
 def _monitor(args, settings):
+    from scalestudy.analysis import monitor_window
     from scalestudy.plots import monitor
 
-    samples, reasons = monitor.load(monitor.select(args.monitor))
+    samples, reasons = monitor_window.load(monitor.select(args.monitor))
     monitor.timelines(samples, args.png, args.pdf, settings["monitor"], reasons)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalestudy.analysis import series
-from scalestudy.analysis.commmodel import FIT_CURVE
+from scalestudy.analysis.commpredict import FIT_CURVE
 from scalestudy.plots import scaling as scaling_plots
 from scalestudy.plots import style
 

@@ -19,7 +19,6 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from scalestudy.analysis import monitor_window
-from scalestudy.analysis.monitor_window import load  # noqa: F401 - the figure's entry point
 from scalestudy.plots import style
 
 OUTSIDE_WINDOW_ALPHA = 0.3

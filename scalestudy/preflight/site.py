@@ -39,7 +39,7 @@ from typing import Any
 from scalestudy import atomic
 from scalestudy.launch import distributed
 from scalestudy.launch import launcher as launch
-from scalestudy.plan import cluster
+from scalestudy.plan import cluster, schema
 from scalestudy.preflight import common, nvidia
 from scalestudy.preflight.site_rules import (
     collective_failure,
@@ -250,10 +250,12 @@ def _parser() -> argparse.ArgumentParser:
     rank = sub.add_parser("rank", help="one rank's checks (started by the launcher, --module)")
     rank.add_argument("--report-dir", required=True)
     rank.add_argument("--expected-gpus", type=int, default=0, help="GPUs the job was given per node")
-    for command in (run, rank):
-        command.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
-        command.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-        command.add_argument("--timeout-s", type=float, default=180.0)
+    backend, device = schema.node("train", "backend"), schema.node("train", "device")
+    timeout_s = float(schema.node("site_check", "timeout_s")["default"])
+    for command in (run, rank):  # the study's train.backend and train.device, site_check.timeout_s
+        command.add_argument("--backend", default=backend["default"], choices=backend["enum"])
+        command.add_argument("--device", default=device["default"], choices=device["enum"])
+        command.add_argument("--timeout-s", type=float, default=timeout_s)
         common.add_log_level(command)
     return parser
 

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scalestudy import workloads as workload_code
 from scalestudy.launch import distributed
-from scalestudy.plan import grid, runconfig, runfiles, schema
+from scalestudy.plan import grid, runconfig, runfiles, schema, workloads
 from scalestudy.preflight import common
 
 log = logging.getLogger("scalestudy.smoke")
@@ -116,7 +115,7 @@ def loader_throughput(run: dict[str, Any], batches: int) -> dict[str, Any]:
 
     device = distributed.select_device(run["device"], 0)
     full = _full(run)
-    data, _ = workload_code.runtime(full["workload"]).build_data(full, 0, 1, device)
+    data, _ = workloads.get(full["workload"]).runtime_module().build_data(full, 0, 1, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     timed, images_seen, epoch, first_s = 0, 0, 0, None
     start = time.perf_counter()
@@ -152,7 +151,7 @@ def checkpoint_bandwidth(run: dict[str, Any], repeats: int, directory: str) -> d
     from scalestudy.train.checkpoint import single_file as checkpoint
 
     full = _full(run)
-    net = workload_code.runtime(full["workload"]).build_model(full, torch.device("cpu")).model
+    net = workloads.get(full["workload"]).runtime_module().build_model(full, torch.device("cpu")).model
     optimizer = optim.build_optimizer(net, optim.OptimizerSettings.from_config(full), 0.0, sharded=False)
     for parameter in net.parameters():  # one step at lr 0: the state a trained optimizer holds
         parameter.grad = torch.zeros_like(parameter)

@@ -55,7 +55,7 @@ import sys
 from pathlib import Path
 
 from scalestudy.atomic import write_json, write_text
-from scalestudy.plan import grid
+from scalestudy.plan import grid, schema
 from scalestudy.profiling.categorize import category
 from scalestudy.profiling.kernel_choice import kernel_selection
 from scalestudy.profiling.run import (
@@ -363,6 +363,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m scalestudy.profiling.ncu", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    settings = schema.defaults("profiling", "ncu")  # the study's profiling.ncu
     run = sub.add_parser("run", help="ncu on the one-GPU profile run, exported and parsed")
     run.add_argument("--launch-json", required=True)
     run.add_argument("--run-config-json", required=True)
@@ -374,13 +375,15 @@ def _parser() -> argparse.ArgumentParser:
         "--profile-record", type=Path, default=None, help="profile_tool.json of the one-GPU profile run"
     )
     run.add_argument("--nsys-stats", type=Path, default=None, help="nsys stats folder of the one-GPU run")
-    run.add_argument("--top-kernels", type=int, default=10, help="kernels taken from the profile")
+    run.add_argument(
+        "--top-kernels", type=int, default=settings["top_kernels"], help="kernels taken from the profile"
+    )
     run.add_argument(
         "--loader-kernels",
         action="store_true",
         help="profile the loader's kernels too (its NVTX 'data' ranges; left out by default)",
     )
-    run.add_argument("--launch-count", type=int, default=40)
+    run.add_argument("--launch-count", type=int, default=settings["launch_count"])
     run.add_argument("--ncu", default="ncu", help="the ncu binary")
     run.add_argument("--log", help="the rule's log, passed to the launcher (every attempt's is kept)")
     run.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt, passed to the launcher")

@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from scalestudy.train.journal import ENV, EPOCH_COLUMNS, JOURNAL, from_environ  # noqa: F401 - the job's side
+from scalestudy.plan import schema
+from scalestudy.train.journal import ENV
 
 # Beside the point's checkpoints: the MLflow run a retry of the point continues.
 RUN_ID_FILE = "mlflow-run.json"
@@ -42,8 +43,8 @@ STATUSES = ("SCHEDULED", "RUNNING", "FINISHED", "FAILED", "KILLED")
 def settings(config: dict[str, Any], root: str | os.PathLike = ".") -> dict[str, Any] | None:
     """The study's tracking settings (config `tracking:`), or None when tracking is off. The
     embedded store is an SQLite file under results/ (absolute paths: jobs run elsewhere)."""
-    section = config.get("tracking") or {}
-    if not section.get("enabled", True):
+    section = {**schema.defaults("tracking"), **(config.get("tracking") or {})}
+    if not section["enabled"]:
         return None
     root = Path(root).resolve()
     uri = section.get("uri") or f"sqlite:///{root / EMBEDDED_DB}"
@@ -54,8 +55,8 @@ def settings(config: dict[str, Any], root: str | os.PathLike = ".") -> dict[str,
         "experiment": section.get("experiment") or f"scalestudy-{study}",
         "artifact_root": artifacts if not section.get("uri") else section.get("artifact_root"),
         "study": study,
-        "live": bool(section.get("live", True)),
-        "timeout_s": float(section.get("timeout_s", 5)),
+        "live": bool(section["live"]),
+        "timeout_s": float(section["timeout_s"]),
     }
 
 
@@ -95,7 +96,7 @@ def start_follower(
     import subprocess
     import sys
 
-    if not tracking.get("live", True):
+    if not tracking["live"]:
         return None
     logs = Path(logs_dir).resolve()
     logs.mkdir(parents=True, exist_ok=True)

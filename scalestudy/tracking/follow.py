@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import atomic, provenance
-from scalestudy.tracking import JOURNAL, point_of, point_tags, store
+from scalestudy.tracking import point_of, point_tags, store
+from scalestudy.train.journal import JOURNAL
 
 log = logging.getLogger("scalestudy.tracking")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from scalestudy import commandline, tracking
 from scalestudy.plan import runfiles
+from scalestudy.train.journal import JOURNAL
 
 
 def run_config(config_path: Path, data_dir: Path, checkpoint_dir: Path, epochs: int) -> dict:
@@ -64,7 +65,7 @@ def one(run: dict, out: Path, env: dict, follower: int | None = None) -> dict[st
         "cpu": samples[-1][1] if samples else float("nan"),  # to its last sample
     }
     if follower:
-        result["share"] = training_share(samples, out / tracking.JOURNAL)
+        result["share"] = training_share(samples, out / JOURNAL)
     return result
 
 

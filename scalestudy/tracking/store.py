@@ -35,7 +35,7 @@ def client(tracking: dict[str, Any], patient: bool = False):
     """An MlflowClient of the settings' store. A training job's (default) fails fast: no retries on
     its critical path, a down server costs one timeout, then a warning. The sync on the submit host
     is `patient`: a few retries and a minute per request (a server just restarted answers slowly)."""
-    timeout = 60 if patient else max(1, round(tracking.get("timeout_s", 5)))
+    timeout = 60 if patient else max(1, round(tracking["timeout_s"]))
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "3" if patient else "0"
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout)
     from mlflow import MlflowClient

@@ -28,7 +28,8 @@ from typing import Any
 
 from scalestudy import provenance
 from scalestudy.plan import runfiles
-from scalestudy.tracking import EPOCH_COLUMNS, JOURNAL, follow, point_of, point_tags, preflight_runs, store
+from scalestudy.tracking import follow, point_of, point_tags, preflight_runs, store
+from scalestudy.train.journal import EPOCH_COLUMNS, JOURNAL
 
 log = logging.getLogger("scalestudy.tracking")
 

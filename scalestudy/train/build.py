@@ -18,7 +18,7 @@ import torch
 
 from scalestudy.launch import distributed
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, parallel, steady, step_parts
+from scalestudy.train import gpu_processes, optim, parallel, steady, step_parts
 from scalestudy.train import torch_options as torchopts
 from scalestudy.train.parallel import ParallelSettings, Wrapped
 from scalestudy.train.process import autocast_dtype, device_name
@@ -68,7 +68,7 @@ def gpu_monitor(
     """This rank's GPU monitor, started: every rank samples its own GPU (by UUID), the job's processes
     told apart by the ranks' PIDs (`ranks`: rank_info of each); NVML opens on the monitor's thread
     while the data and model load; rank 0 writes the gathered reports at the run's end."""
-    job = monitor.job_on_host(ranks, socket.gethostname())
+    job = gpu_processes.job_on_host(ranks, socket.gethostname())
     sampler = monitor.for_device(device, interval_s, t0, rank, job=job)
     sampler.start(background=True)
     return sampler

@@ -61,16 +61,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalestudy.plan import schema
-from scalestudy.plan.runfiles import MONITOR_COLUMNS as COLUMNS  # noqa: F401 - the files' columns
 from scalestudy.train.energy_counter import EnergyCounter, open_counter
-from scalestudy.train.gpu_monitor_files import write_outputs  # noqa: F401 - rank 0's files
-from scalestudy.train.gpu_processes import (  # noqa: F401 - job_on_host: the trainer's
+from scalestudy.train.gpu_processes import (
     GpuWatch,
     JobProcesses,
     Processes,
     host_load,
     job_cpus,
-    job_on_host,
     uuid_key,
 )
 

@@ -143,7 +143,7 @@ def follow(trainer):
     """Journals `trainer`'s attempt on rank 0 while the block runs (trainer.live); an exception
     ends it FAILED with its reason. Tracking off or not live, or another rank: NULL_RUN."""
     tracking = from_environ()
-    if tracking is None or not tracking.get("live", True) or not trainer.is_main:
+    if tracking is None or not tracking["live"] or not trainer.is_main:
         yield NULL_RUN
         return
     trainer.live = JournalRun(trainer.given, trainer.out_dir, trainer.config["checkpoint_dir"])

@@ -47,9 +47,9 @@ def lr_schedule(warmup_steps: int, total_steps: int):
     return factor
 
 
-def optimizer_name(config: dict[str, Any]) -> str:
-    """The run config's optimizer, else its workload's default (its spec's), else sgd."""
-    return config.get("optimizer") or workloads.default_optimizer(config.get("workload")) or "sgd"
+def optimizer_name(config: dict[str, Any]) -> str | None:
+    """The run config's optimizer, else its workload's default (its spec's default_optimizer)."""
+    return config.get("optimizer") or workloads.default_optimizer(config.get("workload"))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 
 from scalestudy.plan import runconfig
 
-AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the others: no autocast
 FP32_MATH = {"tf32": "tf32"}  # precision -> torch's fp32_precision for cuDNN and cuBLAS; else "ieee"
 # FSDP2's all-gathered parameters come and go every step in varying sizes: expandable segments
 # keep the caching allocator from fragmenting (PyTorch's FSDP2 recommendation); the environment's
@@ -121,7 +121,7 @@ def set_fp32_math(conv: str, rnn: str | None = None, matmul: str | None = None) 
 
 def effective_precision(precision: str, amp_dtype: torch.dtype | None) -> str:
     """The precision that ran: `precision`, or fp32 where autocast could not run its dtype."""
-    return precision if AUTOCAST_DTYPES[precision] == amp_dtype else "fp32"
+    return precision if AUTOCAST_DTYPES.get(precision) == amp_dtype else "fp32"
 
 
 def use_expandable_segments() -> None:
@@ -164,7 +164,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
     The probe is a matmul: a convolution would load cuDNN (and time its algorithms under
     cudnn.benchmark) in a job that may have no convolution at all (the GPT; issue 51)."""
-    dtype = AUTOCAST_DTYPES[precision]
+    dtype = AUTOCAST_DTYPES.get(precision)
     if dtype is None:
         return None
     try:

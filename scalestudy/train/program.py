@@ -2,7 +2,7 @@
 
 The program every rank runs, whatever the workload: reads and checks the run config (once:
 scalestudy.plan.runconfig) and the launcher's environment; a command workload's run goes to its
-runner (scalestudy.train.command.runner), any other to a Trainer (scalestudy.train.trainer): device
+runner (scalestudy.workloads.command.runner), any other to a Trainer (scalestudy.train.trainer): device
 and backend, then setup, resume, fit and finish in the run's process settings
 (scalestudy.train.process). Exit codes (scalestudy.contract): 0 done, EXIT_BAD_CONFIG (2) bad input,
 EXIT_RESUMABLE (75) stopped by a signal after a checkpoint."""

@@ -18,16 +18,15 @@ import torch
 from scalestudy import atomic, provenance
 from scalestudy.plan import runfiles
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS, WHOLE_RUN_KEYS
-from scalestudy.plan.workloads import Workload
-from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train import optim, startup
+from scalestudy.plan.workload_spec import WorkloadSpec
+from scalestudy.train import gpu_monitor_files, optim, startup
 from scalestudy.train import torch_options as torchopts
+from scalestudy.train.built import Built
 from scalestudy.train.checkpoint import policy
 from scalestudy.train.compiled import CompiledStep
 from scalestudy.train.process import effective_precision, fp32_math
 from scalestudy.train.state import RunState
 from scalestudy.train.steady import SteadyWindow
-from scalestudy.workloads.built import Built
 
 log = logging.getLogger("scalestudy.train")
 
@@ -45,7 +44,7 @@ class RunResults:
     given: dict[str, Any]  # the run config as given (summary.json's "run")
     state: RunState
     steady: SteadyWindow  # this attempt's window
-    workload: Workload
+    workload: WorkloadSpec
     built: Built
     wrapped_options: dict[str, Any] | None  # parallel.Wrapped.recorded_options()
     world_size: int
@@ -64,7 +63,7 @@ class RunResults:
         import pandas as pd
 
         history = self.state.history
-        monitor.write_outputs(out_dir, monitor_reports, self.config["monitor_interval_s"])
+        gpu_monitor_files.write_outputs(out_dir, monitor_reports, self.config["monitor_interval_s"])
         atomic.write_csv(out_dir / runfiles.METRICS, pd.DataFrame(history.metrics, columns=METRICS_COLUMNS))
         atomic.write_csv(out_dir / runfiles.STEPS, pd.DataFrame(history.steps, columns=STEPS_COLUMNS))
         summary = self.summary(memory, out_dir)

@@ -27,13 +27,12 @@ from typing import Any
 import torch
 
 from scalestudy import provenance
-from scalestudy import workloads as workload_code
-from scalestudy.contract import EXIT_RESUMABLE  # noqa: F401 (the trainer's exit code, as tests read it)
 from scalestudy.launch import distributed
 from scalestudy.plan import workloads
 from scalestudy.train import bookkeeping, build, compiled, optim, parallel, startup, steady
 from scalestudy.train import gpu_monitor as monitor
 from scalestudy.train import torch_options as torchopts
+from scalestudy.train.built import Built
 from scalestudy.train.checkpoint.manager import Checkpointer, CheckpointSettings
 from scalestudy.train.epoch_data import EpochData
 from scalestudy.train.journal import NULL_RUN
@@ -43,7 +42,6 @@ from scalestudy.train.ranges import ProfileWindow, named_range
 from scalestudy.train.reporting import ReportSettings, RunReport
 from scalestudy.train.results import RunResults, steady_result
 from scalestudy.train.state import EpochMeter, EpochProgress, Position, RunState, StepTimer, StopRequest
-from scalestudy.workloads.built import Built
 
 log = logging.getLogger("scalestudy.train")
 
@@ -68,7 +66,7 @@ class Trainer:
     config_hash: str
     parallel_settings: ParallelSettings  # what parallel.wrap reads of the config (the compile mode resolved)
     compiled: compiled.CompiledStep  # the compiled step's cache, CUDA graphs and counters
-    workload: workloads.Workload
+    workload: workloads.WorkloadSpec
     state: RunState  # position, the epoch's totals, history: what checkpoints hold of the run
     control_group: Any  # the gloo group the ranks agree on stopping over (None with one rank)
     # built by setup(), in this order
@@ -165,13 +163,13 @@ class Trainer:
         startup.mark("setup")
 
     def build_data(self) -> None:
-        runtime = workload_code.runtime(self.workload.name)
+        runtime = self.workload.runtime_module()
         loaders = runtime.build_data(self.config, self.rank, self.world_size, self.device)
         self.data = EpochData(*loaders, self.config["epochs"])
         self.steps_per_epoch, self.total_steps = self.data.steps_per_epoch, self.data.total_steps
 
     def build_model(self) -> None:
-        built = workload_code.runtime(self.workload.name).build_model(self.config, self.device)
+        built = self.workload.runtime_module().build_model(self.config, self.device)
         self.model, self.built = built.model, built
         self.compiled.prepare()  # its cache folder and artifacts, before anything compiles
         self.wrapped, self.train_model = build.prepare_model(

@@ -13,15 +13,16 @@ import subprocess
 import time
 from pathlib import Path
 
-FLAGS = [
+# Chromium without a display, a sandbox, a GPU or its own network traffic (every test's Chromium)
+HEADLESS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
     "--no-first-run",
-    "--remote-debugging-pipe",
 ]
+FLAGS = [*HEADLESS, "--remote-debugging-pipe"]
 
 
 class Page:

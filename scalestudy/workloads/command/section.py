@@ -1,5 +1,5 @@
 """The run config's `command` section (the config's workload.command, copied by the grid): checked
-and filled in by scalestudy.plan.runconfig.validate for the runner (scalestudy.train.command).
+and filled in by scalestudy.plan.runconfig.validate for the runner (scalestudy.workloads.command).
 Standard library only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The user's own training script (scalestudy.train.command.runner runs it on every rank), counted in
+"""The user's own training script (scalestudy.workloads.command.runner runs it on every rank), counted in
 the unit its config names (workload.command.sample_unit), its data and optimizer its own."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ SPEC = WorkloadSpec(
     data=NO_DATA,
     model_keys=(),
     reshardable=False,
-    runtime="scalestudy.train.command.runner",
+    runtime="scalestudy.workloads.command.runner",
     default_optimizer=None,
     parallelisms=(),
-    entry="scalestudy.train.command.runner:run",
+    entry="scalestudy.workloads.command.runner:run",
     run_section="scalestudy.workloads.command.section",
     section_required=(("script", "the script to run"),),
     section_files=("script",),

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalestudy.plan.workloads import GPT_PRESETS
+from scalestudy.workloads.gpt.presets import PRESETS
 
 MLP_RATIO = 4
 INIT_STD = 0.02  # GPT-2's
@@ -44,9 +44,6 @@ class GPTConfig:
         dropout = self.dropout
         if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
             raise ValueError(f"gpt.dropout must be a number in [0, 1), got {dropout!r}")
-
-
-PRESETS = GPT_PRESETS  # scalestudy.plan.workloads: the grid reads them without torch
 
 
 def config_from(section: dict[str, Any], vocab_size: int) -> GPTConfig:

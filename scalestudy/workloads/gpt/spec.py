@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from scalestudy.plan.workload_spec import TEXT, PaperWords, WorkloadSpec
+from scalestudy.plan.paths import PACKED_MANIFEST
+from scalestudy.plan.workload_spec import DataKind, PaperWords, WorkloadSpec
+
+TEXT = DataKind(
+    "text",
+    "corpus.txt",
+    ("train_tokens.npy", "test_tokens.npy", PACKED_MANIFEST),
+    ("text", "synthetic"),
+    fetch_args="scalestudy.workloads.gpt.data:fetch_args",
+    preprocess="scalestudy.data.tokenize",
+    raw_option="corpus",
+    preprocess_options="scalestudy.workloads.gpt.data:preprocess_options",
+)
 
 SPEC = WorkloadSpec(
     name="gpt",
@@ -16,6 +28,7 @@ SPEC = WorkloadSpec(
     parallelisms=("ddp", "fsdp"),
     model_sections=("gpt",),
     batch_fit="scalestudy.workloads.gpt.workload:batch_capacity",
+    samples_per_epoch="scalestudy.workloads.gpt.data:samples_per_epoch",
     paper=PaperWords(
         dataset="the text corpus",
         data_real="a text corpus read as bytes (one token per byte)",

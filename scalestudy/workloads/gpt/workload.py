@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from scalestudy.plan.runconfig import RunConfigError
-from scalestudy.workloads.built import Built
+from scalestudy.train.built import Built
 from scalestudy.workloads.gpt import model as gpt_model
 from scalestudy.workloads.gpt.loader import TokenLoader, load_tokens, read_manifest
 

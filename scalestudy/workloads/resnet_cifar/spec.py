@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from scalestudy.plan.workload_spec import CIFAR10, PaperWords, WorkloadSpec
+from scalestudy.plan.paths import PACKED_MANIFEST
+from scalestudy.plan.workload_spec import DataKind, PaperWords, WorkloadSpec
+
+CIFAR10 = DataKind(
+    "cifar10",
+    "cifar-10-python.tar.gz",
+    tuple(f"{split}_{kind}.npy" for split in ("train", "test") for kind in ("images", "labels"))
+    + (PACKED_MANIFEST,),
+    ("cifar10", "synthetic"),
+    fetch_args="scalestudy.workloads.resnet_cifar.data:fetch_args",
+    preprocess="scalestudy.data.preprocess",
+    raw_option="archive",
+    default_download=True,
+)
 
 SPEC = WorkloadSpec(
     name="resnet18-cifar10",
@@ -15,6 +28,8 @@ SPEC = WorkloadSpec(
     default_optimizer="sgd",
     parallelisms=("ddp",),
     batch_fit="scalestudy.workloads.resnet_cifar.workload:batch_capacity",
+    samples_per_epoch="scalestudy.workloads.resnet_cifar.data:samples_per_epoch",
+    model_size="scalestudy.workloads.resnet_cifar.size:model_size",
     paper=PaperWords(
         dataset="CIFAR-10",
         data_real=r"CIFAR-10~\cite{krizhevsky2009cifar}",

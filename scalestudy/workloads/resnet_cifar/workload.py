@@ -9,7 +9,7 @@ import torch
 
 from scalestudy.data.preprocess import load_packed
 from scalestudy.plan.runconfig import RunConfigError
-from scalestudy.workloads.built import Built
+from scalestudy.train.built import Built
 from scalestudy.workloads.resnet_cifar import loader, model
 
 log = logging.getLogger("scalestudy.train")

@@ -1,5 +1,5 @@
 # Values and params helpers shared by the rule files (what the study trains and reads, the container,
-# the inputs and params of the jobs). The helpers by role are in rules/common/ (paths.smk: where the
+# the inputs and params of the jobs). The other helpers of rules/common/ by role (paths.smk: where the
 # workflow writes; resources.smk: threads, GPUs and Slurm resources; report.smk: tables and figures;
 # hooks.smk: what rule files register and what runs at start and exit), which the Snakefile includes
 # right after this file, in that order. The logic lives in the scalestudy package; these functions
@@ -108,36 +108,23 @@ def analysis_json(*sections):
     return lambda wildcards: _commandline.json_file(chosen, "analysis")
 
 
-def fetch_source():
-    """fetch's --source: what the study's data.source means for its workload's data."""
-    source = config["data"]["source"]
-    if WORKLOAD.data is workloads.TEXT:
-        return "synthetic-text" if source == "synthetic" else "text"
-    return source
+def fetch_command():
+    """The fetch job of the workload's data kind (scalestudy.plan.workload_spec.DataKind): its shell
+    command, and its --source and arguments (every value quoted by Snakemake's :q in the shell)."""
+    source, args = WORKLOAD.data.fetch_command(config)
+    shell = (
+        f"python -m {WORKLOAD.data.fetch} --source {{params.source:q}} --out {{output.archive:q}}"
+        " {params.args:q} > {log:q} 2>&1"
+    )
+    return shell, source, args
 
 
-def fetch_args(wildcards):
-    """The fetch command's arguments; every value is quoted by Snakemake's :q in the shell."""
-    data = config["data"]
-    if data["source"] == "synthetic" and WORKLOAD.data is workloads.TEXT:
-        synthetic = data["synthetic_text"]
-        return ["--text-bytes", str(synthetic["bytes"]), "--seed", str(synthetic["seed"])]
-    if data["source"] == "synthetic":
-        synthetic = data["synthetic"]
-        return [
-            "--train-per-class",
-            synthetic["train_per_class"],
-            "--test-per-class",
-            synthetic["test_per_class"],
-            "--seed",
-            synthetic["seed"],
-        ]
-    args = ["--url", data["url"], "--md5", data["md5"], "--size", data["size_bytes"]]
-    args += ["--timeout", data["timeout_s"], "--retries", data["retries"]]
-    if data["sha256"]:
-        args += ["--sha256", data["sha256"]]
-    for mirror in data["mirrors"]:
-        args += ["--mirror", mirror]
-    if data["credentials_env"]:  # the variable's name: fetch reads the login from the environment
-        args += ["--credentials-env", data["credentials_env"]]
-    return [str(arg) for arg in args]
+def preprocess_command():
+    """The preprocess job of the workload's data kind: its shell command (the raw file as the input
+    named after the kind's raw_option, each option a params entry) and the options."""
+    data = WORKLOAD.data
+    options = data.preprocess_command(config)
+    shell = f"python -m {data.preprocess} --{data.raw_option} {{input.{data.raw_option}:q}}"
+    shell += " --out-dir {params.out_dir:q}"
+    shell += "".join(f" --{name.replace('_', '-')} {{params.{name}:q}}" for name in options)
+    return shell + " > {log:q} 2>&1", options

@@ -1,4 +1,4 @@
-"""The command workload runner's helpers (scalestudy.train.command.runner): the results keys only
+"""The command workload runner's helpers (scalestudy.workloads.command.runner): the results keys only
 the script knows, the rank's device for the GPU monitor, the launch's name, and the runner's files
 in checkpoint_dir (a line cut by a killed writer, another run config's files set aside, emptying)."""
 
@@ -17,7 +17,7 @@ from scalestudy.launch import slurm_job
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.plan.runfiles import SUPERSEDED  # another run config's checkpoint_dir content
 
-log = logging.getLogger("scalestudy.train.command")
+log = logging.getLogger("scalestudy.workloads.command")
 
 
 # The trainer's results keys that only the script knows.

@@ -1,4 +1,4 @@
-"""The user's script as a process tree that ends with its rank (scalestudy.train.command.runner).
+"""The user's script as a process tree that ends with its rank (scalestudy.workloads.command.runner).
 
 - Its own process group (setsid): the script's children (data workers, a helper server) are in
   it, so one killpg reaches the whole tree.
@@ -44,7 +44,7 @@ except (ProcessLookupError, PermissionError):
     pass
 """
 
-log = logging.getLogger("scalestudy.train.command")
+log = logging.getLogger("scalestudy.workloads.command")
 
 
 def stop_grace_s(environ=None) -> float:

@@ -8,7 +8,7 @@ scalestudy.contract (docs/guide/workloads.md, "Your own script"): the environmen
 tells the script its run config, run folder, checkpoint folder and progress file; the script
 reports its steps, epochs and peak memory as JSON lines. The runner forwards SIGTERM/SIGUSR1 to the
 script and exits with its exit code (75: saved, retry to resume); a script still running a grace
-period after the stop is killed with its whole process tree (scalestudy.train.command.process:
+period after the stop is killed with its whole process tree (scalestudy.workloads.command.process:
 its own process group, a reaper that outlives the runner). A failing script is logged at ERROR
 with its last lines of stderr. Each rank samples its own GPU (scalestudy.train.gpu_monitor) while
 the script runs.
@@ -45,10 +45,11 @@ from scalestudy.plan import runfiles
 from scalestudy.plan.runconfig import RunConfigError
 from scalestudy.plan.runfiles import METRICS_COLUMNS, STEPS_COLUMNS
 from scalestudy.train import gpu_monitor as monitor
-from scalestudy.train.command import progress as command_progress
-from scalestudy.train.command.process import ScriptProcess, stop_grace_s
-from scalestudy.train.command.progress import ProgressError
-from scalestudy.train.command.support import (  # noqa: F401 - launch_id: the tests' too
+from scalestudy.train import gpu_monitor_files
+from scalestudy.workloads.command import progress as command_progress
+from scalestudy.workloads.command.process import ScriptProcess, stop_grace_s
+from scalestudy.workloads.command.progress import ProgressError
+from scalestudy.workloads.command.support import (
     SUPERSEDED,
     UNKNOWN_TO_THE_RUNNER,
     device_name,
@@ -60,13 +61,13 @@ from scalestudy.train.command.support import (  # noqa: F401 - launch_id: the te
     rebased,
     supersede_folder,
 )
-from scalestudy.train.command.support import read_json as _read_json
+from scalestudy.workloads.command.support import read_json as _read_json
 
 STATE_DIR = "scalestudy"  # the runner's own files inside checkpoint_dir
 RUN_MARK, FINISHED_MARK = "command_run.json", runfiles.FINISHED_MARK
 POLL_S = 0.2
 
-log = logging.getLogger("scalestudy.train.command")
+log = logging.getLogger("scalestudy.workloads.command")
 
 
 # --- the run's files ------------------------------------------------------------------------------
@@ -361,7 +362,7 @@ class Runner:
         from scalestudy.analysis import contention, energy
 
         monitors = [rebased(report["monitor"], report["t0"] - self.t0) for report in reports]
-        monitor.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
+        gpu_monitor_files.write_outputs(self.out_dir, monitors, self.config["monitor_interval_s"])
         rows = command_progress.epoch_rows(progress, self.config)
         atomic.write_csv(self.out_dir / runfiles.METRICS, pd.DataFrame(rows, columns=METRICS_COLUMNS))
         steps = command_progress.step_columns(progress)
