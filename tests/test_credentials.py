@@ -235,7 +235,7 @@ def test_the_fetch_rule_logs_in_to_a_private_mirror_with_the_variable_the_config
         (workdir / "config/private.yaml").write_text(yaml.safe_dump(config))
         target = f"results/data/{NAME}"
         command = [sys.executable, "-m", "snakemake", target, "--profile", "profiles/local", "--cores", "1"]
-        command += ["--configfile", "config/private.yaml"]
+        command += ["--configfile", "config/private.yaml", "--printshellcmds"]
         result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]

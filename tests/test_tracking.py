@@ -255,7 +255,7 @@ def test_a_stage_run_spans_its_own_points_not_the_study(finished, tmp_path):
             {"kind": "end", "at": now + end, "status": "FINISHED"},
         ]
         text = "".join(json.dumps({**item, "config_hash": config_hash}) + "\n" for item in records)
-        (folder / tracking.JOURNAL).write_text(text)
+        (folder / journal.JOURNAL).write_text(text)
     for _ in range(2):  # the second sync changes nothing
         sync.sync(settings, study / "results/runs", [], study)
         (stage,) = store.find_runs(client, experiment, f"{tracking.STUDY_POINT}/scaling")

@@ -158,6 +158,7 @@ TODAYS_SENSITIVITY_COLUMNS = [
     "contention",
     "monitor_window_samples",
     "monitor_window_short",
+    "cuda_graphs_skipped",
     "throughput_source",
     "note",
     "baseline_images_per_s_per_gpu",

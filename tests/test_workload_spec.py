@@ -256,7 +256,7 @@ def test_a_toy_workload_with_its_own_data_runs_through_snakemake_from_its_folder
 
     configfile = write_config(workflow_copy, "toy.yaml", toy_study)
     target = "results/runs/scaling/strong/w1_r0/summary.json"
-    result = run_snakemake(workflow_copy, target, "--configfile", configfile)
+    result = run_snakemake(workflow_copy, target, "--configfile", configfile, "--printshellcmds")
     # its own data kind: its fetch and pack modules made its files
     commands = re.findall(r"python -m (\S+)", result.stdout + result.stderr)
     assert {"scalestudy.workloads.toyrows.fetch", "scalestudy.workloads.toyrows.pack"} <= set(commands)

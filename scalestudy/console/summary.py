@@ -81,7 +81,7 @@ def headline(root: Path) -> list[str]:
         for (mode, parallelism), series in table.groupby(["mode", "parallelism"], sort=False):
             series = series.sort_values("world_size")
             first, last = series.iloc[0], series.iloc[-1]
-            unit = str(first.get("sample_unit", "samples"))
+            unit = str(first["sample_unit"])
             rate = _number(first["images_per_s_mean"])
             line = f"  {mode} scaling ({parallelism}): {rate} {unit}/s at N={first['world_size']}"
             if len(series) > 1:
