@@ -53,3 +53,16 @@ def paper_and_report(workdir: Path) -> tuple[str, str]:
     paper = expanded((folder / "paper.tex").read_text(), values, folder)
     report = _EMBEDDED.sub("", (workdir / "results/report.html").read_text(errors="replace"))
     return paper, report
+
+
+# English that a macro in some state would break
+BROKEN = {
+    "a verdict said twice": re.compile(r"not measured,? (\\emph\{)?not measured"),
+    "a time that is none": re.compile(r"\b(after|in|at) not (reached|measured)\b"),
+    "a count that is none": re.compile(r"(^|[.:;] )not measured (were|was|points|matched|showed)\b"),
+    "a doubled word": re.compile(r"\b(\w+) \1\b"),
+}
+
+
+def broken(text: str) -> list[str]:
+    return [f"{why}: {match.group(0)!r}" for why, rule in BROKEN.items() for match in rule.finditer(text)]

@@ -28,6 +28,7 @@ import yaml
 from scalestudy import tracking
 from scalestudy.plan import configcheck, credentials, studyconfig
 from tests.conftest import REPO, copy_workflow, snakemake_env
+from tests.documented_commands import documented_commands
 from tests.file_server import http_server
 from tests.hostile_helpers import SCHEMA, STRING_SLOTS, filled_demo, names_key, put, slot_id
 
@@ -323,8 +324,6 @@ def test_the_follower_inherits_mlflows_token_variable(mlflow_stub, tmp_path, mon
 
 def server_commands() -> list[tuple[str, str]]:
     """(file:line, command) of every `mlflow server` or `mlflow ui` the docs show."""
-    from tests.test_docs_commands import documented_commands
-
     return [
         (command.where, command.text)
         for command in documented_commands()

@@ -363,3 +363,38 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write_diagram()
         print(f"wrote the import diagram of {REPO / 'docs/architecture.md'}")
+
+
+def imports_of_test_modules(root: Path) -> list[tuple[str, str]]:
+    """(file, test module) of every import of a test module (tests.test_*) under `root`."""
+    found = []
+    for path in sorted(root.glob("**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                (str(path.relative_to(root)), name)
+                for name in names
+                if re.fullmatch(r"tests\.test_\w+", name)
+            ]
+    return found
+
+
+def test_no_test_module_imports_another_test_modules_contents():
+    """Tests share helpers through helper modules (tests/*.py not named test_*), never by importing
+    a test module (its fixtures and tests would run twice; its helpers have no home)."""
+    assert imports_of_test_modules(REPO / "tests") == []
+
+
+def test_the_test_module_import_finder_finds_both_forms(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from tests.test_x import helper\nimport tests.test_y\nfrom tests import lm_runs, test_z\n"
+    )
+    assert imports_of_test_modules(tmp_path) == [
+        ("a.py", "tests.test_x"),
+        ("a.py", "tests.test_y"),
+        ("a.py", "tests.test_z"),
+    ]

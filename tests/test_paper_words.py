@@ -15,17 +15,10 @@ import pytest
 from scalestudy.analysis import execution
 from scalestudy.paper import numbers
 from tests.conftest import REPO
-from tests.paper_text import expanded, sentences
-from tests.test_paper_draft import CONTEXT, study_tables  # noqa: F401 - a fixture
+from tests.paper_study import CONTEXT, study_tables  # noqa: F401 - a fixture
+from tests.paper_text import broken, expanded, sentences
 
 TEMPLATE = (REPO / "report/paper/template.tex").read_text()
-# English that a macro in some state would break
-BROKEN = {
-    "a verdict said twice": re.compile(r"not measured,? (\\emph\{)?not measured"),
-    "a time that is none": re.compile(r"\b(after|in|at) not (reached|measured)\b"),
-    "a count that is none": re.compile(r"(^|[.:;] )not measured (were|was|points|matched|showed)\b"),
-    "a doubled word": re.compile(r"\b(\w+) \1\b"),
-}
 
 
 def not_reached(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
@@ -64,10 +57,6 @@ def states(study_tables) -> dict[str, dict[str, str]]:  # noqa: F811
         state: {name: macro.value for name, macro in numbers.build(given, CONTEXT).macros.items()}
         for state, given in tables.items()
     }
-
-
-def broken(text: str) -> list[str]:
-    return [f"{why}: {match.group(0)!r}" for why, rule in BROKEN.items() for match in rule.finditer(text)]
 
 
 @pytest.mark.parametrize("state", ["measured", "not reached", "not measured", "under Slurm"])

@@ -137,8 +137,8 @@ def test_report_has_every_figure(demo_run):
 
 def test_the_reference_names_every_column_of_the_demos_tables_and_every_figure(demo_run):
     """docs/reference/tables.md names every column of every table the demo wrote, and figures.md
-    every figure (tests/test_docs_reference.py reads the pages)."""
-    from tests.test_docs_reference import CODE, FIGURES_PAGE, undocumented_columns
+    every figure (tests/reference_pages.py reads the pages)."""
+    from tests.reference_pages import CODE, FIGURES_PAGE, undocumented_columns
 
     assert len(list((demo_run / "results/tables").glob("*.csv"))) >= 10
     assert undocumented_columns(demo_run / "results/tables") == {}
@@ -168,8 +168,7 @@ def test_the_local_demo_says_what_ran_it_names_no_slurm_and_gives_no_mfu_against
     the paper's sentences read as English ("not measured" said once, no time "after not reached")."""
     import pandas as pd
 
-    from tests.paper_text import paper_and_report, sentences
-    from tests.test_paper_words import broken
+    from tests.paper_text import broken, paper_and_report, sentences
 
     paper, report = paper_and_report(demo_run)
     assert "slurm" not in paper.lower(), [s for s in sentences(paper) if "slurm" in s.lower()]
@@ -594,7 +593,7 @@ def test_a_copy_of_the_demo_slower_everywhere_fails_the_gate_and_the_demo_itself
     import pandas as pd
 
     from scalestudy.compare import __main__ as compare_cli
-    from tests.test_compare import catalog_copy, scale_throughput
+    from tests.compare_studies import catalog_copy, scale_throughput
 
     results = demo_run / "results"
     slow = catalog_copy(
