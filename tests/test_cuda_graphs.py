@@ -184,3 +184,63 @@ def test_a_catalog_from_before_the_graphs_were_recorded_marks_nothing():
     old = catalog_rows().drop(columns=[c for c in catalog_rows() if c.startswith("cuda_graphs.")])
     old["note"] = ""
     assert not graphs.mark(old)[graphs.COLUMN].any()
+
+
+def test_the_papers_tables_and_threats_mark_the_point_whose_graphs_were_skipped():
+    """The paper's sensitivity and efficiency tables mark the point (and the series' point whose
+    repeats lost their graphs) with a double dagger and say why; its threats name the point and
+    Inductor's reason. A study where no run asked for graphs says nothing of them."""
+    from scalestudy.paper import discussion, tables
+    from scalestudy.paper.macros import Numbers
+    from scalestudy.paper.sections import Data
+
+    runs = metrics.run_metrics(catalog_rows(), settings.resolved({}))
+    sweep = metrics.sensitivity_table(runs, ["precision", "per_gpu_batch"])
+    tex = tables.sensitivity_table(sweep, axes=["precision", "per_gpu_batch"])
+    marked = [line for line in tex.splitlines() if tables.GRAPHS_SKIPPED_MARK in line]
+    assert len(marked) == 2 and marked[0].startswith("bf16 & 512 &"), tex  # the row, then the note
+    assert f"{tables.GRAPHS_SKIPPED_NOTE}." in marked[1]
+    scaling = pd.DataFrame(
+        {"mode": "strong", "world_size": [1, 2], "per_gpu_batch": 256, "images_per_s_mean": [1e4, 1.9e4]}
+        | {"speedup_mean": [1.0, 1.9], "efficiency_mean": [1.0, 0.95], "mfu_mean": 0.3, "repeats": 1}
+        | {"efficiency_ci_low": float("nan"), "efficiency_ci_high": float("nan")}
+        | {"repeats_graphs_skipped": [0, 1]}
+    )
+    tex = tables.efficiency_table(scaling)
+    rows = [line.split(" & ") for line in tex.splitlines() if " & " in line]
+    assert [row[1] for row in rows if tables.GRAPHS_SKIPPED_MARK in row[3]] == ["2"]
+    assert f"{tables.GRAPHS_SKIPPED_NOTE}." in tex
+
+    def item(catalog: pd.DataFrame) -> str:
+        built = Numbers()
+        discussion.cuda_graphs(
+            built,
+            Data(
+                {"runs": catalog}, {"workload": "resnet18-cifar10", "sample_unit": "images", "device": "cuda"}
+            ),
+        )
+        return built.macros["CudaGraphsItem"].value
+
+    text = item(catalog_rows())
+    assert text.startswith(
+        r"\item \emph{CUDA graphs.} Runs whose compiled step was to replay CUDA graphs: 2 of 3"
+    )
+    assert "skipped the graphs of 1 (sensitivity/bf16/bs512; Inductor's reason: skipping cudagraphs" in text
+    eager = catalog_rows().drop(columns=["cuda_graphs.expected", "cuda_graphs.skipped"])
+    assert item(eager) == ""
+
+
+def test_the_sensitivity_heatmap_dots_the_cell_whose_graphs_were_skipped(monkeypatch):
+    from scalestudy.plots import sensitivity as sensitivity_plots
+    from scalestudy.plots import style
+
+    kept = []
+    monkeypatch.setattr(style, "save_figure", lambda fig, png, pdf=None: kept.append(fig))
+    runs = metrics.run_metrics(catalog_rows(), settings.resolved({}))
+    table = metrics.sensitivity_table(runs, ["precision", "per_gpu_batch"])
+    sensitivity_plots.heatmaps(table, "unused.png", axes=["precision", "per_gpu_batch"])
+    patches = [patch for ax in kept[0].axes for patch in ax.patches]
+    dotted = [p for p in patches if p.get_hatch() == sensitivity_plots.GRAPHS_SKIPPED_STYLE["hatch"]]
+    assert [p.get_x() + 0.5 for p in dotted] == [1.0]  # the column of batch 512
+    legend = [text.get_text() for legend in kept[0].legends for text in legend.get_texts()]
+    assert sensitivity_plots.GRAPHS_SKIPPED_LABEL in legend

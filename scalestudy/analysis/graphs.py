@@ -17,6 +17,7 @@ import pandas as pd
 from scalestudy.analysis.contention import flags
 
 COLUMN = "cuda_graphs_skipped"
+EXPECTED = "cuda_graphs.expected"
 SOURCE = "cuda_graphs.skipped"
 REASONS = "cuda_graphs.skip_reasons"
 NOTE = "CUDA graphs skipped (not the fast step)"
@@ -25,6 +26,11 @@ NOTE = "CUDA graphs skipped (not the fast step)"
 def skipped(runs: pd.DataFrame) -> pd.Series:
     """True where a run expected CUDA graphs and Inductor skipped some (absent or empty: False)."""
     return flags(runs, SOURCE)
+
+
+def expected(runs: pd.DataFrame) -> pd.Series:
+    """True where a run's compiled step should have run as CUDA graphs (compiled, a graph mode, a GPU)."""
+    return flags(runs, EXPECTED)
 
 
 def note(row: pd.Series) -> str:

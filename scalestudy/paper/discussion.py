@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from scalestudy.analysis import contention as shared_gpus
+from scalestudy.analysis import graphs
 from scalestudy.paper.macros import NOT_MEASURED, Numbers
 from scalestudy.paper.sections import (
     Data,
@@ -20,7 +21,7 @@ from scalestudy.paper.sections import (
     is_missing,
     join,
 )
-from scalestudy.paper.tables import escape, integer, number, percent
+from scalestudy.paper.tables import GRAPHS_SKIPPED_MARK, escape, integer, number, percent
 
 COMM_FIT = {
     "CommFitMethod": ("method", lambda v, u: escape(v)),
@@ -223,9 +224,41 @@ def contention(numbers: Numbers, data: Data) -> None:
     numbers.add("HostLoadWarnings", str(int(warned.sum())), "runs.csv host_load_warning not empty")
 
 
+def cuda_graphs(numbers: Numbers, data: Data) -> None:
+    """The threats' item on CUDA graphs, where some run's compiled step should have replayed them:
+    how many did, and by name the points Inductor skipped them in (runs.csv cuda_graphs.*,
+    scalestudy.analysis.graphs): those measured a slower step than the compiled one. Empty (no
+    item) where no run asked for graphs: eager, or on the CPU."""
+    runs = data.table("runs")
+    asked = graphs.expected(runs) if runs is not None else pd.Series(dtype=bool)
+    if not asked.any():
+        numbers.add("CudaGraphsItem", "", "runs.csv cuda_graphs.expected: no run asked for CUDA graphs")
+        return
+    lost = runs[asked & graphs.skipped(runs)]
+    text = (
+        r"\item \emph{CUDA graphs.} Runs whose compiled step was to replay CUDA graphs: "
+        f"{int(asked.sum())} of {len(runs)}; "
+    )
+    if lost.empty:
+        text += "each of them ran its graphs."
+    else:
+        names = "; ".join(f"{r['stage']}/{r['point']}" for _, r in lost.iterrows())
+        reasons = sorted(
+            {str(r) for r in lost.get(graphs.REASONS, pd.Series(dtype=object)).dropna() if str(r)}
+        )
+        text += (
+            f"Inductor skipped the graphs of {len(lost)} ({escape(names)}"
+            + (f"; Inductor's reason: {escape('; '.join(reasons))}" if reasons else "")
+            + f"): they measured a slower step than the compiled one and are marked {GRAPHS_SKIPPED_MARK} "
+            "in the tables."
+        )
+    numbers.add("CudaGraphsItem", text, "runs.csv cuda_graphs.expected, cuda_graphs.skipped, skip_reasons")
+
+
 SECTIONS = (
     comm_model,
     resources,
     threats,
     contention,
+    cuda_graphs,
 )

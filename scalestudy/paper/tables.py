@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from scalestudy import atomic, commandline
-from scalestudy.analysis import above_ideal
+from scalestudy.analysis import above_ideal, graphs
 from scalestudy.analysis.acceptance import format_measured
 from scalestudy.analysis.metrics import DEFAULT_AXES, PRECISION_ORDER
 from scalestudy.analysis.series import parallelism_of
@@ -177,13 +177,14 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
         percent()(value) + (ABOVE_IDEAL_MARK if above else "")
         for value, above in zip(frame["efficiency_mean"], flagged, strict=True)
     ]
+    frame["throughput_shown"] = marked_throughput(frame, "images_per_s_mean")
     series = [Column("parallelism", "Parallelism", lambda v: escape(str(v).upper()), align="l")]
     columns = [
         Column("mode", "Mode", align="l"),
         *(series if frame["parallelism"].nunique() > 1 else []),
         Column("world_size", f"{capitalised(unit)}s", integer),
         Column("per_gpu_batch", f"Batch/{unit}", integer),
-        Column("images_per_s_mean", f"{capitalised(sample_unit(frame))}/s", number(4)),
+        Column("throughput_shown", f"{capitalised(sample_unit(frame))}/s", str),
         Column("speedup_mean", "Speedup", fixed(2)),
         Column("efficiency_shown", "Efficiency", str),
         Column("efficiency_ci", f"{confidence:.0%} CI".replace("%", r"\,\%"), str),
@@ -196,6 +197,7 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
     )
     if flagged.any():
         note += f" {ABOVE_IDEAL_MARK} {prose(above_ideal.NOTE)}."
+    note += graphs_note(frame)
     note += mfu_missing(frame, "mfu_mean")
     if len(frame) and int(frame["world_size"].max()) == 1:
         note += f" One {unit} only: each efficiency is its reference itself; no scaling was measured."
@@ -203,6 +205,29 @@ def efficiency_table(scaling: pd.DataFrame, confidence: float = 0.95, unit: str 
 
 
 ABOVE_IDEAL_MARK = r"$^{\dagger}$"  # an efficiency above 100 % (scalestudy.analysis.above_ideal)
+GRAPHS_SKIPPED_MARK = r"$^{\ddagger}$"  # a compiled step whose CUDA graphs were skipped (analysis.graphs)
+GRAPHS_SKIPPED_NOTE = "Inductor skipped the CUDA graphs of the compiled step: not the fast step"
+
+
+def graphs_skipped(frame: pd.DataFrame) -> pd.Series:
+    """Rows measured (in some repeat) without the CUDA graphs their compiled step should have
+    replayed: the sensitivity table's cuda_graphs_skipped, the scaling table's repeats_graphs_skipped."""
+    if "repeats_graphs_skipped" in frame:
+        return pd.to_numeric(frame["repeats_graphs_skipped"], errors="coerce").fillna(0) > 0
+    return graphs.flags(frame, graphs.COLUMN)
+
+
+def marked_throughput(frame: pd.DataFrame, column: str, digits: int = 4) -> list[str]:
+    """The throughput column's numbers, with GRAPHS_SKIPPED_MARK where graphs_skipped."""
+    lost = graphs_skipped(frame)
+    return [
+        number(digits)(value) + (GRAPHS_SKIPPED_MARK if skip else "")
+        for value, skip in zip(frame[column], lost, strict=True)
+    ]
+
+
+def graphs_note(frame: pd.DataFrame) -> str:
+    return f" {GRAPHS_SKIPPED_MARK} {GRAPHS_SKIPPED_NOTE}." if graphs_skipped(frame).any() else ""
 
 
 def mfu_missing(frame: pd.DataFrame, column: str) -> str:
@@ -245,8 +270,8 @@ def sensitivity_table(
         frame["best"].astype(str).str.lower() == "true" if "best" in frame else pd.Series(False, frame.index)
     )
     frame["throughput"] = [
-        (rf"\textbf{{{number(4)(v)}}}" if b else number(4)(v))
-        for v, b in zip(frame["images_per_s_per_gpu"], best, strict=True)
+        (rf"\textbf{{{shown}}}" if b else shown)
+        for shown, b in zip(marked_throughput(frame, "images_per_s_per_gpu"), best, strict=True)
     ]
     columns = [
         *(_axis_column(key, unit) for key in axes),
@@ -261,6 +286,7 @@ def sensitivity_table(
         f"Sensitivity sweep at {world} {unit}s (best point in bold).",
         "sensitivity",
         f"Gain: throughput per {unit} over the one-{unit} baseline; one run per point."
+        + graphs_note(frame)
         + mfu_missing(frame, "mfu"),
     )
 

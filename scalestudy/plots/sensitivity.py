@@ -7,8 +7,10 @@ two axes unless `rows`/`cols` name others; the remaining axes are faceted, so th
 per-GPU batch x DDP bucket size, one panel per precision. A cell whose run did not fill its
 measurement window (window_filled false: its throughput is the whole run's) is hatched, with a legend
 entry "window not filled"; a cell whose run was contended (a foreign process on its GPUs while it
-measured) is cross-hatched, with a legend entry "GPU shared (contended)"; the best point of the
-whole sweep, among the cells with a filled, unshared window, is outlined.
+measured) is cross-hatched, with a legend entry "GPU shared (contended)"; a cell whose compiled step
+ran without the CUDA graphs it should have replayed (cuda_graphs_skipped) is dotted, with a legend
+entry "CUDA graphs skipped"; the best point of the whole sweep, among the cells with a filled,
+unshared window, is outlined.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
+from scalestudy.analysis import graphs
 from scalestudy.analysis.contention import contended
 from scalestudy.analysis.metrics import DEFAULT_AXES, PRECISION_ORDER, window_filled
 from scalestudy.plots import style
@@ -30,6 +33,8 @@ UNFILLED_LABEL = "window not filled"
 UNFILLED_STYLE = {"fill": False, "hatch": "////", "edgecolor": "0.85", "linewidth": 0}
 CONTENDED_LABEL = "GPU shared (contended)"
 CONTENDED_STYLE = {"fill": False, "hatch": "xxx", "edgecolor": "#D55E00", "linewidth": 1.2}
+GRAPHS_SKIPPED_LABEL = "CUDA graphs skipped"
+GRAPHS_SKIPPED_STYLE = {"fill": False, "hatch": "..", "edgecolor": "#CC79A7", "linewidth": 1.2}
 AXIS_LABELS = {
     "bucket_cap_mb": "DDP bucket size (MB)",
     "per_gpu_batch": "Per-{word} batch",
@@ -158,7 +163,7 @@ def heatmaps(
     judged = filled if len(filled) else sensitivity  # the best point: a filled window, GPUs not shared
     best = judged.loc[judged[VALUE].idxmax()]
     place = functools.partial(_cell, rows=rows, cols=cols, row_values=row_values, col_values=col_values)
-    image, any_unfilled, any_shared = None, False, False
+    image, any_unfilled, any_shared, any_lost = None, False, False, False
     for index, (ax, combo) in enumerate(zip(panels, combos, strict=False)):
         frame = _in_facet(sensitivity, facets, combo)
         values = _grid(frame, rows, cols, row_values, col_values)
@@ -166,6 +171,7 @@ def heatmaps(
         _annotate(ax, values, image.norm)
         any_unfilled |= _hatch(ax, frame[~window_filled(frame)], place, UNFILLED_STYLE)
         any_shared |= _hatch(ax, frame[contended(frame)], place, CONTENDED_STYLE)
+        any_lost |= _hatch(ax, frame[graphs.flags(frame, graphs.COLUMN)], place, GRAPHS_SKIPPED_STYLE)
         ax.set_xticks(range(len(col_values)), [tick(v) for v in col_values])
         ax.set_yticks(range(len(row_values)), [tick(v) for v in row_values] if rows else [""])
         ax.set_xlabel(axis_label(cols))
@@ -189,6 +195,8 @@ def heatmaps(
         )
     if any_shared:
         handles.append(Patch(**CONTENDED_STYLE, label=CONTENDED_LABEL))
+    if any_lost:
+        handles.append(Patch(**GRAPHS_SKIPPED_STYLE, label=GRAPHS_SKIPPED_LABEL))
     if handles:
         fig.legend(handles=handles, loc="outside lower right", fontsize=6, frameon=False)
     style.save_figure(fig, png, pdf)
