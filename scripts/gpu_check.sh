@@ -10,7 +10,7 @@
 #             repeats (90 s), and the verdicts -> study-check.txt, its last line `study wall N s`;
 #             study/ keeps the logs, benchmark.csv and study-results.tar.gz (scripts/gpu_study.sh);
 #             runs.csv is the study's run catalog;
-#   lm        (limit 150 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 10 + 100 steps, 3 interleaved
+#   lm        (limit 210 s) GPT-2 small, bf16, DDP vs FSDP2 at one rank, 10 + 100 steps, 3 interleaved
 #             repeats -> lm.csv (GPU_CHECK_LM_ARGS replaces the arguments, GPU_CHECK_LM_LIMIT_S the limit);
 #   variants  (limit 150 s) eager vs Inductor's CUDA graphs (compiled-cudagraphs) vs the eager step
 #             captured whole (captured) at batch 512, 2 rounds -> variants.csv: the device run decides
@@ -118,7 +118,7 @@ if [ -n "$step_wall" ]; then  # the verdicts, ending with the study's wall time 
     echo "FAIL  study: no verdicts after ${step_wall} s (study.log)" >"$out/study-check.txt"
   cp "$out/study/workflow/results/tables/runs.csv" "$out/runs.csv" 2>/dev/null
 fi
-step lm "${GPU_CHECK_LM_LIMIT_S:-150}" "$python" -m scalestudy.benchmark.lm "${lm_args[@]}" --out "$out/lm.csv"
+step lm "${GPU_CHECK_LM_LIMIT_S:-210}" "$python" -m scalestudy.benchmark.lm "${lm_args[@]}" --out "$out/lm.csv"
 step variants 150 "$python" -m scalestudy.benchmark.variants "${variants_args[@]}" --budget-s $((140 * scale)) \
   --out "$out/variants.csv"
 step tests 270 "$python" -m pytest -p no:cacheprovider -rs -s --durations=0 tests/test_gpu.py

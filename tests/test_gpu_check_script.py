@@ -33,7 +33,7 @@ def test_steps_whose_limit_exceeds_the_budget_are_not_run_and_said_so(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "=== study: not run: its limit 435s is more than the" in result.stdout
-    assert "=== lm: not run: its limit 150s is more than the" in result.stdout
+    assert "=== lm: not run: its limit 210s is more than the" in result.stdout
     assert "gpu_check: not run (GPU_CHECK_BUDGET_S): study lm" in result.stdout
     assert not (tmp_path / "study.log").exists() and not (tmp_path / "lm.log").exists()
     assert "not measured ResNet bf16/512" in (tmp_path / "targets.txt").read_text()  # read all the same
