@@ -24,13 +24,18 @@ rule table_accounting:
         "python -m scalestudy.analysis.accounting --summaries {input.summaries:q} --out {output:q} > {log:q} 2>&1"
 
 
+# The run catalog, and how the study ran in the report's words (its executor; Slurm's version where
+# Slurm ran it: scalestudy.analysis.execution), which report/*.rst include: one job writes both, so
+# that every report holding the catalog or a table made from it can include the words.
 rule table_runs:
     input:
         image=image_input(),
         summaries=RUN_SUMMARIES,
         accounting=rules.table_accounting.output[0],
+        system=rules.table_system.output[0],
     output:
         runs=table_report("runs.csv", "Acceptance", "Run catalog"),
+        execution=paths.REPORT_TEXT,
     log:
         f"{ANALYSIS_LOGS}/runs.log",
     conda:
@@ -40,33 +45,10 @@ rule table_runs:
     resources:
         **light_resources(),
     shell:
-        "python -m scalestudy.analysis.aggregate --summaries {input.summaries:q}"
-        " --accounting {input.accounting:q} --out {output.runs:q} > {log:q} 2>&1"
-
-
-# How the study ran (its executor; Slurm's version where Slurm ran it), in the report's words:
-# report/*.rst include them (scalestudy.analysis.execution).
-rule table_execution:
-    input:
-        image=image_input(),
-        runs=rules.table_runs.output.runs,
-        system=rules.table_system.output[0],
-    output:
-        paths.REPORT_TEXT,
-    log:
-        f"{ANALYSIS_LOGS}/execution.log",
-    conda:
-        SOFTWARE_ENV
-    container:
-        container_image()
-    resources:
-        **light_resources(),
-    shell:
-        "python -m scalestudy.analysis.execution --runs {input.runs:q} --system {input.system:q}"
-        " --out {output:q} > {log:q} 2>&1"
-
-
-provide("analysis", rules.table_execution.output)
+        "(python -m scalestudy.analysis.aggregate --summaries {input.summaries:q}"
+        " --accounting {input.accounting:q} --out {output.runs:q}"
+        " && python -m scalestudy.analysis.execution --runs {output.runs:q} --system {input.system:q}"
+        " --out {output.execution:q}) > {log:q} 2>&1"
 
 
 rule table_metrics:

@@ -21,6 +21,7 @@ if ARCHIVE:
             **light_resources(),
         params:
             source=FETCH_SOURCE,
-            args=FETCH_ARGS,
+            # a function: Snakemake formats a plain string param, and a URL may hold braces
+            args=lambda wildcards: FETCH_ARGS,
         shell:
             FETCH_SHELL

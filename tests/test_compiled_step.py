@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalestudy.train import trainer as train
+from scalestudy.contract import EXIT_RESUMABLE
 from tests.inprocess import one_process_one_thread  # noqa: F401 (autouse)
 from tests.trainer_runs import final, main, run_maker, signal_at_step, start_trainer, torchrun_to_the_end
 
@@ -95,7 +95,7 @@ def key_runs(runs, tmp_path_factory):
     second[2]["inductor_cache_dir"] = str(cache / "second-cache")
     stopped = start_trainer(second[0], second[2])
     log = signal_at_step(stopped, STOP, signal.SIGTERM)
-    assert stopped.returncode == train.EXIT_RESUMABLE, log[-5000:]
+    assert stopped.returncode == EXIT_RESUMABLE, log[-5000:]
     _to_the_end(second[0], second[2])
     eager = runs("eager", **SMALL, compile=False)
     assert main(eager[0], eager[2]) == 0

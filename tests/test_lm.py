@@ -95,7 +95,7 @@ def test_fsdp2_at_one_rank_trains_like_one_rank_without_resharding_and_at_two_ra
     effect is read from the modules' FSDP2 state (summary.json's fsdp_options)."""
     out, ckpt, config = runs("one_fsdp", parallelism="fsdp")
     assert main(out, config) == 0
-    start = lm_runs.initiallm_runs.weights()
+    start = lm_runs.initial_weights()
     assert lm_runs.relative_difference(lm_runs.weights(ckpt), lm_runs.weights(reference[1]), start) < 1e-4
     pd.testing.assert_frame_equal(lm_runs.metrics(out), lm_runs.metrics(reference[0]), rtol=1e-4)
     assert "reshard_after_forward" not in config and runconfig.DEFAULTS["reshard_after_forward"] is True

@@ -177,7 +177,11 @@ def test_the_run_config_carries_the_window_and_the_inductor_cache():
     config = _study("config.yaml")
     run = grid.run_config(config, grid.baseline_point(config))
     assert (run["measure_warmup_steps"], run["measure_steps"], run["measure_intervals"]) == (50, 200, 4)
-    assert run["compile"] is True and run["inductor_cache_dir"] == "results/inductor-cache"
+    assert run["compile"] is False and "inductor_cache_dir" not in run  # the baseline: eager
+    run = grid.run_config(config, grid.scaling_points(config)[0])  # a compiled point: its own cache
+    assert (
+        run["compile"] is True and run["inductor_cache_dir"] == "results/inductor-cache/scaling/strong/w1_r0"
+    )
     demo = _study("demo.yaml")
     run = grid.run_config(demo, grid.sensitivity_points(demo)[0])
     assert (run["measure_warmup_steps"], run["measure_steps"]) == (5, 16) and "inductor_cache_dir" not in run
