@@ -83,8 +83,10 @@ class _Handler(BaseHTTPRequestHandler):
         payload = body[start:]
         if state.hang_up_after:
             payload = payload[: state.hang_up_after.pop(0)]
-        self.wfile.write(payload)
+        # recorded before the write: a client that has read every byte may return (and its test
+        # read the record) before this thread runs another line
         served.sent = len(payload)
+        self.wfile.write(payload)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
